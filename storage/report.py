@@ -1,0 +1,31 @@
+"""What a stage shows a person: a headline, a table and markdown (published as Prefect artifacts by the flow)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Report:
+    headline: str                                   # one line, for logs and `gnnpipe status`
+    table: list[dict[str, Any]] = field(default_factory=list)
+    markdown: str = ""
+    images: dict[str, str] = field(default_factory=dict)  # name -> URL of a PNG inside the artifact
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """A GitHub-flavoured markdown table of ``rows`` (same keys in every row)."""
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

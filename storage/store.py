@@ -1,0 +1,270 @@
+"""Content-addressed artifact store (DESIGN.md §2).
+
+Layout::
+
+    <root>/<stage>/<key>/manifest.json   written last
+    <root>/<stage>/<key>/...             the stage's files (Zarr groups, json, png)
+
+``key = hash(stage, VERSION, params, upstream keys)``. A stage writes into a temporary sibling
+``<root>/<stage>/.tmp-<key>-<uuid>/`` which is renamed into place once the manifest is written, so a killed
+stage never leaves anything that looks valid. On object stores (no atomic rename) files go straight to the final
+prefix and the manifest is published last: an artifact without a manifest does not exist.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from storage.errors import ArtifactError, InputError
+
+Manifest = dict[str, Any]
+"""A stage's manifest: a small JSON-able dict (stage, version, key, params, upstream, files, summary, ...)."""
+
+MANIFEST = "manifest.json"
+_REQUIRED = ("stage", "version", "key", "params", "upstream", "created", "files", "summary", "uri")
+_LIBRARIES = ("torch", "numpy", "zarr", "pymetis", "prefect", "torch_geometric", "gnnpipe")
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def stage_key(stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest]) -> str:
+    """The content address of a stage's artifact: same inputs, same key, on every machine."""
+    payload = {
+        "stage": stage,
+        "version": version,
+        "params": dict(params),
+        "upstream": {name: m["key"] for name, m in sorted(upstream.items())},
+    }
+    return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for lib in _LIBRARIES:
+        try:
+            versions[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+class ArtifactStore:
+    """Stage artifacts under one root, a local path or any fsspec URL."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        root = os.fspath(root)
+        self.fs, base = fsspec.core.url_to_fs(root)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.base = base.rstrip("/")
+        self.root = self.base if self.is_local else root.rstrip("/")
+
+    # ---- addresses -------------------------------------------------------------------------------------
+    def url(self, *parts: str) -> str:
+        """A URL (or local path) under the root, usable with fsspec and Zarr."""
+        return "/".join([self.root, *parts])
+
+    def _path(self, *parts: str) -> str:
+        """A path in ``self.fs``'s own namespace."""
+        return "/".join([self.base, *parts])
+
+    def artifact_url(self, stage: str, key: str) -> str:
+        return self.url(stage, key)
+
+    # ---- reading ---------------------------------------------------------------------------------------
+    def load(self, stage: str, key: str) -> Manifest:
+        """The validated manifest of ``stage/key``; raises :class:`ArtifactError` naming the bad file."""
+        path = self._path(stage, key, MANIFEST)
+        if not self.fs.exists(path):
+            raise ArtifactError(f"artifact {stage}/{key} is missing ({self.url(stage, key, MANIFEST)} not found); "
+                                f"rerun the pipeline to rebuild it")
+        try:
+            with self.fs.open(path, "r") as f:
+                manifest = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ArtifactError(f"corrupted manifest {self.url(stage, key, MANIFEST)} ({err}); "
+                                f"delete {self.url(stage, key)} or rerun with --force {stage}") from None
+        self.validate(manifest, stage, key)
+        return manifest
+
+    def find(self, stage: str, key: str) -> Manifest | None:
+        """The manifest if ``stage/key`` exists and is valid, else None."""
+        try:
+            return self.load(stage, key)
+        except ArtifactError:
+            return None
+
+    def validate(self, manifest: Any, stage: str | None = None, key: str | None = None) -> None:
+        """Check that a manifest is well formed and every file it lists exists with its recorded size."""
+        where = self.url(stage, key, MANIFEST) if stage and key else "manifest"
+        if not isinstance(manifest, dict) or any(field not in manifest for field in _REQUIRED):
+            raise ArtifactError(f"corrupted manifest {where} (missing fields); rerun with --force {stage or ''}".rstrip())
+        stage, key = manifest["stage"], manifest["key"]
+        sizes = self._sizes(stage, key)
+        for rel, size in manifest["files"].items():
+            got = sizes.get(rel)
+            if got is None:
+                raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is missing; "
+                                    f"rerun with --force {stage}")
+            if got != size:
+                raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} bytes, "
+                                    f"manifest says {size}; rerun with --force {stage}")
+
+    def _sizes(self, stage: str, key: str) -> dict[str, int]:
+        base = self._path(stage, key)
+        try:
+            listing = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {p[len(base) + 1:]: int(info["size"]) for p, info in listing.items() if info.get("type") == "file"}
+
+    def list_keys(self, stage: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._path(stage), detail=False)
+        except FileNotFoundError:
+            return []
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+        return sorted(n for n in names if not n.startswith("."))
+
+    # ---- writing ---------------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Fail early, with a clear message, if the root cannot be written."""
+        probe = self._path(f".probe-{uuid.uuid4().hex}")
+        try:
+            self.fs.makedirs(self.base, exist_ok=True)
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm_file(probe)
+        except (OSError, PermissionError) as err:
+            raise InputError(f"artifact root {self.root} is not writable ({err.__class__.__name__}: "
+                             f"{getattr(err, 'strerror', None) or err}); pass a writable --artifacts/ARTIFACTS") from None
+
+    @contextmanager
+    def writing(self, stage: str, key: str, *, version: int, params: Mapping[str, Any],
+                upstream: Mapping[str, Manifest]) -> Iterator[StageWriter]:
+        """Write a stage's artifact; the manifest is written last and the directory published atomically."""
+        self.check_writable()
+        final = self._path(stage, key)
+        if self.is_local:
+            work = self._path(stage, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
+        else:
+            work = final
+            if self.fs.exists(final):
+                self.fs.rm(final, recursive=True)
+        self.fs.makedirs(work, exist_ok=True)
+        writer = StageWriter(self, stage, key, work, version=version, params=params, upstream=upstream)
+        try:
+            yield writer
+            writer._finish()
+            if self.is_local:
+                self._publish_local(work, final, stage, key)
+        except BaseException:
+            self._remove(work if self.is_local else final)
+            raise
+        writer.manifest = self.load(stage, key)
+
+    def _publish_local(self, work: str, final: str, stage: str, key: str) -> None:
+        if os.path.isdir(final):
+            if self.find(stage, key) is not None:  # a concurrent run published the same content first
+                shutil.rmtree(work, ignore_errors=True)
+                return
+            shutil.rmtree(final, ignore_errors=True)  # an invalid leftover: replace it
+        os.rename(work, final)
+
+    def build(self, stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest],
+              body: Callable[[StageWriter], None], *, force: bool = False) -> Manifest:
+        """Return the valid artifact for these inputs, running ``body`` only when none exists (or ``force``).
+
+        This is the idempotence that makes concurrent runs safe: the flow serialises a stage with a file lock,
+        and whoever comes second finds the first one's artifact here instead of computing it again.
+        """
+        key = stage_key(stage, version, params, upstream)
+        if not force and (existing := self.find(stage, key)) is not None:
+            return existing
+        with self.writing(stage, key, version=version, params=params, upstream=upstream) as writer:
+            body(writer)
+        assert writer.manifest is not None
+        self._log_build(writer.manifest)
+        return writer.manifest
+
+    def _log_build(self, manifest: Manifest) -> None:
+        """Append to ``<root>/builds.log``: an audit trail of what was computed, where and when."""
+        if not self.is_local:
+            return
+        entry = {"stage": manifest["stage"], "key": manifest["key"], "build_id": manifest["build_id"],
+                 "created": manifest["created"], "host": platform.node(), "pid": os.getpid(),
+                 "wall_s": manifest["summary"].get("wall_s")}
+        with open(self._path("builds.log"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def builds(self) -> list[dict[str, Any]]:
+        """The entries of ``builds.log`` (empty for object stores)."""
+        path = self._path("builds.log")
+        if not self.is_local or not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def remove(self, stage: str, key: str | None = None) -> None:
+        self._remove(self._path(stage, key) if key else self._path(stage))
+
+    def _remove(self, path: str) -> None:
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+
+class StageWriter:
+    """Where a running stage writes: ``url`` (Zarr/fsspec) or ``path`` (local files), plus its summary."""
+
+    def __init__(self, store: ArtifactStore, stage: str, key: str, work: str, *, version: int,
+                 params: Mapping[str, Any], upstream: Mapping[str, Manifest]):
+        self.store, self.stage, self.key, self._work = store, stage, key, work
+        self.version, self.params, self.upstream = version, dict(params), dict(upstream)
+        self.summary: dict[str, Any] = {}
+        self.manifest: Manifest | None = None
+
+    @property
+    def url(self) -> str:
+        return self._work if self.store.is_local else f"{self.store.fs.unstrip_protocol(self._work)}"
+
+    def file_url(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        with self.store.fs.open(f"{self._work}/{rel}", "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self.store.fs.pipe_file(f"{self._work}/{rel}", data)
+
+    def _finish(self) -> None:
+        files = {p[len(self._work) + 1:]: int(info["size"])
+                 for p, info in self.store.fs.find(self._work, detail=True).items() if info.get("type") == "file"}
+        manifest: Manifest = {
+            "stage": self.stage,
+            "version": self.version,
+            "key": self.key,
+            "params": self.params,
+            "upstream": {name: m["key"] for name, m in sorted(self.upstream.items())},
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": dict(sorted(files.items())),
+            "bytes": sum(files.values()),
+            "summary": self.summary,
+            "libraries": library_versions(),
+            "uri": self.store.artifact_url(self.stage, self.key),
+            "build_id": uuid.uuid4().hex,  # tells two builds of the same key apart (tests, audits)
+        }
+        self.write_json(MANIFEST, manifest)

@@ -1,0 +1,115 @@
+"""The artifact store: content addresses, atomic publication, validation with errors that name the bad file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from storage import ArtifactError, ArtifactStore, InputError
+from storage.store import stage_key
+from storage.zarr_io import open_group, read_array, write_array
+
+
+def _body(writer):
+    writer.write_json("data.json", {"a": 1})
+    g = open_group(writer.file_url("arr.zarr"), mode="w")
+    write_array(g, "x", np.arange(100, dtype=np.float32).reshape(25, 4), chunk_rows=8)
+    writer.summary["rows"] = 25
+
+
+def test_key_depends_on_every_input():
+    base = stage_key("s", 1, {"a": 1}, {"up": {"key": "k1"}})
+    assert base == stage_key("s", 1, {"a": 1}, {"up": {"key": "k1"}})
+    assert len({base, stage_key("s", 2, {"a": 1}, {"up": {"key": "k1"}}),
+                stage_key("s", 1, {"a": 2}, {"up": {"key": "k1"}}),
+                stage_key("s", 1, {"a": 1}, {"up": {"key": "k2"}}),
+                stage_key("t", 1, {"a": 1}, {"up": {"key": "k1"}})}) == 5
+
+
+def test_build_writes_manifest_last_and_publishes(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {"a": 1}, {}, _body)
+    final = tmp_path / "s" / m["key"]
+    assert (final / "manifest.json").is_file()
+    assert m["files"]["data.json"] == (final / "data.json").stat().st_size
+    assert any(f.startswith("arr.zarr/x/c/") for f in m["files"])
+    assert m["summary"] == {"rows": 25} and m["params"] == {"a": 1} and "numpy" in m["libraries"]
+    assert not [p for p in (tmp_path / "s").iterdir() if p.name.startswith(".tmp")]
+    # a second build finds the first: the body does not run again
+    again = store.build("s", 1, {"a": 1}, {}, lambda w: pytest.fail("body ran twice"))
+    assert again["build_id"] == m["build_id"]
+    assert [b["key"] for b in store.builds()] == [m["key"]]
+
+
+def test_failed_build_leaves_nothing(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+
+    def broken(writer):
+        _body(writer)
+        raise RuntimeError("killed mid-stage")
+
+    with pytest.raises(RuntimeError):
+        store.build("s", 1, {}, {}, broken)
+    assert list((tmp_path / "s").iterdir()) == []
+
+
+def test_missing_or_resized_file_is_detected(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {}, {}, _body)
+    final = tmp_path / "s" / m["key"]
+    (final / "data.json").write_text('{"a": 123456789}')
+    with pytest.raises(ArtifactError, match=r"data\.json has \d+ bytes, manifest says"):
+        store.load("s", m["key"])
+    os.remove(final / "data.json")
+    with pytest.raises(ArtifactError, match=r"incomplete: .*data\.json is missing"):
+        store.load("s", m["key"])
+    assert store.find("s", m["key"]) is None
+    # rebuilding replaces the invalid artifact
+    rebuilt = store.build("s", 1, {}, {}, _body)
+    assert rebuilt["build_id"] != m["build_id"] and store.find("s", m["key"]) is not None
+
+
+def test_corrupted_manifest_names_the_file(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {}, {}, _body)
+    (tmp_path / "s" / m["key"] / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match=r"corrupted manifest .*manifest\.json"):
+        store.load("s", m["key"])
+    (tmp_path / "s" / m["key"] / "manifest.json").write_text(json.dumps({"stage": "s"}))
+    with pytest.raises(ArtifactError, match="missing fields"):
+        store.load("s", m["key"])
+
+
+def test_corrupted_chunk_fails_its_checksum(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {}, {}, _body)
+    chunk = tmp_path / "s" / m["key"] / "arr.zarr" / "x" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    store.load("s", m["key"])  # same size: only the codec can tell
+    with pytest.raises(ArtifactError, match=r"corrupted chunk .*x"):
+        read_array(open_group(store.url("s", m["key"], "arr.zarr")), "x")
+
+
+def test_unwritable_root_is_a_clear_error(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    store = ArtifactStore(blocker / "artifacts")  # a path under a regular file cannot be created, even by root
+    with pytest.raises(InputError, match="not writable"):
+        store.check_writable()
+
+
+def test_concurrent_publish_keeps_the_first(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    key = stage_key("s", 1, {}, {})
+    with store.writing("s", key, version=1, params={}, upstream={}) as w1:
+        _body(w1)
+        with store.writing("s", key, version=1, params={}, upstream={}) as w2:
+            _body(w2)
+    assert w1.manifest["build_id"] == w2.manifest["build_id"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [key]

@@ -1,0 +1,223 @@
+"""Throughput of the neighbour sampler (single partition or 2 gloo ranks) on a power-law graph.
+
+Prints one JSON line. Examples::
+
+    .venv/bin/python benchmarks/bench_sampler.py --nodes 2400000 --avg-degree 50 --graph benchmarks/work/products.npz
+    .venv/bin/python benchmarks/bench_sampler.py --graph benchmarks/work/products.npz --mode dist
+
+The graph comes from ``stages.download.synthetic.generate_synthetic`` when that module exists, else from the numpy
+Chung-Lu stand-in below; ``--graph PATH.npz`` caches it (``indptr``, ``indices``: CSR of incoming edges, gids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def power_law_graph(num_nodes: int, avg_degree: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Undirected Chung-Lu graph with Pareto(alpha=2.1) expected degrees; returns the incoming CSR (indptr, indices).
+
+    Node weights are shuffled so that hubs get random gids (no locality: the pessimistic case for caches).
+    Self-loops and duplicate edges are removed and rows are sorted, as in the canonical graph format.
+    """
+    rng = np.random.default_rng(seed)
+    weight = (1.0 - rng.random(num_nodes)) ** (-1.0 / 1.1)           # Pareto tail, exponent 2.1
+    weight = np.minimum(weight, weight.sum() ** 0.5)                 # cap hubs, as Chung-Lu needs w_max^2 <= sum w
+    cdf = np.cumsum(weight / weight.sum())
+    half = int(num_nodes * avg_degree / 2)
+    key_parts = []
+    for lo in range(0, half, 1 << 24):                               # chunks keep the float temporaries small
+        n = min(1 << 24, half - lo)
+        u_gid = np.minimum(np.searchsorted(cdf, rng.random(n)), num_nodes - 1)
+        v_gid = np.minimum(np.searchsorted(cdf, rng.random(n)), num_nodes - 1)
+        keep = u_gid != v_gid
+        u_gid, v_gid = u_gid[keep], v_gid[keep]
+        # both directions: key = target * N + source, so sorting the keys gives the incoming CSR in target order
+        key_parts += [v_gid * num_nodes + u_gid, u_gid * num_nodes + v_gid]
+    key = np.unique(np.concatenate(key_parts))
+    del key_parts
+    dst_gid, src_gid = np.divmod(key, num_nodes)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst_gid, minlength=num_nodes), out=indptr[1:])
+    return indptr, src_gid.astype(np.int64)
+
+
+def load_graph(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    if args.graph and os.path.exists(args.graph):
+        with np.load(args.graph) as z:
+            return z["indptr"], z["indices"]
+    generate_synthetic = None
+    if args.generator == "pipeline":   # the download stage's generator, so the graph matches the pipeline's
+        from stages.download.synthetic import generate_synthetic
+    if generate_synthetic is not None:
+        graph = generate_synthetic(num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=1,
+                                   num_classes=47, seed=args.seed)   # products has 47 classes; features unused
+        indptr, indices = graph.indptr.astype(np.int64), graph.indices.astype(np.int64)
+    else:
+        indptr, indices = power_law_graph(args.nodes, args.avg_degree, args.seed)
+    if args.graph:
+        Path(args.graph).parent.mkdir(parents=True, exist_ok=True)
+        np.savez(args.graph, indptr=indptr, indices=indices)
+    return indptr, indices
+
+
+def _train_gid(lo: int, hi: int, count: int, seed: int) -> np.ndarray:
+    """``count`` distinct random gids of ``[lo, hi)``: this rank's stand-in train split."""
+    rng = np.random.default_rng(seed)
+    return lo + rng.permutation(hi - lo)[:min(count, hi - lo)]
+
+
+def _run_batches(sampler, train_gid: np.ndarray, args: argparse.Namespace, device: str) -> dict:
+    """Time ``args.batches`` batches after ``args.warmup`` ones.
+
+    Process CPU time (all threads) is reported next to wall time, and the median and minimum per batch next to
+    the mean: on a shared or oversubscribed box other tenants stretch wall time, not CPU time.
+    """
+    import torch
+
+    from stages.runtime.sampler import iter_seed_batches
+
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    seed_batches = list(iter_seed_batches(torch.from_numpy(train_gid).to(device), args.batch_size, generator=gen,
+                                          drop_last=True))
+    for seed_gid in seed_batches[:args.warmup]:
+        sampler.sample(seed_gid)
+    timed = seed_batches[args.warmup:args.warmup + args.batches]
+    _sync(device)
+    edges = nodes = 0
+    batch_s = []
+    cpu_start = time.process_time()
+    for seed_gid in timed:
+        start = time.perf_counter()
+        batch = sampler.sample(seed_gid)
+        _sync(device)
+        batch_s.append(time.perf_counter() - start)
+        edges += batch.edge_index.shape[1]
+        nodes += batch.num_nodes
+    cpu_s = time.process_time() - cpu_start
+    wall_s, num = sum(batch_s), len(batch_s)
+    return {"batches_per_s": round(num / wall_s, 3), "sampled_edges_per_s": round(edges / wall_s),
+            "sampled_edges_per_cpu_s": round(edges / cpu_s), "s_per_batch": round(wall_s / num, 4),
+            "median_s_per_batch": round(float(np.median(batch_s)), 4), "min_s_per_batch": round(min(batch_s), 4),
+            "cpu_s_per_batch": round(cpu_s / num, 4), "edges_per_batch": round(edges / num),
+            "nodes_per_batch": round(nodes / num)}
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_single(args: argparse.Namespace, indptr: np.ndarray, indices: np.ndarray, threads: int) -> dict:
+    import torch
+
+    from stages.runtime.sampler import LocalCSR, NeighborSampler
+
+    torch.set_num_threads(threads)
+    csr = LocalCSR.from_numpy(indptr, indices, 0, args.device)
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    sampler = NeighborSampler(csr, args.fanouts, replace=args.replace, generator=gen, node_map=args.node_map)
+    need = (args.batches + args.warmup) * args.batch_size
+    return _run_batches(sampler, _train_gid(0, csr.num_nodes, need, args.seed), args, args.device)
+
+
+def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from stages.runtime.dist_sampler import DistNeighborSampler
+    from stages.runtime.sampler import LocalCSR
+
+    torch.set_num_threads(args.threads_per_rank)
+    device = "cpu"
+    if args.device == "cuda":   # one GPU per rank when there are two, else both ranks share one
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"file://{init_file}",
+                            rank=rank, world_size=2)
+    with np.load(args.graph) as z:
+        indptr = z["indptr"]
+        bounds = np.array([0, (indptr.shape[0] - 1) // 2, indptr.shape[0] - 1], dtype=np.int64)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        part_indices = z["indices"][indptr[lo]:indptr[hi]].copy()   # each rank keeps only its half
+        part_indptr = indptr[lo:hi + 1] - indptr[lo]
+    csr = LocalCSR.from_numpy(part_indptr, part_indices, int(lo), device)
+    gen = torch.Generator(device=device).manual_seed(args.seed + rank)
+    sampler = DistNeighborSampler(csr, bounds, args.fanouts, replace=args.replace, generator=gen,
+                                  node_map=args.node_map)
+    need = (args.batches + args.warmup) * args.batch_size
+    dist.barrier()
+    stats = _run_batches(sampler, _train_gid(int(lo), int(hi), need, args.seed + rank), args, device)
+    dist.barrier()
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(stats))
+    dist.destroy_process_group()
+
+
+def run_dist(args: argparse.Namespace) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_dist_worker, args=(args, os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
+        per_rank = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(2)]
+    slowest = {key: max(r[key] for r in per_rank)
+               for key in ("s_per_batch", "median_s_per_batch", "min_s_per_batch", "cpu_s_per_batch")}
+    return {"per_rank": per_rank, **slowest,
+            "sampled_edges_per_s_total": sum(r["sampled_edges_per_s"] for r in per_rank)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=2_400_000)
+    parser.add_argument("--avg-degree", type=float, default=50.0)
+    parser.add_argument("--graph", help=".npz cache of the generated graph (read if it exists, else written)")
+    parser.add_argument("--generator", choices=["pipeline", "numpy"], default="pipeline",
+                        help="stages.download.synthetic (communities, products-like) or the numpy Chung-Lu here")
+    parser.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads-per-rank", type=int, default=None, help="dist mode; default threads // 2")
+    parser.add_argument("--mode", choices=["single", "dist"], default="single")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--replace", action="store_true")
+    parser.add_argument("--node-map", choices=["auto", "dense", "sorted"], default="auto")
+    parser.add_argument("--no-baseline", action="store_true", help="dist mode: skip the single-partition baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.threads_per_rank = args.threads_per_rank or max(1, args.threads // 2)
+
+    start = time.perf_counter()
+    indptr, indices = load_graph(args)
+    result = {"mode": args.mode, "device": args.device, "nodes": int(indptr.shape[0] - 1),
+              "edges": int(indices.shape[0]), "fanouts": args.fanouts, "batch_size": args.batch_size,
+              "batches": args.batches, "replace": args.replace, "node_map": args.node_map,
+              "load_s": round(time.perf_counter() - start, 1)}
+    if args.mode == "single":
+        result.update(threads=args.threads, **run_single(args, indptr, indices, args.threads))
+    else:
+        if not args.graph:
+            parser.error("--mode dist needs --graph (the ranks load their halves from it)")
+        result.update(threads_per_rank=args.threads_per_rank, **run_dist(args))
+        if not args.no_baseline:   # same threads per process, whole graph in one process
+            base = run_single(args, indptr, indices, args.threads_per_rank)
+            result["baseline_single"] = base
+            for key in ("s_per_batch", "median_s_per_batch", "min_s_per_batch", "cpu_s_per_batch"):
+                result[f"dist_overhead_{key}"] = round(result[key] / base[key], 3)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

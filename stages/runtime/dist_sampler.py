@@ -1,0 +1,140 @@
+"""Multi-hop neighbour sampling across partitions held by different ranks, with collectives only (no RPC).
+
+Rank r holds partition r: the ``LocalCSR`` of incoming edges of the gids ``[bounds[r], bounds[r+1])``. Per hop,
+each rank routes its frontier gids to their owners and gets back sampled neighbour gids::
+
+    owner = searchsorted(bounds, gid, right=True) - 1; frontier grouped by owner
+    1. all_to_all_single  target counts       requester -> owner
+    2. all_to_all_single  target gids         requester -> owner   (variable splits)
+       owner: sample_neighbors(own csr, gid - start_gid)
+    3. all_to_all_single  neighbour counts    owner -> requester   (one per target)
+    4. all_to_all_single  neighbour gids      owner -> requester   (variable splits)
+
+Every rank issues exactly these 4 collectives per hop, also with an empty frontier or an empty batch: collectives
+match by call order, so a rank that skipped one would hang the others (lockstep). Exchanges run on the CSR's
+device for nccl (CUDA) and on the CPU for gloo. Each owner draws from its own generator (seed it with
+``seed + rank``): a run is reproducible for a fixed world size, seeds and ranks' call order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from storage.errors import InputError
+from stages.runtime.sampler import (LocalCSR, MultiHopSampler, repeat_positions, sample_neighbors_with_counts,
+                                    shuffled)
+
+
+def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where tensors handed to this group's collectives must live: the current CUDA device for nccl, else CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _exchange(send: Tensor, send_split: list[int], recv_split: list[int], group: dist.ProcessGroup | None,
+              device: torch.device, wire_dtype: torch.dtype) -> Tensor:
+    """``all_to_all_single`` with variable split sizes, run on ``device`` and answered as int64 on ``send``'s
+    device. ``wire_dtype`` int32 halves the bytes moved (on gloo, CPU time in the TCP transport) when ids fit."""
+    recv = torch.empty(sum(recv_split), dtype=wire_dtype, device=device)
+    dist.all_to_all_single(recv, send.to(device=device, dtype=wire_dtype), recv_split, send_split, group=group)
+    return recv.to(device=send.device, dtype=torch.long)
+
+
+def _split_totals(count: Tensor, split: list[int]) -> list[int]:
+    """Sums of ``count`` over consecutive runs of lengths ``split`` (per-rank totals of per-target counts)."""
+    ends = torch.tensor(np.cumsum(split), dtype=torch.long, device=count.device)
+    csum = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
+    at_ends = csum[ends].tolist()
+    return [b - a for a, b in zip([0] + at_ends[:-1], at_ends)]
+
+
+class DistNeighborSampler(MultiHopSampler):
+    """``NeighborSampler`` over partition ``rank`` of a graph split by ``bounds``; same ``Data`` batches.
+
+    All ranks of ``group`` must call ``sample`` the same number of times (an empty ``seed_gid`` is fine):
+    see ``iter_equal_seed_batches``. Seeds may be any gids (usually this rank's own train gids). ``generator``
+    lives on the CSR's device; seed it with ``seed + rank`` so that ranks draw different streams.
+    """
+
+    def __init__(self, csr_local: LocalCSR, bounds: Tensor | np.ndarray | list[int], fanouts: Iterable[int], *,
+                 replace: bool = False, generator: torch.Generator | None = None,
+                 group: dist.ProcessGroup | None = None, node_map: str = "auto") -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        bounds_gid = torch.as_tensor(np.asarray(bounds, dtype=np.int64)).to(csr_local.device)
+        if bounds_gid.numel() != self.world_size + 1:
+            raise InputError(f"{bounds_gid.numel() - 1} partitions for {self.world_size} ranks: "
+                             f"run one rank per partition")
+        own_lo, own_hi = int(bounds_gid[self.rank]), int(bounds_gid[self.rank + 1])
+        if (csr_local.start_gid, csr_local.end_gid) != (own_lo, own_hi):
+            raise InputError(f"rank {self.rank} holds gids [{csr_local.start_gid}, {csr_local.end_gid}) but "
+                             f"bounds give it [{own_lo}, {own_hi}); load part-{self.rank}")
+        super().__init__(int(bounds_gid[-1]), fanouts, csr_local.device, replace=replace, generator=generator,
+                         node_map=node_map)
+        self.csr = csr_local
+        self.bounds_gid = bounds_gid
+        self._comm_device = comm_device(group)
+        # counts and gids travel as int32 when every gid fits (N < 2^31): half the bytes of int64
+        self._wire_dtype = torch.int32 if self.num_nodes < 2**31 else torch.long
+
+    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        world = self.world_size
+
+        def exchange(send: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
+            return _exchange(send, send_split, recv_split, self.group, self._comm_device, self._wire_dtype)
+
+        owner_part = torch.searchsorted(self.bounds_gid, frontier_gid, right=True) - 1
+        req_row_pos = torch.argsort(owner_part, stable=True)   # frontier position of each request, by owner
+        req_gid = frontier_gid.index_select(0, req_row_pos)
+        req_count = torch.bincount(owner_part, minlength=world)
+        # 1. target counts, 2. target gids (requester -> owner)
+        got_count = exchange(req_count, [1] * world, [1] * world)
+        req_split, got_split = req_count.tolist(), got_count.tolist()
+        got_gid = exchange(req_gid, req_split, got_split)
+        # owner side: neighbours grouped by target, targets grouped by requesting rank
+        nbr_count, _, nbr_gid = sample_neighbors_with_counts(self.csr, got_gid - self.csr.start_gid, fanout,
+                                                             replace=self.replace, generator=self.generator)
+        # 3. neighbour counts per target, 4. neighbour gids (owner -> requester), in request order
+        ans_count = exchange(nbr_count, got_split, req_split)
+        ans_nbr_gid = exchange(nbr_gid, _split_totals(nbr_count, got_split), _split_totals(ans_count, req_split))
+        ans_row_pos = req_row_pos.index_select(0, repeat_positions(ans_count, ans_nbr_gid.numel()))
+        return ans_row_pos, ans_nbr_gid
+
+
+def equal_batch_count(num_local_seeds: int, batch_size: int, group: dist.ProcessGroup | None = None) -> int:
+    """Batches per epoch that every rank runs: the largest ``ceil(num_local_seeds / batch_size)`` (a collective)."""
+    if batch_size <= 0:
+        raise InputError(f"batch size must be positive, got {batch_size}")
+    num_batches = torch.tensor([math.ceil(num_local_seeds / batch_size)], dtype=torch.long,
+                               device=comm_device(group))
+    dist.all_reduce(num_batches, op=dist.ReduceOp.MAX, group=group)
+    return int(num_batches.item())
+
+
+def iter_equal_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Generator | None = None,
+                            group: dist.ProcessGroup | None = None) -> Iterator[Tensor]:
+    """One epoch of this rank's shuffled ``train_gid`` in ``equal_batch_count`` batches (same on every rank).
+
+    A rank with fewer batches pads with extra batches recycling its own shuffled seeds (cyclically, ``min(
+    batch_size, n)`` per batch, so seeds stay unique within a batch); a rank with no seeds yields empty
+    batches, which the samplers accept and still join every exchange with. The count collective runs once,
+    when iteration starts.
+    """
+    num_batches = equal_batch_count(train_gid.numel(), batch_size, group)
+    order_gid = shuffled(train_gid, generator)
+    num_seeds = order_gid.numel()
+    for b in range(num_batches):
+        lo = b * batch_size
+        if lo < num_seeds:
+            yield order_gid[lo:lo + batch_size]
+        else:
+            recycled_idx = (lo + torch.arange(min(batch_size, num_seeds), device=order_gid.device)) % max(num_seeds, 1)
+            yield order_gid[recycled_idx]

@@ -1,0 +1,25 @@
+"""Fanout validation, kept free of torch/PyG imports so configs validate in milliseconds (``gnnpipe status``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from storage.errors import InputError
+
+
+def check_fanout(fanout: int) -> None:
+    if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)) or fanout == 0 or fanout < -1:
+        raise InputError(f"invalid fanout {fanout!r}: each hop needs a positive number of neighbours, "
+                         f"or -1 for all of them")
+
+
+def validate_fanouts(fanouts: Iterable[int]) -> list[int]:
+    """One fanout per hop: a positive count, or -1 for all neighbours."""
+    fanouts = list(fanouts)
+    if not fanouts:
+        raise InputError("fanouts is empty: give one value per hop, e.g. [15, 10, 5] (-1 = all neighbours)")
+    for fanout in fanouts:
+        check_fanout(fanout)
+    return [int(f) for f in fanouts]

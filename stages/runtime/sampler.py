@@ -1,0 +1,284 @@
+"""Uniform neighbour sampling over a CSR of incoming edges, with torch tensor ops only (same code on CPU and CUDA).
+
+ID spaces: ``gid`` global; ``lid = gid - csr.start_gid`` local to the CSR's partition; ``*_pos`` positions in a
+batch's ``n_id`` (``row_pos``: in the target array handed to ``sample_neighbors``). Not node ids: ``edge_idx``
+indexes the CSR's ``indices``, ``row_start = indptr[lid]``.
+
+Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanout ``k``:
+
+- ``k == -1`` or ``deg <= k`` (without replacement): every neighbour, as a contiguous slice of ``indices``.
+- with replacement: ``k`` offsets ``floor(u * deg)``.
+- without replacement and ``deg > k``: Robert Floyd's subset algorithm, vectorised across rows: for
+  ``j = 0..k-1`` draw ``t`` in ``[0, deg-k+j]``; if ``t`` was already picked in this row take ``deg-k+j`` instead.
+  That is an exactly uniform k-subset from exactly ``k`` draws per row, O(k^2) compares per row and no memory
+  proportional to ``deg``: a hub with 10^4 neighbours costs what a node with ``k + 1`` does. The loop runs over
+  the fanout, never over nodes or edges.
+
+  Measured alternatives (1 thread, rows of degree ~100-1000): random keys for every candidate + a segmented sort
+  (top-k per row) was 20-1000x slower, because it materialises and sorts all neighbours of every row; a
+  [rows, k] layout or one tensor per pick was up to 1.5x slower than the [k, rows] layout used here.
+- a row's output slots become edge positions in ``indices`` with running sums (``_expand_rows``) instead of
+  ``repeat_interleave``, which is a slow serial kernel on CPU; gathers use ``index_select`` (4-7x faster than
+  advanced indexing on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from storage.errors import InputError
+from storage.partition import PartCSR
+from stages.runtime.fanouts import check_fanout, validate_fanouts
+from stages.runtime.relabel import NodeMap, make_node_map
+
+__all__ = ["LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
+           "sample_neighbors", "sample_neighbors_with_counts", "shuffled", "validate_fanouts"]
+
+@dataclass
+class LocalCSR:
+    """Incoming-edge CSR of the gids ``[start_gid, start_gid + num_nodes)`` as tensors on one device.
+
+    ``indices[indptr[lid]:indptr[lid + 1]]`` are the gids of the sources of the edges into ``start_gid + lid``.
+    """
+
+    start_gid: int
+    indptr: Tensor   # int64 [num_nodes + 1], over lids
+    indices: Tensor  # int64 [num_edges], gids
+
+    @classmethod
+    def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
+                   device: torch.device | str = "cpu") -> LocalCSR:
+        # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
+        return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
+                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device))
+
+    @classmethod
+    def from_part(cls, part: PartCSR, device: torch.device | str = "cpu") -> LocalCSR:
+        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def end_gid(self) -> int:
+        return self.start_gid + self.num_nodes
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def to(self, device: torch.device | str) -> LocalCSR:
+        return LocalCSR(self.start_gid, self.indptr.to(device), self.indices.to(device))
+
+
+def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
+    """``floor(u * n)`` in ``[0, n)`` for ``u`` in [0, 1) (float64: exact enough for any degree)."""
+    return torch.minimum((u * n).long(), n - 1)
+
+
+def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    """[k, rows] offsets in ``[0, deg)``, a uniform k-subset per row (all ``deg > k``), by Floyd's algorithm.
+
+    Laid out [k, rows] so that each step reads and writes contiguous rows of the matrix; the membership test
+    compares against the j picks so far, one vectorised op per step.
+    """
+    rand = torch.rand((k, deg.numel()), dtype=torch.float64, device=deg.device, generator=generator)
+    offset = torch.empty((k, deg.numel()), dtype=torch.long, device=deg.device)
+    for j in range(k):
+        hi = deg - (k - j)                                   # step j draws in [0, hi]
+        draw = _uniform_below(hi + 1, rand[j])
+        if j:
+            taken = (offset[:j] == draw).any(0)
+            draw = torch.where(taken, hi, draw)              # hi was not drawable before this step: always new
+        offset[j] = draw
+    return offset
+
+
+def sample_neighbors(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Uniformly sample up to ``fanout`` incoming neighbours of each target (``-1``: all of them).
+
+    Returns ``(row_pos, nbr_gid)``: edge ``nbr_gid[i] -> target_lid[row_pos[i]]``, grouped by target in the order
+    of ``target_lid`` (``row_pos`` is non-decreasing). Without replacement a target gets ``min(deg, fanout)``
+    distinct neighbours; with replacement exactly ``fanout`` (none when it has no neighbours).
+    """
+    _, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid, fanout, replace=replace,
+                                                       generator=generator)
+    return row_pos, nbr_gid
+
+
+def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
+                                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``sample_neighbors`` plus ``count`` (neighbours per target), which the kernel has anyway."""
+    check_fanout(fanout)
+    device = csr_local.device
+    target_lid = target_lid.to(device=device, dtype=torch.long)
+    # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
+    row_start = csr_local.indptr.index_select(0, target_lid)
+    deg = csr_local.indptr.index_select(0, target_lid + 1) - row_start
+    if fanout == -1:
+        count = deg
+    elif replace:
+        count = torch.where(deg > 0, fanout, 0)
+    else:
+        count = deg.clamp(max=fanout)
+    total = int(count.sum())                                 # one host sync: output sizes depend on it
+    if replace and fanout != -1:
+        row_pos = repeat_positions(count, total)
+        offset = _uniform_below(deg.index_select(0, row_pos),
+                                torch.rand(total, dtype=torch.float64, device=device, generator=generator))
+        return count, row_pos, csr_local.indices.index_select(0, row_start.index_select(0, row_pos) + offset)
+    row_pos, edge_idx = _expand_rows(count, row_start, total)
+    if fanout != -1:
+        big_row_pos = torch.nonzero(deg > fanout).squeeze(1)
+        if big_row_pos.numel():
+            offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
+            out_ptr = torch.cumsum(count, 0) - count             # each row's first output slot
+            slot_pos = out_ptr.index_select(0, big_row_pos) + torch.arange(fanout, device=device).unsqueeze(1)
+            edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
+    return count, row_pos, csr_local.indices.index_select(0, edge_idx)
+
+
+def _row_starts(count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Non-empty rows, their counts and their first output slots (exclusive running sum)."""
+    nonempty_row_pos = torch.nonzero(count).squeeze(1)
+    nonempty_count = count.index_select(0, nonempty_row_pos)
+    return nonempty_row_pos, nonempty_count, torch.cumsum(nonempty_count, 0) - nonempty_count
+
+
+def repeat_positions(count: Tensor, total: int) -> Tensor:
+    """``repeat_interleave(arange(len(count)), count)`` (``total = count.sum()``), ~30x faster on CPU.
+
+    A running sum of per-slot steps that are 0 except at a non-empty row's first slot, where they jump to that
+    row: CPU ``repeat_interleave`` is a slow serial kernel.
+    """
+    nonempty_row_pos, _, start_slot_pos = _row_starts(count)
+    step = torch.zeros(total, dtype=torch.long, device=count.device)
+    step.scatter_(0, start_slot_pos, torch.diff(nonempty_row_pos, prepend=nonempty_row_pos.new_zeros(1)))
+    return torch.cumsum(step, 0)
+
+
+def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """For ``count[r]`` slots per row: each slot's row and its ``edge_idx = row_start[r] + rank within row``.
+
+    The second is the same running sum as in ``repeat_positions``, with steps of 1 inside a row and a jump
+    from the previous non-empty row's last edge to the row's ``row_start`` at its first slot.
+    """
+    nonempty_row_pos, nonempty_count, start_slot_pos = _row_starts(count)
+    device = count.device
+    row_step = torch.zeros(total, dtype=torch.long, device=device)
+    row_step.scatter_(0, start_slot_pos, torch.diff(nonempty_row_pos, prepend=nonempty_row_pos.new_zeros(1)))
+    ne_row_start = row_start.index_select(0, nonempty_row_pos)
+    ne_row_last = ne_row_start + nonempty_count - 1
+    edge_step = torch.ones(total, dtype=torch.long, device=device)
+    edge_step.scatter_(0, start_slot_pos, torch.cat([ne_row_start[:1], ne_row_start[1:] - ne_row_last[:-1]]))
+    return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
+
+
+class MultiHopSampler:
+    """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled."""
+
+    def __init__(self, num_nodes: int, fanouts: Iterable[int], device: torch.device, *, replace: bool,
+                 generator: torch.Generator | None, node_map: str) -> None:
+        self.fanouts = validate_fanouts(fanouts)
+        self.num_nodes = int(num_nodes)
+        self.device = torch.device(device)
+        self.replace = bool(replace)
+        self.generator = generator
+        self._node_map: NodeMap = make_node_map(self.num_nodes, self.device, node_map)
+
+    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        """``(row_pos, nbr_gid)`` for the frontier, ``row_pos`` indexing ``frontier_gid``."""
+        raise NotImplementedError
+
+    def sample(self, seed_gid: Tensor) -> Data:
+        """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch.
+
+        Fields: ``n_id`` (gids: seeds first, then new nodes in discovery order), ``edge_index`` [2, E] in
+        batch-local positions (row 0 = source/neighbour, row 1 = target), ``batch_size``, ``num_sampled_nodes``
+        ([batch_size, new nodes of hop 1, ...]) and ``num_sampled_edges`` (per hop), ``num_nodes``.
+        """
+        seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
+        if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
+            raise InputError(f"seed gids must lie in [0, {self.num_nodes}); got "
+                             f"[{int(seed_gid.min())}, {int(seed_gid.max())}]")
+        nodes = self._node_map
+        nodes.start(seed_gid)
+        batch_size = seed_gid.numel()
+        n_id_parts, hop_edges = [seed_gid], []
+        num_sampled_nodes, num_sampled_edges = [batch_size], []
+        frontier_gid, frontier_start_pos = seed_gid, 0
+        # every hop runs even when the frontier is empty: the distributed subclass must stay in lockstep
+        for fanout in self.fanouts:
+            row_pos, nbr_gid = self._sample_hop(frontier_gid, fanout)
+            nbr_pos, new_gid = nodes.add(nbr_gid)
+            hop_edges.append((nbr_pos, row_pos, frontier_start_pos))   # the frontier is a contiguous run of n_id
+            n_id_parts.append(new_gid)
+            num_sampled_edges.append(int(nbr_gid.numel()))
+            num_sampled_nodes.append(int(new_gid.numel()))
+            frontier_start_pos += frontier_gid.numel()
+            frontier_gid = new_gid
+        n_id = torch.cat(n_id_parts)
+        # one write per element into the final tensor (widening int32 positions and offsetting targets on the
+        # way): cat + stack would copy every edge twice more, which shows on a memory-bound batch
+        edge_index = torch.empty((2, sum(num_sampled_edges)), dtype=torch.long, device=self.device)
+        lo = 0
+        for nbr_pos, row_pos, frontier_start_pos in hop_edges:
+            hi = lo + nbr_pos.numel()
+            edge_index[0, lo:hi].copy_(nbr_pos)
+            torch.add(row_pos, frontier_start_pos, out=edge_index[1, lo:hi])
+            lo = hi
+        return Data(edge_index=edge_index, n_id=n_id, batch_size=batch_size, num_nodes=int(n_id.numel()),
+                    num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges)
+
+    __call__ = sample
+
+
+class NeighborSampler(MultiHopSampler):
+    """Multi-hop uniform neighbour sampler on one ``LocalCSR`` holding the whole graph (bounds ``[0, N]``).
+
+    ``generator`` (on the CSR's device; ``None`` = torch's default one) makes batches reproducible; ``node_map``
+    picks the dedup structure (see ``relabel.make_node_map``). Not thread-safe: one sampler per worker.
+    """
+
+    def __init__(self, csr: LocalCSR, fanouts: Iterable[int], *, replace: bool = False,
+                 generator: torch.Generator | None = None, node_map: str = "auto") -> None:
+        if csr.start_gid != 0:
+            raise InputError(f"NeighborSampler needs the whole graph (start_gid 0, got {csr.start_gid}); "
+                             f"use DistNeighborSampler for one partition of several")
+        super().__init__(csr.num_nodes, fanouts, csr.device, replace=replace, generator=generator,
+                         node_map=node_map)
+        self.csr = csr
+
+    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        return sample_neighbors(self.csr, frontier_gid - self.csr.start_gid, fanout, replace=self.replace,
+                                generator=self.generator)
+
+
+def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:
+    """``train_gid`` in a random order drawn from ``generator`` (on the generator's device)."""
+    rand_device = generator.device if generator is not None else train_gid.device
+    perm = torch.randperm(train_gid.numel(), generator=generator, device=rand_device)
+    return train_gid[perm.to(train_gid.device)]
+
+
+def iter_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Generator | None = None,
+                      drop_last: bool = False) -> Iterator[Tensor]:
+    """One epoch: ``train_gid`` reshuffled with ``generator``, cut into batches (the last may be short)."""
+    if batch_size <= 0:
+        raise InputError(f"batch size must be positive, got {batch_size}")
+    order_gid = shuffled(train_gid, generator)
+    stop = order_gid.numel() - (order_gid.numel() % batch_size if drop_last else 0)
+    for lo in range(0, stop, batch_size):
+        yield order_gid[lo:lo + batch_size]

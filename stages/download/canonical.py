@@ -1,0 +1,95 @@
+"""Edge lists → the canonical CSR of incoming edges (see ``storage.graph``).
+
+Every source (synthetic, OGB, files) goes through :func:`to_csr_incoming`, so the invariants of ``graph.zarr``
+(symmetrised if undirected, no self-loops, no duplicates, rows sorted by source) are established in one place.
+
+Memory matters more than elegance here: at ogbn-products scale the symmetrised edge list has ~124 M entries, so
+every temporary of that length costs ~1 GB. Each (dst, src) pair is encoded as one int64 key ``dst * N + src``:
+sorting the keys once orders edges by destination row and, within a row, by source, which is exactly CSR order;
+duplicates become adjacent equal keys. NumPy's in-place sort is used rather than ``torch.sort``: on this
+project's AVX-512 machines it measured faster (11.5 s vs 16 s for 120 M random keys) and needs no second buffer
+for values and permutation indices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from storage.errors import InputError
+
+# Cap on int64 keys: dst * N + src must not overflow, i.e. N**2 < 2**63 (N up to ~3 * 10**9 nodes).
+_MAX_NODES = 3_037_000_499
+
+
+def to_csr_incoming(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
+                    directed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(indptr int64 [N+1], indices int64 [E])`` with ``indices[indptr[v]:indptr[v+1]]`` the sorted,
+    distinct sources u != v of edges u -> v.
+
+    ``directed=False`` adds every reversed edge first. ``src``/``dst`` may be any integer dtype; they are not
+    modified.
+    """
+    src, dst = _check_edges(src, dst, num_nodes)
+    keys = _edge_keys(src, dst, num_nodes, symmetrise=not directed)
+    keys.sort()  # in place: CSR order (by dst, then src)
+    keys = _drop_duplicates_sorted(keys)
+    indptr = np.searchsorted(keys, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
+    # The key's low "digit" is the source; reuse the key buffer for it instead of allocating another E-long array.
+    np.remainder(keys, num_nodes, out=keys)
+    return indptr, keys
+
+
+def _check_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shapes, integer dtypes and id range; returns 1-D views (no copies)."""
+    if not 0 <= num_nodes <= _MAX_NODES:
+        raise InputError(f"num_nodes={num_nodes} is out of range; a graph needs 0 <= num_nodes <= {_MAX_NODES}")
+    src, dst = np.asarray(src), np.asarray(dst)
+    if src.ndim != 1 or dst.ndim != 1 or src.shape != dst.shape:
+        raise InputError(f"edge sources {src.shape} and destinations {dst.shape} must be 1-D arrays of one length; "
+                         "pass edge_index as [2, E]")
+    for what, a in (("source", src), ("destination", dst)):
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"edge {what} ids have dtype {a.dtype}; node ids must be integers")
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= num_nodes):
+            raise InputError(f"edge {what} ids span [{int(a.min())}, {int(a.max())}] but the graph has {num_nodes} "
+                             f"nodes; ids must be in [0, {num_nodes - 1}]")
+    # uint64 + int64 promotes to float64 in NumPy, which would silently round large keys; ids fit in int64.
+    return (src.astype(np.int64) if src.dtype == np.uint64 else src,
+            dst.astype(np.int64) if dst.dtype == np.uint64 else dst)
+
+
+def _edge_keys(src: np.ndarray, dst: np.ndarray, n: int, *, symmetrise: bool) -> np.ndarray:
+    """int64 keys ``dst * n + src`` without self-loops (and with reversed edges if ``symmetrise``).
+
+    Computed straight into one preallocated buffer so no E-long int64 temporaries pile up.
+    """
+    keep = src != dst  # self-loops are dropped here, before they cost a slot in the sort
+    e = int(np.count_nonzero(keep))
+    if e != src.shape[0]:
+        src, dst = src[keep], dst[keep]
+    del keep
+    keys = np.empty(2 * e if symmetrise else e, dtype=np.int64)
+    _fill_keys(keys[:e], dst, src, n)
+    if symmetrise:
+        _fill_keys(keys[e:], src, dst, n)
+    return keys
+
+
+def _fill_keys(out: np.ndarray, hi: np.ndarray, lo: np.ndarray, n: int) -> None:
+    """``out = hi * n + lo`` in int64, in place (hi/lo may be narrower ints)."""
+    np.multiply(hi, n, out=out, dtype=np.int64, casting="unsafe")
+    np.add(out, lo, out=out, casting="unsafe")
+
+
+def _drop_duplicates_sorted(keys: np.ndarray) -> np.ndarray:
+    """Distinct values of a sorted array (like ``np.unique`` but without its sort and extra copies)."""
+    if keys.shape[0] < 2:
+        return keys
+    dup = keys[1:] == keys[:-1]
+    if not dup.any():
+        return keys
+    keep = np.empty(keys.shape[0], dtype=bool)
+    keep[0] = True
+    np.logical_not(dup, out=keep[1:])
+    del dup
+    return keys[keep]

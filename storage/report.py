@@ -11,7 +11,7 @@ class Report:
     headline: str                                   # one line, for logs and `gnnpipe status`
     table: list[dict[str, Any]] = field(default_factory=list)
     markdown: str = ""
-    images: dict[str, str] = field(default_factory=dict)  # name -> URL of a PNG inside the artifact
+    images: dict[str, str] = field(default_factory=dict)  # title -> PNG path relative to the artifact directory
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

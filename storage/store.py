@@ -112,17 +112,18 @@ class ArtifactStore:
         """Check that a manifest is well formed and every file it lists exists with its recorded size."""
         where = self.url(stage, key, MANIFEST) if stage and key else "manifest"
         if not isinstance(manifest, dict) or any(field not in manifest for field in _REQUIRED):
-            raise ArtifactError(f"corrupted manifest {where} (missing fields); rerun with --force {stage or ''}".rstrip())
+            hint = f"rerun with --force {stage}" if stage else "rerun the pipeline"
+            raise ArtifactError(f"corrupted manifest {where} (missing fields); {hint}")
         stage, key = manifest["stage"], manifest["key"]
         sizes = self._sizes(stage, key)
         for rel, size in manifest["files"].items():
             got = sizes.get(rel)
             if got is None:
-                raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is missing; "
-                                    f"rerun with --force {stage}")
+                raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is "
+                                    f"missing; rerun with --force {stage}")
             if got != size:
-                raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} bytes, "
-                                    f"manifest says {size}; rerun with --force {stage}")
+                raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} "
+                                    f"bytes, manifest says {size}; rerun with --force {stage}")
 
     def _sizes(self, stage: str, key: str) -> dict[str, int]:
         base = self._path(stage, key)
@@ -131,6 +132,13 @@ class ArtifactStore:
         except FileNotFoundError:
             return {}
         return {p[len(base) + 1:]: int(info["size"]) for p, info in listing.items() if info.get("type") == "file"}
+
+    def read_bytes(self, stage: str, key: str, rel: str) -> bytes:
+        """A small file of an artifact (a PNG, a json report)."""
+        try:
+            return self.fs.cat_file(self._path(stage, key, rel))
+        except FileNotFoundError:
+            raise ArtifactError(f"{self.url(stage, key, rel)} not found; rerun with --force {stage}") from None
 
     def list_keys(self, stage: str) -> list[str]:
         try:
@@ -150,12 +158,16 @@ class ArtifactStore:
             self.fs.rm_file(probe)
         except (OSError, PermissionError) as err:
             raise InputError(f"artifact root {self.root} is not writable ({err.__class__.__name__}: "
-                             f"{getattr(err, 'strerror', None) or err}); pass a writable --artifacts/ARTIFACTS") from None
+                             f"{getattr(err, 'strerror', None) or err}); pass a writable --artifacts/ARTIFACTS"
+                             ) from None
 
     @contextmanager
     def writing(self, stage: str, key: str, *, version: int, params: Mapping[str, Any],
-                upstream: Mapping[str, Manifest]) -> Iterator[StageWriter]:
-        """Write a stage's artifact; the manifest is written last and the directory published atomically."""
+                upstream: Mapping[str, Manifest], replace: bool = False) -> Iterator[StageWriter]:
+        """Write a stage's artifact; the manifest is written last and the directory published atomically.
+
+        If a valid artifact appears meanwhile (a concurrent run), it is kept unless ``replace`` (a forced rerun).
+        """
         self.check_writable()
         final = self._path(stage, key)
         if self.is_local:
@@ -170,18 +182,23 @@ class ArtifactStore:
             yield writer
             writer._finish()
             if self.is_local:
-                self._publish_local(work, final, stage, key)
+                self._publish_local(work, final, stage, key, replace)
         except BaseException:
             self._remove(work if self.is_local else final)
             raise
         writer.manifest = self.load(stage, key)
 
-    def _publish_local(self, work: str, final: str, stage: str, key: str) -> None:
+    def _publish_local(self, work: str, final: str, stage: str, key: str, replace: bool) -> None:
         if os.path.isdir(final):
-            if self.find(stage, key) is not None:  # a concurrent run published the same content first
+            if not replace and self.find(stage, key) is not None:  # a concurrent run published it first
                 shutil.rmtree(work, ignore_errors=True)
                 return
-            shutil.rmtree(final, ignore_errors=True)  # an invalid leftover: replace it
+            # Move the old one aside first: the final name is never a half-deleted directory.
+            trash = f"{work}.old"
+            os.rename(final, trash)
+            os.rename(work, final)
+            shutil.rmtree(trash, ignore_errors=True)
+            return
         os.rename(work, final)
 
     def build(self, stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest],
@@ -194,7 +211,7 @@ class ArtifactStore:
         key = stage_key(stage, version, params, upstream)
         if not force and (existing := self.find(stage, key)) is not None:
             return existing
-        with self.writing(stage, key, version=version, params=params, upstream=upstream) as writer:
+        with self.writing(stage, key, version=version, params=params, upstream=upstream, replace=force) as writer:
             body(writer)
         assert writer.manifest is not None
         self._log_build(writer.manifest)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.codecs
-from tqdm.auto import tqdm
+from storage.progress import progress as tqdm
 
 from storage.errors import ArtifactError
 

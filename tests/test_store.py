@@ -113,3 +113,12 @@ def test_concurrent_publish_keeps_the_first(tmp_path: Path):
             _body(w2)
     assert w1.manifest["build_id"] == w2.manifest["build_id"]
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [key]
+
+
+def test_forced_build_replaces_a_valid_artifact(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    first = store.build("s", 1, {}, {}, _body)
+    again = store.build("s", 1, {}, {}, _body, force=True)
+    assert again["build_id"] != first["build_id"]
+    assert store.load("s", first["key"])["build_id"] == again["build_id"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [first["key"]]

@@ -1,0 +1,116 @@
+"""Download stage: a dataset (synthetic, OGB or the user's .npy files) → the canonical ``graph.zarr``.
+
+Contract: params → artifact ``download/<key>/graph.zarr`` (format in ``storage.graph``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from storage import ArtifactStore, InputError, Manifest, StageWriter
+from storage.graph import GROUP, Graph, write_graph
+from storage.report import Report, markdown_table
+from stages.meter import measure
+
+NAME = "download"
+VERSION = 1
+UPSTREAM: tuple[str, ...] = ()
+OGB_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+DATASETS = ("synthetic", *OGB_DATASETS, "files")
+
+
+class Params(BaseModel):
+    """What defines the dataset (all of it goes into the artifact key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = "synthetic"
+    # synthetic
+    num_nodes: int = Field(100_000, ge=2)
+    avg_degree: float = Field(20.0, gt=0)
+    num_features: int = Field(64, ge=1)
+    num_classes: int = Field(16, ge=2)
+    seed: int = 0
+    split: tuple[float, float, float] = (0.08, 0.02, 0.90)
+    # files
+    path: str | None = None
+    fingerprint: str | None = None  # of the files: a changed file is a new dataset
+
+    @model_validator(mode="after")
+    def _check(self) -> "Params":
+        if self.dataset not in DATASETS:
+            raise InputError(f"unknown dataset '{self.dataset}'; choose one of: {', '.join(DATASETS)}")
+        if self.dataset == "files" and not self.path:
+            raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
+        return self
+
+    def key_params(self) -> dict[str, Any]:
+        """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download."""
+        if self.dataset == "synthetic":
+            return self.model_dump(include={"dataset", "num_nodes", "avg_degree", "num_features", "num_classes",
+                                            "seed", "split"})
+        if self.dataset == "files":
+            path = os.path.abspath(self.path or "")
+            return {"dataset": "files", "path": path, "fingerprint": self.fingerprint or files_fingerprint(path)}
+        return {"dataset": self.dataset}
+
+
+def files_fingerprint(directory: str) -> str:
+    """Names, sizes and mtimes of the user's .npy/.json files (as make does): cheap, and changes when they do."""
+    if not os.path.isdir(directory):
+        raise InputError(f"dataset directory {directory} does not exist; pass path=<directory with .npy files>")
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        if name.endswith((".npy", ".json")):
+            st = os.stat(os.path.join(directory, name))
+            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:16]
+
+
+def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
+    if params.dataset == "synthetic":
+        from stages.download.synthetic import generate_synthetic
+
+        return generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
+                                  params.seed, split=params.split, progress=progress)
+    if params.dataset == "files":
+        from stages.download.files_source import load_files
+
+        return load_files(os.path.abspath(params.path or ""))
+    from stages.download.ogb_source import load_ogb
+
+    return load_ogb(params.dataset, download_dir, progress=progress)
+
+
+def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
+        download_dir: str | None = None, progress: bool = True) -> Manifest:
+    """Build (or find) the canonical graph for ``params``."""
+    download_dir = download_dir or os.path.join(os.path.expanduser("~"), ".cache", "gnnpipe", "ogb")
+
+    def body(writer: StageWriter) -> None:
+        with measure() as cost:
+            graph = load(params, download_dir=download_dir, progress=progress)
+            attrs = write_graph(writer.file_url(GROUP), graph, progress=progress)
+        writer.summary.update(attrs)
+        writer.summary.update(cost)
+        writer.summary["avg_degree"] = round(graph.num_edges / max(graph.num_nodes, 1), 3)
+        writer.summary["bytes_graph"] = int(graph.indptr.nbytes + graph.indices.nbytes)
+        writer.summary["bytes_features"] = int(graph.x.nbytes) if graph.x is not None else 0
+
+    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def report(manifest: Manifest) -> Report:
+    s = manifest["summary"]
+    rows = [{"dataset": s["name"], "source": s["source"], "nodes": s["num_nodes"], "edges": s["num_edges"],
+             "avg_degree": s["avg_degree"], "features": s["num_features"], "classes": s["num_classes"],
+             "directed": s["directed"], **{f"{k}_nodes": v for k, v in s["split_sizes"].items()},
+             "wall_s": s["wall_s"], "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}]
+    headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges, {s['num_features']} features, "
+                f"{s['num_classes']} classes")
+    md = f"## download `{manifest['key']}`\n\n{headline}\n\n{markdown_table(rows)}\n"
+    return Report(headline, rows, md)

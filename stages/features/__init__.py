@@ -1,0 +1,1 @@
+"""Features stage: per-partition Zarr stores of x, y and split lids."""

@@ -25,7 +25,7 @@ from stages.partition.report import partition_report
 
 
 def skewed_train_mask(y: np.ndarray, num_classes: int, fraction: float, seed: int) -> np.ndarray:
-    """``fraction`` of the nodes as train nodes, as many as possible (up to 80 %) from the first tenth of the classes."""
+    """``fraction`` of the nodes as train nodes, as many as possible (up to 80 %) from the first tenth of classes."""
     rng = np.random.default_rng(seed)
     hot = y < max(1, num_classes // 10)
     num_train = int(round(fraction * y.shape[0]))

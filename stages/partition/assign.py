@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+from storage.progress import progress as tqdm
 
 from stages.partition.adjacency import sparsify, symmetric_adjacency
 from stages.partition.balance import DEFAULT_TOLERANCE, rebalance

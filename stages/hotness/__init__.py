@@ -1,0 +1,1 @@
+"""Hotness stage: pre-sample, count feature-row requests, and plan each rank's cache."""

@@ -1,0 +1,37 @@
+"""Pre-sampling: how often each gid's feature row is requested by the batches of one partition's seeds.
+
+Counting real requests (rather than GLT's analytic access probability, which saturates at 1.0 for many nodes of
+a power-law graph) ranks better and runs on CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from storage.progress import progress as tqdm
+
+from storage.partition import PartCSR
+from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+
+
+def whole_graph_csr(parts: list[PartCSR]) -> LocalCSR:
+    """Concatenate the partitions' CSRs (gid order) into one CSR of the whole graph."""
+    offsets = np.cumsum([0] + [int(p.indptr[-1]) for p in parts[:-1]])
+    indptr = np.concatenate([parts[0].indptr[:1]] + [p.indptr[1:] + off for p, off in zip(parts, offsets)])
+    indices = np.concatenate([p.indices for p in parts])
+    return LocalCSR.from_numpy(indptr, indices, start_gid=0)
+
+
+def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,
+                   generator: torch.Generator, desc: str = "pre-sample", progress: bool = False) -> Tensor:
+    """int64 [N]: in how many batches' ``n_id`` each gid appeared, over ``epochs`` shuffled epochs."""
+    count_gid = torch.zeros(sampler.num_nodes, dtype=torch.long)
+    num_batches = epochs * -(-seed_gid.numel() // batch_size)
+    with tqdm(total=num_batches, desc=desc, unit="batch", disable=not progress, leave=False) as bar:
+        for _ in range(epochs):
+            for batch_gid in iter_seed_batches(seed_gid, batch_size, generator=generator):
+                n_id = sampler.sample(batch_gid).n_id
+                count_gid.index_add_(0, n_id, torch.ones_like(n_id))
+                bar.update()
+    return count_gid

@@ -1,0 +1,148 @@
+"""Hotness stage: pre-sample E epochs from each partition's train seeds, count feature-row requests, plan caches.
+
+Contract: partition + features manifests + params → artifact ``hotness/<key>/`` with ``hot-<p>.zarr`` per
+partition (format in ``storage.hotness``), ``curve.png`` and ``curves.json``. The plan is fitted on E epochs and
+its hit rate measured on one more, independently drawn epoch, so the reported figures are not self-fulfilling.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from storage import ArtifactStore, Manifest, StageWriter
+from storage.features import part_store, read_part_features
+from storage.hotness import CachePlan, hot_store, write_plan
+from storage.partition import BOOK, part_name, read_book, read_part
+from storage.report import Report, markdown_table
+from stages.hotness import plan as planning
+from stages.meter import measure
+from stages.runtime.fanouts import validate_fanouts
+
+if TYPE_CHECKING:
+    import torch
+
+    from stages.runtime.sampler import NeighborSampler
+
+NAME = "hotness"
+VERSION = 1
+UPSTREAM = ("partition", "features")
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fanouts: tuple[int, ...] = (15, 10, 5)   # the training fanouts
+    batch_size: int = Field(1024, ge=1)
+    epochs: int = Field(1, ge=1)
+    cache_budget_bytes: int | None = Field(None, ge=0)  # per rank; takes precedence over cache_ratio
+    cache_ratio: float = Field(0.2, ge=0)               # of the partition's own rows
+    seed: int = 0
+
+    @field_validator("fanouts")
+    @classmethod
+    def _fanouts(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(validate_fanouts(v))
+
+    def key_params(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
+                    lo: int, hi: int, row_bytes: int, params: Params, progress: bool
+                    ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
+    import torch
+
+    from stages.hotness.counting import count_requests
+
+    num_nodes = in_degree_gid.shape[0]
+    fit_gen = torch.Generator().manual_seed(params.seed * 1_000_003 + 2 * p)
+    eval_gen = torch.Generator().manual_seed(params.seed * 1_000_003 + 2 * p + 1)
+    fit = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
+                         generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress).numpy()
+    held_out = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1, generator=eval_gen,
+                              desc=f"hotness: evaluate part {p}", progress=progress).numpy()
+    budget = planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
+                                  row_bytes=row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
+    hot_order = planning.hotness_order(fit, in_degree_gid)
+    deg_order = planning.degree_order(in_degree_gid)
+    plan_gid = hot_order[: budget.rows]
+    requested = int(np.count_nonzero(fit))
+    sizes = planning.curve_sizes(hi - lo, num_nodes)
+    [hot_hit, deg_hit] = [planning.hit_rates(held_out, order, np.append(sizes, budget.rows))
+                          for order in (hot_order, deg_order)]
+    row = {"part": p, "train_seeds": int(train_gid.numel()), "requested_gids": requested,
+           "lookups_per_epoch": int(held_out.sum()),
+           "remote_lookup_share": float(1 - held_out[lo:hi].sum() / held_out.sum()) if held_out.sum() else 0.0,
+           "plan_rows": int(budget.rows), "plan_bytes": int(budget.rows * row_bytes),
+           "expected_hit_rate": float(hot_hit[-1]), "degree_hit_rate": float(deg_hit[-1]),
+           "remote_removed": planning.remote_share_removed(held_out, plan_gid, lo, hi),
+           "budget": budget.note}
+    curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
+             "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}
+    plan = CachePlan(p, plan_gid, hot_order[:requested], fit[hot_order[:requested]],
+                     {**row, "row_bytes": row_bytes, "fanouts": list(params.fanouts)})
+    return plan, row, curve
+
+
+def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
+        progress: bool = True) -> Manifest:
+    partition, features = upstream["partition"], upstream["features"]
+    fs = features["summary"]
+    row_bytes = int(fs["num_features"]) * np.dtype(fs["feature_dtype"]).itemsize
+
+    def body(writer: StageWriter) -> None:
+        # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
+        import torch
+
+        from stages.hotness.counting import whole_graph_csr
+        from stages.hotness.plot import hit_rate_png
+        from stages.runtime.sampler import NeighborSampler
+
+        rows: list[dict[str, Any]] = []
+        curves: list[dict[str, Any]] = []
+        with measure() as cost:
+            book = read_book(store.url("partition", partition["key"], BOOK))
+            parts = [read_part(store.url("partition", partition["key"], part_name(p)))
+                     for p in range(book.num_partitions)]
+            csr = whole_graph_csr(parts)
+            in_degree_gid = np.diff(csr.indptr.numpy())
+            sampler = NeighborSampler(csr, params.fanouts)
+            for p in range(book.num_partitions):
+                lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
+                split = read_part_features(store.url("features", features["key"], part_store(p)), load_x=False)
+                train_gid = torch.from_numpy(split.split_lids["train"] + lo)
+                plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, lo, hi, row_bytes,
+                                                   params, progress)
+                write_plan(writer.file_url(hot_store(p)), plan)
+                rows.append(row)
+                curves.append(curve)
+            writer.write_json("curves.json", curves)
+            writer.write_bytes("curve.png", hit_rate_png(curves))
+        writer.summary.update({"num_partitions": book.num_partitions, "parts": rows, "curves": curves,
+                               "fanouts": list(params.fanouts), "epochs": params.epochs,
+                               "budget": rows[0]["budget"] if rows else "", **cost})
+
+    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def report(manifest: Manifest) -> Report:
+    s = manifest["summary"]
+    table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "budget"}
+             for r in s["parts"]]
+    mean_hit = float(np.mean([r["expected_hit_rate"] for r in s["parts"]])) if s["parts"] else 0.0
+    mean_deg = float(np.mean([r["degree_hit_rate"] for r in s["parts"]])) if s["parts"] else 0.0
+    mean_rem = float(np.mean([r["remote_removed"] for r in s["parts"]])) if s["parts"] else 0.0
+    headline = (f"cache plan {s['budget']}: expected hit rate {100 * mean_hit:.1f} % (degree cache "
+                f"{100 * mean_deg:.1f} %), removes {100 * mean_rem:.1f} % of remote lookups")
+    curve_rows = []
+    for c in s["curves"]:
+        for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
+            curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
+                               "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
+    md = (f"## hotness `{manifest['key']}`\n\n{headline}\n\nfanouts {s['fanouts']}, {s['epochs']} pre-sampled "
+          f"epoch(s); hit rates measured on an independent epoch.\n\n{markdown_table(table)}\n\n"
+          f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
+    return Report(headline, table, md, images={"hit-rate curve": "curve.png"})

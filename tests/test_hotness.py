@@ -1,0 +1,111 @@
+"""Hotness: request counting, cache plans within a budget, and hit rates against a degree-ranked cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from storage import ArtifactStore, InputError
+from storage.hotness import hot_store, read_plan
+from storage.partition import BOOK, read_book
+from stages.download import stage as download
+from stages.features import stage as features
+from stages.hotness import plan as planning
+from stages.hotness import stage as hotness
+from stages.hotness.counting import count_requests
+from stages.partition import stage as partition
+from stages.runtime.sampler import LocalCSR, NeighborSampler
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory):
+    store = ArtifactStore(tmp_path_factory.mktemp("art"))
+    dl = download.run(store, download.Params(num_nodes=6000, avg_degree=12, num_features=16, num_classes=4, seed=5),
+                      {}, progress=False)
+    pt = partition.run(store, partition.Params(num_partitions=4), {"download": dl}, progress=False)
+    ft = features.run(store, features.Params(), {"download": dl, "partition": pt}, progress=False)
+    return store, pt, ft
+
+
+def test_counts_equal_batch_membership():
+    # path graph 0-1-2-3 (both directions); seeds [0] and [3] in separate batches, fanout -1, one hop
+    indptr = np.array([0, 1, 3, 5, 6])
+    indices = np.array([1, 0, 2, 1, 3, 2])
+    sampler = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [-1])
+    counts = count_requests(sampler, torch.tensor([0, 3]), batch_size=1, epochs=2,
+                            generator=torch.Generator().manual_seed(0))
+    assert counts.tolist() == [2, 2, 2, 2]  # each batch requests the seed and its one neighbour, twice
+    empty = count_requests(sampler, torch.tensor([], dtype=torch.long), batch_size=4, epochs=1,
+                           generator=torch.Generator().manual_seed(0))
+    assert empty.sum() == 0
+
+
+def test_hit_rates_by_hand():
+    eval_count = np.array([5, 0, 3, 2])
+    order = np.array([0, 2, 3, 1])
+    assert planning.hit_rates(eval_count, order, np.array([0, 1, 2, 4])).tolist() == [0.0, 0.5, 0.8, 1.0]
+    assert planning.hotness_order(np.array([0, 4, 4, 1]), np.array([9, 1, 2, 0])).tolist() == [2, 1, 3, 0]
+    assert planning.remote_share_removed(eval_count, np.array([2]), 0, 2) == pytest.approx(3 / 5)
+
+
+def test_budget_in_bytes_or_ratio_and_clamped():
+    b = planning.budget_rows(budget_bytes=6400, ratio=None, row_bytes=64, part_rows=1000, num_nodes=5000)
+    assert b.rows == 100 and "6,400 bytes per rank" in b.note
+    b = planning.budget_rows(budget_bytes=None, ratio=0.25, row_bytes=64, part_rows=1000, num_nodes=5000)
+    assert b.rows == 250 and "0.25 × the partition's 1,000 own rows" in b.note
+    b = planning.budget_rows(budget_bytes=10**12, ratio=None, row_bytes=64, part_rows=1000, num_nodes=5000)
+    assert b.rows == 5000 and "clamped to the graph's 5,000 nodes" in b.note
+
+
+@pytest.mark.parametrize("fanouts", [(), (10, -2), (0,)])
+def test_bad_fanouts_are_rejected(fanouts):
+    with pytest.raises(InputError, match="fanout"):
+        hotness.Params(fanouts=fanouts)
+
+
+def test_stage_plans_within_budget_and_beats_degree(upstream):
+    store, pt, ft = upstream
+    params = hotness.Params(fanouts=(10, 5), batch_size=16, cache_budget_bytes=300 * 64)
+    m = hotness.run(store, params, {"partition": pt, "features": ft}, progress=False)
+    book = read_book(store.url("partition", pt["key"], BOOK))
+    for p, row in enumerate(m["summary"]["parts"]):
+        plan = read_plan(store.url("hotness", m["key"], hot_store(p)))
+        assert plan.plan_gid.shape[0] == row["plan_rows"] == 300  # 16 float32 features = 64 B/row
+        assert np.unique(plan.plan_gid).size == 300
+        assert np.all(np.diff(plan.ranked_count) <= 0), "ranking is most-requested first"
+        assert row["requested_gids"] == plan.ranked_gid.shape[0] <= book.num_nodes
+        assert 0 < row["expected_hit_rate"] <= 1 and 0 <= row["remote_removed"] <= 1
+    for curve in m["summary"]["curves"]:
+        hot, deg = np.array(curve["hotness"]), np.array(curve["degree"])
+        assert np.all(hot >= deg - 1e-9), curve
+        in_range = [i for i, f in enumerate(curve["fraction"]) if 0.05 <= f <= 0.30]
+        assert max(hot[in_range] - deg[in_range]) >= 0.05, curve
+    assert store.read_bytes("hotness", m["key"], "curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    report = hotness.report(m)
+    assert "expected hit rate" in report.headline and "hotness_hit_%" in report.markdown
+
+
+def test_budget_larger_than_graph_is_clamped_and_said(upstream):
+    store, pt, ft = upstream
+    params = hotness.Params(fanouts=(5,), batch_size=512, cache_budget_bytes=10**12)
+    m = hotness.run(store, params, {"partition": pt, "features": ft}, progress=False)
+    assert all(r["plan_rows"] == 6000 for r in m["summary"]["parts"])
+    assert "clamped to the graph's 6,000 nodes" in hotness.report(m).headline
+
+
+def test_partition_without_train_nodes_has_empty_counts(upstream):
+    store, pt, _ = upstream
+    from stages.hotness.counting import whole_graph_csr
+    from storage.partition import part_name, read_part
+
+    book = read_book(store.url("partition", pt["key"], BOOK))
+    csr = whole_graph_csr([read_part(store.url("partition", pt["key"], part_name(p))) for p in range(4)])
+    in_degree = np.diff(csr.indptr.numpy())
+    lo, hi = int(book.bounds[1]), int(book.bounds[2])
+    plan, row, curve = hotness._plan_partition(1, NeighborSampler(csr, [5]), torch.tensor([], dtype=torch.long),
+                                               in_degree, lo, hi, 64, hotness.Params(cache_ratio=0.1), False)
+    assert row["train_seeds"] == 0 and row["requested_gids"] == 0 and row["lookups_per_epoch"] == 0
+    assert plan.ranked_gid.size == 0 and row["expected_hit_rate"] == 0.0
+    assert plan.plan_gid.size == round(0.1 * (hi - lo))  # still a plan (by degree) of the budgeted size
+    assert curve["hotness"] == [0.0] * len(planning.CURVE_FRACTIONS)

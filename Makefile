@@ -1,0 +1,96 @@
+# gnnpipe — `make pipeline` sets everything up on a fresh machine and runs the pipeline; `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+ARTIFACTS ?= ./artifacts
+PREFECT_HOME ?= $(CURDIR)/.prefect
+STAGE ?=
+ARGS ?=
+PYTEST_ARGS ?=
+
+PREFECT_PORT ?= 4200
+DEPLOYMENT ?= gnnpipe/default
+
+export PREFECT_HOME
+export PREFECT_PORT
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export ARTIFACTS
+export PYTHONUNBUFFERED = 1
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(TORCH_VERSION)
+
+.PHONY: help venv pipeline stage status test clean clean-venv bench bench-peer server-up server-down deploy \
+	worker-up worker-down run-deployment
+
+help:
+	@echo "make pipeline            set up .venv if needed, run download → partition → features on the synthetic default"
+	@echo "make stage STAGE=name    rerun one stage, upstream taken from the cache"
+	@echo "make status              each stage's key, cache state and summary"
+	@echo "make test                run the test suite"
+	@echo "make clean               delete $(ARTIFACTS) and the Prefect cache records"
+	@echo "make server-up deploy worker-up run-deployment ARGS='-p num_partitions=4'   run through a Prefect deployment"
+	@echo "make worker-down server-down                                              stop them (by PID)"
+	@echo "variables: ARTIFACTS=$(ARTIFACTS) TORCH_VERSION=$(TORCH_VERSION) PREFECT_HOME=$(PREFECT_HOME) ARGS='--set k=v ...'"
+
+venv: $(STAMP)
+
+# torch first, pinned: an unpinned torch would pull several GB of CUDA wheels. uv applies overrides.txt.
+$(STAMP): pyproject.toml overrides.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/uv pip install -q --python $(BIN)/python --override overrides.txt "torch==$(TORCH_VERSION)" -e ".[dev]"
+	touch $@
+
+pipeline: $(STAMP)
+	$(BIN)/gnnpipe run --artifacts $(ARTIFACTS) $(ARGS)
+
+stage: $(STAMP)
+	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|partition|features>"; exit 2; }
+	$(BIN)/gnnpipe stage $(STAGE) --artifacts $(ARTIFACTS) $(ARGS)
+
+status: $(STAMP)
+	$(BIN)/gnnpipe status --artifacts $(ARTIFACTS) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Products-scale benchmarks (minutes each; figures recorded in benchmarks/RESULTS.md).
+BENCH_GRAPH ?= benchmarks/work/products_pipeline.npz
+# Deployments: a local server, a process worker, and `prefect deployment run` against them.
+server-up: $(STAMP)
+	$(BIN)/gnnpipe server up --port $(PREFECT_PORT)
+
+server-down:
+	@if test -x $(BIN)/gnnpipe; then $(BIN)/gnnpipe server down; fi
+
+deploy: $(STAMP)
+	$(BIN)/gnnpipe deploy --port $(PREFECT_PORT)
+
+worker-up: $(STAMP)
+	$(BIN)/gnnpipe worker up --port $(PREFECT_PORT)
+
+worker-down:
+	@if test -x $(BIN)/gnnpipe; then $(BIN)/gnnpipe worker down; fi
+
+run-deployment: $(STAMP)
+	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect deployment run '$(DEPLOYMENT)' $(ARGS) --watch
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_pipeline.py --parts 2,4
+	$(BIN)/python benchmarks/bench_hotness.py --parts 2 --png benchmarks/hotness_curve.png
+	$(BIN)/python benchmarks/bench_sampler.py --nodes 2400000 --avg-degree 50 --graph $(BENCH_GRAPH) --batches 30 --threads 2
+	$(BIN)/python benchmarks/bench_sampler.py --graph $(BENCH_GRAPH) --mode dist --threads 2 --batches 30
+
+# Optional peer: PyG's NeighborLoader needs torch-sparse/torch-scatter, which only build from source (~20 min).
+bench-peer: $(STAMP)
+	$(BIN)/python -m pip install --no-build-isolation torch-scatter torch-sparse
+	$(BIN)/python benchmarks/bench_peer_pyg.py --graph $(BENCH_GRAPH) --batches 30 --threads 2
+
+clean:
+	@if test -x $(BIN)/gnnpipe; then $(BIN)/gnnpipe clean --artifacts $(ARTIFACTS); else rm -rf $(ARTIFACTS); fi
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Prefect flows, tasks and the ``gnnpipe`` CLI."""

@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny pipeline configuration and one Prefect test server for the whole session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect-test"))
+
+# A graph small enough to run every stage in about a second, with community structure so METIS has a cut to find.
+TINY: dict[str, Any] = {"dataset": "synthetic", "num_nodes": 3000, "avg_degree": 10.0, "num_features": 16,
+                        "num_classes": 4, "seed": 1, "num_partitions": 2}
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> str:
+    """One temporary Prefect server (SQLite in a temp dir) for all flow tests; yields its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(PREFECT_API_URL.value())
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> dict[str, Any]:
+    return {**TINY, "artifacts": str(tmp_path / "artifacts")}
+
+
+def cli_env(api_url: str | None = None) -> dict[str, str]:
+    """Environment for a ``gnnpipe`` subprocess: same interpreter, optionally the session's Prefect server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+GNNPIPE = [sys.executable, "-m", "flows.cli"]

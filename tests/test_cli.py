@@ -1,0 +1,102 @@
+"""The gnnpipe CLI without a Prefect server: config files, --set, status, show, clean, and its error lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.cli import load_config, stage_keys
+from flows.config import STAGES, make_config
+from storage import ArtifactStore, InputError
+from tests.conftest import GNNPIPE, REPO, TINY, cli_env
+
+
+def build_without_prefect(cfg_values: dict[str, Any]) -> dict[str, str]:
+    """Run the stages of a config directly (what the flow's tasks do), returning their keys."""
+    cfg = make_config(**cfg_values)
+    store = ArtifactStore(cfg.artifacts)
+    manifests: dict[str, Any] = {}
+    for name in cfg.stages():
+        module = STAGES[name]
+        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
+                                     progress=False)
+    return {name: m["key"] for name, m in manifests.items()}
+
+
+def gnnpipe(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*GNNPIPE, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+
+
+def set_args(values: dict[str, Any]) -> list[str]:
+    return [a for k, v in values.items() if k != "artifacts" for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    values = {**TINY, "artifacts": str(tmp_path / "art"), "fanouts": [5, 5], "batch_size": 64}
+    return values, build_without_prefect(values)
+
+
+def test_status_show_and_clean(built):
+    values, keys = built
+    art = ["--artifacts", values["artifacts"]]
+    proc = gnnpipe("status", *art, *set_args(values))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == list(keys)
+    for line, (name, key) in zip(lines, keys.items()):
+        assert f"{name}" in line and key in line and " built " in line
+    assert "edge cut" in lines[1] and "expected hit rate" in lines[3]
+    shown = gnnpipe("show", "partition", *art, *set_args(values))
+    assert shown.returncode == 0 and "| partition | nodes | edges | train_nodes | gid_range |" in shown.stdout
+    assert gnnpipe("clean", "--stage", "hotness", *art).returncode == 0
+    after = gnnpipe("status", *art, *set_args(values)).stdout.strip().splitlines()
+    assert " missing " in after[3] and " built " in after[2]
+    assert gnnpipe("clean", *art).returncode == 0
+    assert not any((Path(values["artifacts"]) / s).exists() for s in keys)
+
+
+def test_config_files_and_set_agree(tmp_path: Path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("num_partitions: 4\nfanouts: [10, 5]\ndataset: synthetic\n")
+    toml_file = tmp_path / "c.toml"
+    toml_file.write_text("num_partitions = 4\nfanouts = [10, 5]\n")
+    a = load_config(yaml_file, [])
+    b = load_config(toml_file, [])
+    c = load_config(None, ["num_partitions=4", "fanouts=[10, 5]"])
+    assert stage_keys(a) == stage_keys(b) == stage_keys(c)
+    assert stage_keys(load_config(yaml_file, ["num_partitions=2"]))["partition"] != stage_keys(a)["partition"]
+    assert stage_keys(a)["download"] == stage_keys(load_config(None, []))["download"]
+
+
+@pytest.mark.parametrize("content, set_, message", [
+    ("bogus_key: 1\n", [], "invalid parameter bogus_key: Extra inputs are not permitted"),
+    ("num_partitions: many\n", [], "invalid parameter num_partitions: Input should be a valid integer"),
+    ("num_partitions: [1\n", [], "cannot parse"),
+    ("- a\n- b\n", [], "must hold a mapping"),
+    ("", ["fanouts=[]"], "fanouts is empty"),
+    ("", ["fanouts=[10, -2]"], "invalid fanout -2"),
+    ("", ["num_partitions"], "--set expects key=value"),
+])
+def test_config_errors_are_one_line(tmp_path: Path, content: str, set_: list[str], message: str):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(content)
+    with pytest.raises(InputError, match=message.replace("[", r"\[")):
+        load_config(cfg, set_)
+    proc = gnnpipe("status", "--config", str(cfg), *[a for s in set_ for a in ("--set", s)])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]  # exactly one line
+    assert proc.stderr.startswith("error: ")
+
+
+def test_unknown_stage_and_missing_config(tmp_path: Path):
+    proc = gnnpipe("show", "nosuch")
+    assert proc.returncode == 2 and "unknown stage 'nosuch'" in proc.stderr
+    proc = gnnpipe("run", "--config", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2 and "config file" in proc.stderr and "not found" in proc.stderr
+    proc = gnnpipe("show", "partition", "--artifacts", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and "is missing" in proc.stderr and "rerun the pipeline" in proc.stderr

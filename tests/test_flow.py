@@ -1,0 +1,142 @@
+"""Flow behaviour: caching, invalidation by parameter change or damaged artifact, force, concurrency, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage import ArtifactStore, InputError
+from tests.conftest import GNNPIPE, REPO, cli_env
+
+pytestmark = pytest.mark.slow
+STAGES = ("download", "partition", "features")
+
+
+def run_flow(cfg: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    from flows.pipeline import pipeline
+
+    return pipeline(**{**cfg, "until": "features", **extra})
+
+
+def states(result: dict[str, Any]) -> dict[str, str]:
+    return {name: res["state"] for name, res in result.items()}
+
+
+def test_second_run_is_all_cached(prefect_server: str, tiny: dict[str, Any]):
+    first = run_flow(tiny)
+    assert states(first) == dict.fromkeys(STAGES, "Completed")
+    second = run_flow(tiny)
+    assert states(second) == dict.fromkeys(STAGES, "Cached")
+    assert {n: r["key"] for n, r in first.items()} == {n: r["key"] for n, r in second.items()}
+    assert len(ArtifactStore(tiny["artifacts"]).builds()) == 3
+
+
+def test_num_partitions_reruns_partition_and_features_only(prefect_server: str, tiny: dict[str, Any]):
+    first = run_flow(tiny)
+    changed = run_flow(tiny, num_partitions=3)
+    assert states(changed) == {"download": "Cached", "partition": "Completed", "features": "Completed"}
+    assert changed["download"]["key"] == first["download"]["key"]
+    assert changed["partition"]["key"] != first["partition"]["key"]
+
+
+def test_deleted_file_reruns_that_stage(prefect_server: str, tiny: dict[str, Any]):
+    first = run_flow(tiny)
+    part_dir = Path(first["partition"]["uri"])
+    victim = next(p for p in sorted((part_dir / "part-1.zarr").rglob("*")) if p.is_file() and "/c/" in str(p))
+    victim.unlink()
+    again = run_flow(tiny)
+    assert states(again) == {"download": "Cached", "partition": "Completed", "features": "Cached"}
+    assert again["partition"]["key"] == first["partition"]["key"]
+    assert again["partition"]["build_id"] != first["partition"]["build_id"]
+    assert victim.exists()
+
+
+def test_force_reruns_the_named_stage(prefect_server: str, tiny: dict[str, Any]):
+    first = run_flow(tiny)
+    forced = run_flow(tiny, force=["features"])
+    assert states(forced) == {"download": "Cached", "partition": "Cached", "features": "Completed"}
+    assert forced["features"]["build_id"] != first["features"]["build_id"]
+
+
+def test_until_stops_early(prefect_server: str, tiny: dict[str, Any]):
+    result = run_flow(tiny, until="partition")
+    assert list(result) == ["download", "partition"]
+    assert not (Path(tiny["artifacts"]) / "features").exists()
+
+
+def test_num_partitions_above_num_nodes_fails_cleanly(prefect_server: str, tiny: dict[str, Any]):
+    with pytest.raises(InputError, match=r"num_partitions=5000 exceeds the graph's 3000 nodes"):
+        run_flow(tiny, num_partitions=5000)
+    part_root = Path(tiny["artifacts"]) / "partition"
+    assert not part_root.exists() or list(part_root.iterdir()) == []
+
+
+def _cli(args: list[str], api_url: str | None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*GNNPIPE, *args], cwd=REPO, env=cli_env(api_url), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _set_args(cfg: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for k, v in cfg.items():
+        if k != "artifacts":
+            out += ["--set", f"{k}={json.dumps(v)}"]
+    return out + ["--artifacts", cfg["artifacts"]]
+
+
+def test_two_concurrent_runs_compute_each_stage_once(prefect_server: str, tiny: dict[str, Any]):
+    args = ["run", "--until", "features", *_set_args(tiny)]
+    procs = [subprocess.Popen([*GNNPIPE, *args], cwd=REPO, env=cli_env(prefect_server), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    builds = ArtifactStore(tiny["artifacts"]).builds()
+    assert sorted(b["stage"] for b in builds) == sorted(STAGES), builds
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "dataset=nope"], "unknown dataset 'nope'; choose one of: synthetic"),
+    (["--set", "num_partitions=0"], "invalid parameter num_partitions"),
+    (["--set", "until=bogus"], "invalid parameter until: unknown stage 'bogus'"),
+    (["--set", "no_such_key=1"], "invalid parameter no_such_key: Extra inputs are not permitted"),
+])
+def test_bad_parameters_give_one_line_errors(tmp_path: Path, args: list[str], message: str):
+    proc = _cli(["run", "--artifacts", str(tmp_path / "a"), *args], api_url=None, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert not (tmp_path / "a").exists()
+
+
+def test_unwritable_artifact_root(tmp_path: Path):
+    (tmp_path / "file").write_text("")
+    proc = _cli(["run", "--artifacts", str(tmp_path / "file" / "art")], api_url=None, timeout=60)
+    assert proc.returncode == 2
+    assert "not writable" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_corrupted_manifest_and_chunk_via_cli(prefect_server: str, tiny: dict[str, Any]):
+    first = run_flow(tiny)
+    # a corrupted manifest: `show` names the file; the next run rebuilds the stage
+    manifest = Path(first["partition"]["uri"]) / "manifest.json"
+    manifest.write_text("{broken")
+    proc = _cli(["show", "partition", *_set_args(tiny)], api_url=None, timeout=60)
+    assert proc.returncode == 2 and "corrupted manifest" in proc.stderr and str(manifest) in proc.stderr
+    assert states(run_flow(tiny))["partition"] == "Completed"
+    # a corrupted chunk (same size) of the features' source: rerunning features fails with a one-line error
+    chunk = next(p for p in sorted((Path(first["download"]["uri"]) / "graph.zarr" / "x" / "c").rglob("*"))
+                 if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    proc = _cli(["stage", "features", *_set_args(tiny)], api_url=prefect_server)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: corrupted chunk") and "graph.zarr/x" in last
+    features_root = Path(tiny["artifacts"]) / "features"
+    assert not [p for p in features_root.iterdir() if p.name.startswith(".tmp")]
+    # the failed forced rebuild left the previous (valid) artifact as it was
+    assert ArtifactStore(tiny["artifacts"]).find("features", first["features"]["key"]) is not None

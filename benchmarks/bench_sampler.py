@@ -52,10 +52,28 @@ def power_law_graph(num_nodes: int, avg_degree: float, seed: int = 0) -> tuple[n
     return indptr, src_gid.astype(np.int64)
 
 
+def load_partitioned(partition_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The whole-graph CSR in gid order and the bounds of a partition artifact (a pipeline's METIS parts)."""
+    from stages.hotness.counting import whole_graph_csr
+    from storage.partition import BOOK, part_name, read_book, read_part
+
+    book = read_book(f"{partition_dir}/{BOOK}")
+    csr = whole_graph_csr([read_part(f"{partition_dir}/{part_name(p)}") for p in range(book.num_partitions)])
+    return csr.indptr.numpy(), csr.indices.numpy(), book.bounds
+
+
 def load_graph(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
     if args.graph and os.path.exists(args.graph):
         with np.load(args.graph) as z:
             return z["indptr"], z["indices"]
+    if args.from_partition:
+        indptr, indices, bounds = load_partitioned(args.from_partition)
+        if len(bounds) != 3:
+            sys.exit("--from-partition needs a 2-partition artifact")
+        if args.graph:
+            Path(args.graph).parent.mkdir(parents=True, exist_ok=True)
+            np.savez(args.graph, indptr=indptr, indices=indices, bounds=bounds)
+        return indptr, indices
     generate_synthetic = None
     if args.generator == "pipeline":   # the download stage's generator, so the graph matches the pipeline's
         from stages.download.synthetic import generate_synthetic
@@ -149,7 +167,10 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
                             rank=rank, world_size=2)
     with np.load(args.graph) as z:
         indptr = z["indptr"]
-        bounds = np.array([0, (indptr.shape[0] - 1) // 2, indptr.shape[0] - 1], dtype=np.int64)
+        # the partition's own bounds if the graph came from a partition artifact, else two contiguous halves
+        # (of a randomly numbered graph: a random partition, the pessimistic case for traffic)
+        bounds = z["bounds"] if "bounds" in z else np.array([0, (indptr.shape[0] - 1) // 2, indptr.shape[0] - 1],
+                                                             dtype=np.int64)
         lo, hi = bounds[rank], bounds[rank + 1]
         part_indices = z["indices"][indptr[lo]:indptr[hi]].copy()   # each rank keeps only its half
         part_indptr = indptr[lo:hi + 1] - indptr[lo]
@@ -163,6 +184,23 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
     dist.barrier()
     Path(out_dir, f"{rank}.json").write_text(json.dumps(stats))
     dist.destroy_process_group()
+
+
+def _pair_worker(rank: int, args: argparse.Namespace, out_dir: str) -> None:
+    """Control for dist mode: an independent single-partition sampler, one per core, side by side."""
+    indptr, indices = load_graph(args)
+    stats = run_single(args, indptr, indices, args.threads_per_rank)
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(stats))
+
+
+def run_pair(args: argparse.Namespace) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_pair_worker, args=(args, tmp), nprocs=2, join=True)
+        per_proc = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(2)]
+    return {key: max(r[key] for r in per_proc)
+            for key in ("s_per_batch", "median_s_per_batch", "min_s_per_batch", "cpu_s_per_batch")}
 
 
 def run_dist(args: argparse.Namespace) -> dict:
@@ -182,6 +220,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2_400_000)
     parser.add_argument("--avg-degree", type=float, default=50.0)
     parser.add_argument("--graph", help=".npz cache of the generated graph (read if it exists, else written)")
+    parser.add_argument("--from-partition", help="a 2-partition artifact directory (artifacts/partition/<key>): "
+                        "sample the pipeline's METIS parts; cached in --graph with their bounds")
     parser.add_argument("--generator", choices=["pipeline", "numpy"], default="pipeline",
                         help="stages.download.synthetic (communities, products-like) or the numpy Chung-Lu here")
     parser.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
@@ -214,8 +254,12 @@ def main() -> None:
         if not args.no_baseline:   # same threads per process, whole graph in one process
             base = run_single(args, indptr, indices, args.threads_per_rank)
             result["baseline_single"] = base
+            # and two such processes side by side: what sharing the machine costs without any communication
+            pair = run_pair(args)
+            result["baseline_pair"] = pair
             for key in ("s_per_batch", "median_s_per_batch", "min_s_per_batch", "cpu_s_per_batch"):
                 result[f"dist_overhead_{key}"] = round(result[key] / base[key], 3)
+                result[f"dist_overhead_vs_pair_{key}"] = round(result[key] / pair[key], 3)
     print(json.dumps(result), flush=True)
 
 

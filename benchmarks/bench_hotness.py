@@ -1,0 +1,63 @@
+"""Hit-rate curves of the hotness cache plan vs a degree-ranked cache on the products-scale synthetic graph.
+
+Runs the real download → partition → features → hotness stages (cached under --root, so after
+bench_pipeline.py only partition/features for new part counts and hotness run) and prints the curves.
+
+    python benchmarks/bench_hotness.py --parts 2 --fanouts 15,10,5 --batch-size 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from storage import ArtifactStore
+from stages.download import stage as download
+from stages.features import stage as features
+from stages.hotness import stage as hotness
+from stages.partition import stage as partition
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2_400_000)
+    ap.add_argument("--avg-degree", type=float, default=50.0)
+    ap.add_argument("--features", type=int, default=100)
+    ap.add_argument("--classes", type=int, default=47)
+    ap.add_argument("--parts", type=int, default=2)
+    ap.add_argument("--fanouts", default="15,10,5")
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
+    ap.add_argument("--png", default=None, help="copy the curve PNG here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    store = ArtifactStore(args.root)
+    dl = download.run(store, download.Params(num_nodes=args.nodes, avg_degree=args.avg_degree,
+                                             num_features=args.features, num_classes=args.classes, seed=0), {})
+    pt = partition.run(store, partition.Params(num_partitions=args.parts), {"download": dl})
+    ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
+    params = hotness.Params(fanouts=tuple(int(f) for f in args.fanouts.split(",")), batch_size=args.batch_size,
+                            epochs=args.epochs)
+    m = hotness.run(store, params, {"partition": pt, "features": ft}, force=True)
+    s = m["summary"]
+    print(json.dumps({"parts": args.parts, "fanouts": s["fanouts"], "wall_s": s["wall_s"],
+                      "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}))
+    for row in s["parts"]:
+        print(json.dumps(row))
+    print("\n| part | cache % of part rows | hotness hit % | degree hit % | gain (points) |\n|---|---|---|---|---|")
+    for c in s["curves"]:
+        for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
+            print(f"| {c['part']} | {100 * f:g} | {100 * h:.2f} | {100 * d:.2f} | {100 * (h - d):+.2f} |")
+    if args.png:
+        Path(args.png).write_bytes(store.read_bytes("hotness", m["key"], "curve.png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -140,3 +140,22 @@ def test_corrupted_manifest_and_chunk_via_cli(prefect_server: str, tiny: dict[st
     assert not [p for p in features_root.iterdir() if p.name.startswith(".tmp")]
     # the failed forced rebuild left the previous (valid) artifact as it was
     assert ArtifactStore(tiny["artifacts"]).find("features", first["features"]["key"]) is not None
+
+
+def test_malformed_files_dataset_fails_cleanly(prefect_server: str, tmp_path: Path):
+    import numpy as np
+
+    data = tmp_path / "mygraph"
+    data.mkdir()
+    np.save(data / "edge_index.npy", np.array([[0, 1, 2], [1, 2, 7]]))  # node 7 does not exist
+    np.save(data / "x.npy", np.zeros((4, 3), dtype=np.float32))
+    np.save(data / "y.npy", np.array([0, 1, 0, 1]))
+    for name, ids in (("train_idx", [0, 1]), ("valid_idx", [2]), ("test_idx", [3])):
+        np.save(data / f"{name}.npy", np.array(ids))
+    artifacts = tmp_path / "art"
+    proc = _cli(["run", "--artifacts", str(artifacts), "--set", "dataset=files", "--set", f"path={data}"],
+                api_url=prefect_server)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "edge_index.npy" in last
+    assert not (artifacts / "download").exists() or list((artifacts / "download").iterdir()) == []

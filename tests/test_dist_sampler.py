@@ -6,11 +6,11 @@ below check it. A rank that raises, or a run that hangs past ``TIMEOUT_S``, fail
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import time
 
 import numpy as np
 import pytest
+
+from tests._spawn import spawn_ranks
 import torch
 from scipy import stats
 
@@ -27,30 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ranks_out(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("dist_sampler")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, str(tmp / "init"), str(tmp)), daemon=True)
-             for r in range(WORLD_SIZE)]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        # poll, so that one rank failing stops the run at once instead of leaving its peer blocked in a collective
-        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
-    errors = "\n".join(f.read_text() for f in sorted(tmp.glob("*.err")))
-    if errors or any(p.exitcode != 0 for p in procs):
-        pytest.fail(f"a rank failed (exit codes {[p.exitcode for p in procs]}):\n{errors}")
-    if hung:
-        pytest.fail(f"ranks {hung} still running after {TIMEOUT_S} s: the exchange lost lockstep")
-    return [torch.load(tmp / f"{r}.pt") for r in range(WORLD_SIZE)]
+    return spawn_ranks(worker, (), tmp, WORLD_SIZE, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,182 @@
+"""Feature rows of any gids for a batch's ``n_id``: device cache → own partition's store → remote owners.
+
+ID spaces: ``gid`` global; the store is indexed by ``lid = gid - bounds[rank]``; ``*_pos`` are positions in the
+requested gid tensor (``n_id``) and in the output rows.
+
+Remote rows come from their owners with collectives only (no RPC), in lockstep like the distributed sampler::
+
+    1. all_to_all_single  row counts   requester -> owner
+    2. all_to_all_single  gids         requester -> owner   (variable splits)
+       owner: rows = own store[gid - bounds[owner]]
+    3. all_to_all_single  rows         owner -> requester   (variable splits, count * F values each)
+
+Every rank issues these 3 collectives on every ``gather``/``fetch_rows`` call, also when it needs no remote row:
+collectives match by call order, so a rank that skipped one would hang its peers. Rows travel in the store's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from stages.runtime.dist_sampler import comm_device
+from stages.runtime.feature_cache import FeatureCache
+from stages.runtime.feature_store import FeatureStore
+
+
+@dataclass
+class FeatureCounters:
+    """Where the rows a rank asked for came from (one epoch, usually)."""
+
+    requested_rows: int = 0
+    cache_hits: int = 0
+    local_rows: int = 0
+    remote_rows: int = 0
+    remote_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cache_hits / self.requested_rows if self.requested_rows else 0.0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group: dist.ProcessGroup | None,
+                device: torch.device) -> Tensor:
+    """``all_to_all_single`` along dim 0 with variable splits, on the collective's ``device``, dtype kept."""
+    send = send.to(device).contiguous()
+    recv = torch.empty((sum(recv_split), *send.shape[1:]), dtype=send.dtype, device=device)
+    dist.all_to_all_single(recv, send, recv_split, send_split, group=group)
+    return recv
+
+
+class DistFeatures:
+    """``gather(n_id) -> [len(n_id), F]`` rows on ``device`` for rank ``rank`` of a graph split by ``bounds``.
+
+    Without an initialised process group (or with one rank) every gid must be local and no collective runs.
+    """
+
+    def __init__(self, store: FeatureStore, bounds: np.ndarray | list[int], *, device: torch.device | str = "cpu",
+                 cache: FeatureCache | None = None, group: dist.ProcessGroup | None = None) -> None:
+        self.store = store
+        self.group = group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self.device = torch.device(device)
+        self.bounds_gid = torch.as_tensor(np.asarray(bounds, dtype=np.int64), device=self.device)
+        if self.bounds_gid.numel() != self.world_size + 1:
+            raise ValueError(f"{self.bounds_gid.numel() - 1} partitions for {self.world_size} ranks")
+        self.lo = int(self.bounds_gid[self.rank])
+        if int(self.bounds_gid[self.rank + 1]) - self.lo != store.num_rows:
+            raise ValueError(f"rank {self.rank} owns {int(self.bounds_gid[self.rank + 1]) - self.lo} gids but its "
+                             f"feature store has {store.num_rows} rows")
+        self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")
+        # gids travel as int32 when they fit: half the bytes of int64 (as in the sampler)
+        self._wire_dtype = torch.int32 if int(self.bounds_gid[-1]) < 2**31 else torch.long
+        self.cache = cache or FeatureCache.empty(store.num_features, store.dtype, self.device)
+        self.counters = FeatureCounters()
+        # CUDA: host rows are gathered into a reused pinned buffer and copied asynchronously; the event says when
+        # the previous copy out of it is done, so the buffer is not overwritten while the DMA still reads it
+        self._staging: Tensor | None = None
+        self._staging_free: torch.cuda.Event | None = None
+
+    @property
+    def num_features(self) -> int:
+        return self.store.num_features
+
+    def reset_counters(self) -> FeatureCounters:
+        """The counters so far; counting restarts from zero."""
+        done, self.counters = self.counters, FeatureCounters()
+        return done
+
+    def set_cache(self, cache: FeatureCache) -> None:
+        self.cache = cache
+
+    def build_cache(self, gid: Tensor, chunk_rows: int = 1 << 16) -> FeatureCache:
+        """Load the rows of ``gid`` into the device cache, chunk by chunk (bounded temporaries), and use it.
+
+        A collective: every rank calls it; ranks with shorter lists join the remaining exchanges with empty ones.
+        """
+        gid_sorted = torch.unique(gid.to(device=self.device, dtype=torch.long))
+        num_chunks = -(-gid_sorted.numel() // chunk_rows)
+        if self.world_size > 1:
+            count = torch.tensor([num_chunks], dtype=torch.long, device=self._comm_device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
+            num_chunks = int(count.item())
+        parts = [self.fetch_rows(gid_sorted[c * chunk_rows:(c + 1) * chunk_rows]) for c in range(num_chunks)]
+        rows = torch.cat(parts) if parts else torch.empty((0, self.num_features), dtype=self.store.dtype,
+                                                          device=self.device)
+        self.cache = FeatureCache(gid_sorted, rows)
+        return self.cache
+
+    def gather(self, n_id: Tensor) -> Tensor:
+        """Rows of ``n_id`` (gids, any owner, may repeat) in order, as ``[len, F]`` on the device. Collective."""
+        n_id = n_id.to(device=self.device, dtype=torch.long)
+        out = torch.empty((n_id.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
+        hit, slot = self.cache.lookup(n_id)
+        hit_pos = torch.nonzero(hit).squeeze(1)
+        out.index_copy_(0, hit_pos, self.cache.rows.index_select(0, slot.index_select(0, hit_pos)))
+        miss_pos = torch.nonzero(~hit).squeeze(1)
+        local, remote = self._fill(n_id.index_select(0, miss_pos), miss_pos, out)
+        c = self.counters
+        c.requested_rows += int(n_id.numel())
+        c.cache_hits += int(hit_pos.numel())
+        c.local_rows += local
+        c.remote_rows += remote
+        c.remote_bytes += remote * self.store.row_bytes
+        return out
+
+    def fetch_rows(self, gid: Tensor) -> Tensor:
+        """Rows of ``gid`` from the stores (own and remote), bypassing the cache and the counters. Collective."""
+        gid = gid.to(device=self.device, dtype=torch.long)
+        out = torch.empty((gid.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
+        self._fill(gid, torch.arange(gid.numel(), device=self.device), out)
+        return out
+
+    def _fill(self, gid: Tensor, out_pos: Tensor, out: Tensor) -> tuple[int, int]:
+        """``out[out_pos] = rows of gid``: own rows from the store, others from their owners. Returns the counts."""
+        owner_part = torch.searchsorted(self.bounds_gid, gid, right=True) - 1
+        is_local = owner_part == self.rank
+        local_pos = torch.nonzero(is_local).squeeze(1)
+        local_lid = gid.index_select(0, local_pos) - self.lo
+        out.index_copy_(0, out_pos.index_select(0, local_pos), self._host_rows(local_lid))
+        if self.world_size == 1:
+            if local_pos.numel() != gid.numel():
+                raise ValueError(f"gids outside [0, {int(self.bounds_gid[-1])}) requested from a 1-rank store")
+            return int(local_pos.numel()), 0
+        remote_pos = torch.nonzero(~is_local).squeeze(1)
+        remote_owner = owner_part.index_select(0, remote_pos)
+        order = torch.argsort(remote_owner, stable=True)           # requests grouped by owner
+        req_pos = remote_pos.index_select(0, order)
+        req_gid = gid.index_select(0, req_pos)
+        req_split = torch.bincount(remote_owner, minlength=self.world_size).tolist()
+        ones = [1] * self.world_size
+        got_split = _all_to_all(torch.tensor(req_split, dtype=torch.long), ones, ones, self.group,
+                                self._comm_device).tolist()
+        got_gid = _all_to_all(req_gid.to(self._wire_dtype), req_split, got_split, self.group, self._comm_device)
+        answer = self._host_rows(got_gid.to(device=self.device, dtype=torch.long) - self.lo)
+        rows = _all_to_all(answer, got_split, req_split, self.group, self._comm_device)
+        out.index_copy_(0, out_pos.index_select(0, req_pos), rows.to(self.device))
+        return int(local_pos.numel()), int(req_pos.numel())
+
+    def _host_rows(self, lid: Tensor) -> Tensor:
+        """Own rows of ``lid`` from the host store, on the training device."""
+        lid_cpu = lid.to("cpu")
+        if self.device.type != "cuda":
+            return self.store.gather(lid_cpu)
+        n = lid_cpu.numel()
+        if self._staging_free is not None:
+            self._staging_free.synchronize()
+        if self._staging is None or self._staging.shape[0] < n:
+            self._staging = torch.empty((max(n, 1024), self.num_features), dtype=self.store.dtype, pin_memory=True)
+        staged = self.store.gather(lid_cpu, out=self._staging[:n])
+        rows = staged.to(self.device, non_blocking=True)
+        self._staging_free = torch.cuda.Event()
+        self._staging_free.record()
+        return rows

@@ -1,0 +1,223 @@
+"""Start the ranks with torchrun in a subprocess of its own session, stream their logs, and never leave one behind.
+
+``python -m torch.distributed.run --standalone --nproc_per_node=P --max-restarts=0 -m stages.train.worker --spec
+JOB.json`` runs in a new session (``start_new_session=True``): torchrun and every rank share one process group, so
+on a timeout, an interrupt (KeyboardInterrupt, a cancelled Prefect task) or an error the whole group gets SIGTERM,
+a grace period, then SIGKILL. torchrun's monitor notices a dead rank within ``--monitor-interval`` and stops the
+others; ranks blocked in a collective with a vanished peer also fail by themselves (gloo sees the closed
+connection, and every collective has a timeout).
+
+If the launching process itself dies without running any cleanup (SIGKILL, or a SIGTERM while the stage runs
+outside the main thread, where Python cannot turn it into an exception), Linux's parent-death signal still reaches
+torchrun (``PR_SET_PDEATHSIG``, set by a tiny exec wrapper rather than an unsafe ``preexec_fn``), and torchrun
+stops its ranks on SIGTERM.
+
+Lines are handed to ``log`` as they come: ranks prefix their own (``[rank r]``), anything else is torchrun's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from storage.errors import GnnpipeError, InputError
+
+REPO = Path(__file__).resolve().parents[2]
+GRACE_S = 10.0
+_RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
+# torchrun's failure summary: "rank : 1 (local_rank: 1)" then "exitcode : -9 (pid: 123)"
+_FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+class TrainingError(GnnpipeError):
+    """The distributed job failed: a rank died or raised, or the job ran out of time."""
+
+
+def torchrun_command(spec_path: str, nproc: int, *, module: str = "stages.train.worker",
+                     python: str = sys.executable) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "--max-restarts=0", "--monitor-interval=0.5", "-m", module, "--spec", spec_path]
+
+
+# Runs in the child before exec'ing the job: SIGTERM when the launcher's thread dies (PR_SET_PDEATHSIG = 1), and
+# give up at once if the launcher is already gone. The setting survives execv.
+_PDEATHSIG_EXEC = ("import ctypes, os, signal, sys\n"
+                   "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+                   "sys.exit(1) if os.getppid() != int(sys.argv[1]) else os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def with_parent_death_signal(cmd: list[str]) -> list[str]:
+    """``cmd`` run so that it gets SIGTERM if this process dies first (Linux; unchanged elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of the process group ``pgid``."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def terminate_group(pgid: int, grace_s: float = GRACE_S) -> list[int]:
+    """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left. Returns the pids killed hard."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return []
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_members(pgid):
+            return []
+        time.sleep(0.1)
+    stubborn = [p.pid for p in _group_members(pgid)]
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return stubborn
+    # SIGKILL is delivered asynchronously: return once they are really gone, so callers can rely on it
+    psutil.wait_procs([psutil.Process(pid) for pid in stubborn if psutil.pid_exists(pid)], timeout=5)
+    return stubborn
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One entry of torchrun's failure summary."""
+
+    rank: int
+    exitcode: int | None
+    root_cause: bool   # listed under "Root Cause (first observed failure)"
+
+
+class _Reader(threading.Thread):
+    """Reads the job's merged stdout/stderr line by line: logs each line and remembers failure clues."""
+
+    def __init__(self, stream: object, log: Callable[[str], None], tail: int = 40) -> None:
+        super().__init__(name="torchrun-log", daemon=True)
+        self.stream, self.log = stream, log
+        self.tail: deque[str] = deque(maxlen=tail)
+        self.failed: list[RankFailure] = []
+
+    def run(self) -> None:
+        pending_rank: int | None = None
+        in_root_cause = False
+        for raw in self.stream:  # type: ignore[attr-defined]
+            line = raw.rstrip("\n")
+            self.tail.append(line)
+            self.log(line if _RANK_PREFIX.match(line) else f"[torchrun] {line}")
+            if _RANK_PREFIX.match(line):
+                continue
+            if "Root Cause" in line:
+                in_root_cause = True
+            elif m := _FAILED_RANK.match(line):
+                pending_rank = int(m.group(1))
+            elif pending_rank is not None and (m := _EXITCODE.match(line)):
+                self.failed.append(RankFailure(pending_rank, int(m.group(1)), in_root_cause))
+                pending_rank = None
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "failed"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, object]],
+                    returncode: int) -> GnnpipeError:
+    """One line naming the rank that caused the failure.
+
+    A rank that died without writing an error record (a signal, ``os._exit``) is the cause, unless all it got was
+    the SIGTERM with which torchrun stops the survivors; its peers' errors (lost connections) are consequences.
+    torchrun's root cause comes first.
+    """
+    ordered = sorted(failed, key=lambda f: (not f.root_cause, f.exitcode == -signal.SIGTERM))
+    abrupt = [f for f in ordered if f.rank not in errors]
+    if abrupt and (abrupt[0].root_cause or abrupt[0].exitcode != -signal.SIGTERM):
+        return TrainingError(f"training failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)}; the "
+                             f"job was stopped (checkpoints kept: rerun to resume)")
+    user = sorted(rank for rank, rec in errors.items() if rec.get("user_error"))
+    if user:
+        return InputError(f"rank {user[0]}: {errors[user[0]]['message']}")
+    if errors:
+        rank = sorted(errors)[0]
+        return TrainingError(f"training failed: rank {rank} raised {errors[rank]['type']}: "
+                             f"{errors[rank]['message']} (see the log above)")
+    if abrupt:
+        return TrainingError(f"training failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)} "
+                             f"(see the log above)")
+    return TrainingError(f"training failed: torchrun exited with code {returncode} before naming a rank "
+                         f"(see the log above)")
+
+
+def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, object]]:
+    import json
+
+    errors = {}
+    for path in Path(result_dir).glob("error-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            errors[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError):
+            continue
+    return errors
+
+
+def launch(spec_path: str, nproc: int, *, result_dir: str, log: Callable[[str], None], timeout_s: float,
+           env: dict[str, str] | None = None, grace_s: float = GRACE_S, command: list[str] | None = None) -> None:
+    """Run the job to completion or raise a one-line :class:`GnnpipeError`; the process group is gone either way.
+
+    ``command`` replaces the torchrun command line (tests of the teardown use a stand-in).
+    """
+    job = command or torchrun_command(spec_path, nproc)
+    cmd = with_parent_death_signal(job)
+    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            errors="replace", cwd=str(REPO), env=child_env, start_new_session=True)
+    log(f"[launcher] pid {proc.pid} (process group {proc.pid}): {shlex.join(job)}")
+    reader = _Reader(proc.stdout, log)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.2)
+    finally:
+        # always, also after success: no rank outlives the job (KeyboardInterrupt and cancellation land here too)
+        stubborn = terminate_group(proc.pid, grace_s)
+        proc.wait()
+        reader.join(timeout=5)
+    if stubborn:
+        log(f"[launcher] SIGKILLed pids {stubborn} that ignored SIGTERM for {grace_s:.0f} s")
+    if timed_out:
+        raise TrainingError(f"training timed out after {timeout_s:g} s and was stopped (checkpoints kept: rerun, "
+                            f"or raise timeout_s, to resume)")
+    if proc.returncode != 0:
+        raise failure_message(reader.failed, read_errors(result_dir), proc.returncode)

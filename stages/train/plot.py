@@ -1,0 +1,60 @@
+"""The train report's figures: loss and accuracy per epoch, and the feature-cache hit rate per epoch."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on workers or CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def curves_png(epochs: list[dict[str, Any]], test_acc: float) -> bytes:
+    """Training loss (left axis) and train/validation accuracy (right axis) per epoch; the test accuracy as a line."""
+    x = [e["epoch"] + 1 for e in epochs]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    ax.plot(x, [e["loss"] for e in epochs], "-o", color="C3", ms=3, label="train loss")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    acc = ax.twinx()
+    acc.plot(x, [100 * e["train_acc"] for e in epochs], "-o", color="C0", ms=3, label="train acc")
+    acc.plot(x, [100 * e["val_acc"] for e in epochs], "-s", color="C2", ms=3, label="val acc")
+    acc.axhline(100 * test_acc, color="C2", ls="--", alpha=0.6, label=f"test acc {100 * test_acc:.1f} %")
+    acc.set_ylabel("accuracy (%)")
+    acc.set_ylim(0, 100)
+    lines = ax.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + acc.get_legend_handles_labels()[1]
+    ax.legend(lines, labels, fontsize=8, loc="center right")
+    ax.grid(True, alpha=0.3)
+    ax.set_title("Training curves (global over ranks)")
+    return _png(fig)
+
+
+def hit_rate_png(epochs: list[dict[str, Any]], policy: str) -> bytes:
+    """Share of feature-row lookups served by the device cache, and the remote rows left, per epoch."""
+    x = [e["epoch"] + 1 for e in epochs]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    ax.plot(x, [100 * e["hit_rate"] for e in epochs], "-o", color="C0", ms=3, label=f"hit rate ({policy})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("cache hit rate (% of feature lookups)")
+    ax.set_ylim(0, 100)
+    remote = ax.twinx()
+    remote.plot(x, [e["remote_rows"] for e in epochs], "--", color="C1", label="remote rows")
+    remote.set_ylabel("remote rows fetched per epoch")
+    remote.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()[0] + remote.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + remote.get_legend_handles_labels()[1]
+    ax.legend(lines, labels, fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.set_title("Feature cache per epoch")
+    return _png(fig)

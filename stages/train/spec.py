@@ -1,0 +1,69 @@
+"""The job spec the stage writes for the ranks (a JSON file), and the lineage checks on the stage's inputs.
+
+The spec names artifacts by key, never by path guesses: every rank opens the same artifact store and reads the
+same manifests, and the keys tie the run to exactly the inputs that made its content address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from storage.errors import InputError
+from storage.store import Manifest
+
+
+@dataclass
+class TrainSpec:
+    artifacts: str                 # artifact store root (local path or fsspec URL)
+    key: str                       # the train artifact's key: checkpoints of another key are never resumed
+    partition_key: str
+    features_key: str
+    hotness_key: str
+    num_partitions: int
+    params: dict[str, Any]         # stages.train.stage.Params, all fields (runtime ones included)
+    checkpoint_dir: str            # local directory; rank 0 writes, every rank gets the state broadcast
+    result_dir: str                # rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TrainSpec:
+        try:
+            with open(path) as f:
+                return cls(**json.load(f))
+        except (OSError, json.JSONDecodeError, TypeError) as err:
+            raise InputError(f"cannot read the train job spec {path} ({err})") from None
+
+
+def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) -> None:
+    """The features and the cache plan must come from this very partitioning (their manifests' upstream keys).
+
+    A plan from another partitioning names gids of a different relabelling: caching it would silently serve
+    wrong rows, so refuse with a clear error.
+    """
+    pkey = partition["key"]
+    for name, manifest in (("features", features), ("hotness", hotness)):
+        got = manifest.get("upstream", {}).get("partition")
+        if got != pkey:
+            raise InputError(f"the {name} artifact {manifest['key']} was built on partition {got}, not on the "
+                             f"partition {pkey} used for training; rebuild {name} on this partitioning")
+    got = hotness.get("upstream", {}).get("features")
+    if got != features["key"]:
+        raise InputError(f"the hotness artifact {hotness['key']} was built on features {got}, not {features['key']}; "
+                         f"rebuild hotness on these features")
+    parts = int(partition["summary"]["num_partitions"])
+    planned = int(hotness["summary"].get("num_partitions", parts))
+    if planned != parts:
+        raise InputError(f"the cache plan covers {planned} partitions but the partitioning has {parts}")
+
+
+def check_world_size(world_size: int, num_partitions: int) -> None:
+    """One rank per partition (DESIGN.md §5): rank r loads partition r and owns its gid range."""
+    if world_size != num_partitions:
+        raise InputError(f"world size {world_size} != {num_partitions} partitions: training runs one rank per "
+                         f"partition; launch {num_partitions} ranks or repartition into {world_size}")

@@ -1,0 +1,74 @@
+"""The ranks' side of ``test_train_features`` (kept free of pytest: every spawned rank imports this module)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from storage import ArtifactStore
+from storage.features import part_store, read_part_features
+from storage.partition import BOOK, part_name, read_part
+from storage.zarr_io import open_group, read_array
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
+from stages.runtime.feature_store import open_feature_store
+from stages.runtime.sampler import LocalCSR
+from stages.train.cache_policy import cache_gids
+
+WORLD_SIZE = 3   # three owners: remote requests must be routed by owner, not just to 'the other rank'
+TIMEOUT_S = 120
+BATCHES = 4
+# (feature store budget, cache policy): RAM or on-demand Zarr reads; the hotness plan, a degree cache, no cache
+MODES = {"memory-hotness": (None, "hotness"), "zarr-hotness": (0, "hotness"), "memory-degree": (None, "degree"),
+         "memory-hotness-remote": (None, "hotness-remote"),
+         "zarr-none": (0, "none")}
+
+
+def run_rank(rank: int, root: str, keys: dict[str, str]) -> dict:
+    store = ArtifactStore(root)
+    bounds = read_array(open_group(store.url("partition", keys["partition"], BOOK)), "bounds")
+    csr = LocalCSR.from_part(read_part(store.url("partition", keys["partition"], part_name(rank))))
+    url = store.url("features", keys["features"], part_store(rank))
+    train_gid = torch.from_numpy(read_part_features(url, load_x=False).split_lids["train"] + int(bounds[rank]))
+    out: dict = {}
+    for mode, (budget, policy) in MODES.items():
+        x_store = open_feature_store(url, memory_budget_bytes=budget)
+        features = DistFeatures(x_store, bounds)
+        gid = cache_gids(policy, store=store, partition_key=keys["partition"], hotness_key=keys["hotness"],
+                         rank=rank, num_partitions=WORLD_SIZE)
+        features.build_cache(torch.from_numpy(gid))
+        sampler = DistNeighborSampler(csr, bounds, [10, 5], generator=torch.Generator().manual_seed(rank))
+        seed_batches = iter_equal_seed_batches(train_gid, 64, generator=torch.Generator().manual_seed(rank))
+        batches = []
+        for b, seed_gid in enumerate(seed_batches):
+            if b == BATCHES:
+                break
+            n_id = sampler.sample(seed_gid).n_id
+            batches.append((n_id, features.gather(n_id)))
+        batch_counters = features.reset_counters().as_dict()
+        # repeated gids of every partition on rank 0, nothing on rank 1, one remote row on rank 2: lockstep holds
+        odd = {0: torch.tensor([int(bounds[3]) - 1, 0, int(bounds[1]), 0, int(bounds[2]) - 1, int(bounds[3]) - 1]),
+               1: torch.empty(0, dtype=torch.long), 2: torch.tensor([0])}[rank]
+        odd_rows = features.gather(odd)
+        out[mode] = {"batches": batches, "counters": batch_counters, "odd": (odd, odd_rows),
+                     "store_kind": x_store.kind, "cache_gid": features.cache.gid_sorted.clone(),
+                     "cache_rows": features.cache.rows.clone(), "row_bytes": x_store.row_bytes}
+    dist.barrier()
+    return out
+
+
+def worker(rank: int, init_file: str, out_dir: str, root: str, keys: dict[str, str]) -> None:
+    try:
+        torch.set_num_threads(1)   # two ranks on a 2-core box
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
+                                timeout=timedelta(seconds=TIMEOUT_S))
+        torch.save(run_rank(rank, root, keys), Path(out_dir, f"{rank}.pt"))
+        dist.destroy_process_group()
+    except BaseException:
+        Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())
+        sys.exit(1)

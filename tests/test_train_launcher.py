@@ -1,0 +1,161 @@
+"""The launcher's teardown and error reporting, with stand-in jobs (no torch): fast and deterministic."""
+
+from __future__ import annotations
+
+import _thread
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from storage.errors import InputError
+from stages.train.launcher import RankFailure, TrainingError, failure_message, launch, torchrun_command
+
+# A job whose child ignores SIGTERM (only SIGKILL ends it): prints both pids, then hangs like a stuck rank.
+STUBBORN_JOB = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ignoring', flush=True); "
+    "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+child.stdout.readline()   # the child ignores SIGTERM from here on
+print(f"[rank 0] pids {os.getpid()} {child.pid}", flush=True)
+print("job ready", flush=True)
+time.sleep(600)
+"""
+
+def _alive(pid: int, marker: str = "time.sleep(600)") -> bool:
+    """Whether the job's process ``pid`` still runs (a recycled pid running something else does not count)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _job_pids(lines: list[str]) -> list[int]:
+    for line in lines:
+        if m := re.match(r"\[rank 0\] pids (\d+) (\d+)", line):
+            return [int(m.group(1)), int(m.group(2))]
+    raise AssertionError(f"the job never printed its pids: {lines}")
+
+
+def _wait_for(lines: list[str], text: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in lines):
+        assert time.monotonic() < deadline, f"no {text!r} in {lines}"
+        time.sleep(0.05)
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path):
+    lines: list[str] = []
+    start = time.monotonic()
+    with pytest.raises(TrainingError, match=r"timed out after 8 s") as err:
+        launch("unused", 1, result_dir=str(tmp_path), log=lines.append, timeout_s=8, grace_s=1,
+               command=[sys.executable, "-c", STUBBORN_JOB])
+    assert "\n" not in str(err.value)
+    assert time.monotonic() - start < 30
+    pids = _job_pids(lines)
+    assert not any(_alive(pid) for pid in pids), "the SIGTERM-proof child must be SIGKILLed too"
+    assert any("SIGKILLed pids" in line for line in lines)
+    assert any(line.startswith("[launcher] pid ") for line in lines)
+    assert "[torchrun] job ready" in lines, "unprefixed lines are torchrun's"
+
+
+def test_keyboard_interrupt_kills_the_whole_process_group(tmp_path: Path):
+    lines: list[str] = []
+    # interrupt once the job runs (a cancelled Prefect task or Ctrl-C lands in the same place)
+    watcher = threading.Thread(target=lambda: (_wait_for(lines, "job ready"), _thread.interrupt_main()),
+                               daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        launch("unused", 1, result_dir=str(tmp_path), log=lines.append, timeout_s=120, grace_s=1,
+               command=[sys.executable, "-c", STUBBORN_JOB])
+    watcher.join(5)
+    pids = _job_pids(lines)
+    assert not any(_alive(pid) for pid in pids), lines
+
+
+def test_failed_job_without_a_rank_report(tmp_path: Path):
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match="torchrun exited with code 3 before naming a rank"):
+        launch("unused", 1, result_dir=str(tmp_path), log=lines.append, timeout_s=60,
+               command=[sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+    assert "[torchrun] boom" in lines
+
+
+def test_failure_message_names_the_rank_that_caused_it():
+    rec0 = {0: {"rank": 0, "type": "RuntimeError", "user_error": False, "message": "Connection reset by peer"}}
+    # rank 1 died by SIGKILL (no error record); rank 0's lost connection is a consequence
+    err = failure_message([RankFailure(0, 1, False), RankFailure(1, -9, True)], rec0, 1)
+    assert isinstance(err, TrainingError) and "rank 1 was killed by SIGKILL" in str(err)
+    # rank 0 was stopped by torchrun's SIGTERM before it could write its record: still rank 1
+    err = failure_message([RankFailure(0, -15, False), RankFailure(1, -9, True)], {}, 1)
+    assert "rank 1 was killed by SIGKILL" in str(err)
+    # a user error on rank 1 is repeated as such, whatever happened to the stopped peer
+    user = {1: {"rank": 1, "type": "InputError", "user_error": True, "message": "world size 1 != 2 partitions"}}
+    err = failure_message([RankFailure(1, 2, True), RankFailure(0, -15, False)], user, 1)
+    assert isinstance(err, InputError) and str(err) == "rank 1: world size 1 != 2 partitions"
+    err = failure_message([RankFailure(0, 1, True)], {0: {"rank": 0, "type": "ValueError", "user_error": False,
+                                                          "message": "x"}}, 1)
+    assert "rank 0 raised ValueError: x" in str(err)
+    assert "rank 2 exited with code 7" in str(failure_message([RankFailure(2, 7, True)], {}, 1))
+
+
+def test_torchrun_command_runs_one_rank_per_partition_without_restarts():
+    cmd = torchrun_command("/tmp/spec.json", 4)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--nproc_per_node=4" in cmd and "--max-restarts=0" in cmd
+    assert cmd[-4:] == ["-m", "stages.train.worker", "--spec", "/tmp/spec.json"]
+
+
+# A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does.
+TORCHRUN_LIKE_JOB = r"""
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+def stop(signum, frame):
+    child.terminate()
+    child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print(f"[rank 0] pids {os.getpid()} {child.pid}", flush=True)
+print("job ready", flush=True)
+time.sleep(600)
+"""
+
+FLOW_PROCESS = r"""
+import sys
+from stages.train.launcher import launch
+launch("unused", 1, result_dir=sys.argv[1], log=lambda line: print(line, flush=True), timeout_s=600,
+       command=[sys.executable, "-c", sys.argv[2]])
+"""
+
+
+def test_job_stops_when_the_launching_process_is_killed(tmp_path: Path):
+    """SIGKILL leaves the launcher no chance to clean up: the parent-death signal must reach the job."""
+    from stages.train.launcher import REPO
+
+    flow = subprocess.Popen([sys.executable, "-c", FLOW_PROCESS, str(tmp_path), TORCHRUN_LIKE_JOB], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        for line in flow.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.strip() == "[torchrun] job ready":
+                break
+        pids = _job_pids(lines)
+        assert all(_alive(pid) for pid in pids)
+    finally:
+        flow.kill()
+        flow.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [pid for pid in pids if _alive(pid)]
+    for pid in orphans:   # a failing run must not leave them behind either
+        psutil.Process(pid).kill()
+    assert not orphans, lines

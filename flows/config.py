@@ -11,11 +11,12 @@ from stages.download import stage as download
 from stages.features import stage as features
 from stages.hotness import stage as hotness
 from stages.partition import stage as partition
+from stages.train import stage as train
 
-STAGES = {"download": download, "partition": partition, "features": features, "hotness": hotness}
+STAGES = {"download": download, "partition": partition, "features": features, "hotness": hotness, "train": train}
 ORDER = tuple(STAGES)
 
-_DL, _PT, _FT, _HT = download.Params(), partition.Params(), features.Params(), hotness.Params()
+_DL, _PT, _FT, _HT, _TR = download.Params(), partition.Params(), features.Params(), hotness.Params(), train.Params()
 
 
 class PipelineConfig(BaseModel):
@@ -49,6 +50,16 @@ class PipelineConfig(BaseModel):
     hotness_epochs: int = _HT.epochs
     cache_budget_bytes: int | None = _HT.cache_budget_bytes
     cache_ratio: float = _HT.cache_ratio
+    # train (one rank per partition; the model has one layer per fanout)
+    model: Literal["sage", "gcn", "gat"] = _TR.model
+    hidden: int = _TR.hidden
+    epochs: int = _TR.epochs
+    lr: float = _TR.lr
+    dropout: float = _TR.dropout
+    cache_policy: Literal["hotness", "hotness-remote", "degree", "none"] = _TR.cache_policy
+    train_timeout_s: float = _TR.timeout_s
+    host_memory_budget_bytes: int | None = _TR.host_memory_budget_bytes
+    device: Literal["auto", "cpu", "cuda"] = _TR.device
     # control
     until: str = ORDER[-1]
     force: list[str] = Field(default_factory=list)
@@ -93,6 +104,12 @@ class PipelineConfig(BaseModel):
             return hotness.Params(fanouts=self.fanouts, batch_size=self.batch_size, epochs=self.hotness_epochs,
                                   cache_budget_bytes=self.cache_budget_bytes, cache_ratio=self.cache_ratio,
                                   seed=self.seed)
+        if name == "train":
+            return train.Params(model=self.model, hidden=self.hidden, num_layers=len(self.fanouts),
+                                fanouts=self.fanouts, batch_size=self.batch_size, epochs=self.epochs, lr=self.lr,
+                                dropout=self.dropout, seed=self.seed, cache_policy=self.cache_policy,
+                                timeout_s=self.train_timeout_s, host_memory_budget_bytes=self.host_memory_budget_bytes,
+                                device=self.device)
         raise KeyError(name)
 
 

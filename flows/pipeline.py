@@ -40,6 +40,15 @@ def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
     return report.headline
 
 
+def stage_options(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    """Keyword arguments for a stage's ``run`` that do not change what it computes (so not in any key)."""
+    if name == "download":
+        return {"download_dir": cfg.download_dir}
+    if name == "train":
+        return STAGES["train"].runtime_options(cfg.stage_params("train"))
+    return {}
+
+
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` inside the current flow run; returns each stage's state, key and headline."""
     logger = get_run_logger()
@@ -61,7 +70,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             result_storage=prefect_dir(cfg.artifacts) / "results",
             refresh_cache=forced or not valid,
         )
-        options = {"download_dir": cfg.download_dir} if name == "download" else {}
+        options = stage_options(cfg, name)
         state = task(root=store.root, params=key_params, upstream=upstream, force=forced, options=options,
                      return_state=True)
         manifest: Manifest = state.result()
@@ -97,6 +106,15 @@ def pipeline(
     hotness_epochs: int = DEFAULTS.hotness_epochs,
     cache_budget_bytes: int | None = DEFAULTS.cache_budget_bytes,
     cache_ratio: float = DEFAULTS.cache_ratio,
+    model: str = DEFAULTS.model,
+    hidden: int = DEFAULTS.hidden,
+    epochs: int = DEFAULTS.epochs,
+    lr: float = DEFAULTS.lr,
+    dropout: float = DEFAULTS.dropout,
+    cache_policy: str = DEFAULTS.cache_policy,
+    train_timeout_s: float = DEFAULTS.train_timeout_s,
+    host_memory_budget_bytes: int | None = DEFAULTS.host_memory_budget_bytes,
+    device: str = DEFAULTS.device,
     until: str = DEFAULTS.until,
     force: list[str] | None = None,
 ) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def set_args(values: dict[str, Any]) -> list[str]:
 
 @pytest.fixture
 def built(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    values = {**TINY, "artifacts": str(tmp_path / "art"), "fanouts": [5, 5], "batch_size": 64}
+    values = {**TINY, "artifacts": str(tmp_path / "art"), "fanouts": [5, 5], "batch_size": 64, "until": "hotness"}
     return values, build_without_prefect(values)
 
 

@@ -159,3 +159,25 @@ def test_malformed_files_dataset_fails_cleanly(prefect_server: str, tmp_path: Pa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "edge_index.npy" in last
     assert not (artifacts / "download").exists() or list((artifacts / "download").iterdir()) == []
+
+
+def test_whole_pipeline_ends_with_a_trained_model(prefect_server: str, tiny: dict[str, Any]):
+    extra = {"fanouts": [5, 5], "batch_size": 64, "hidden": 16, "epochs": 2, "until": "train"}
+    first = run_flow(tiny, **extra)
+    assert first["train"]["state"] == "Completed"
+    manifest = ArtifactStore(tiny["artifacts"]).load("train", first["train"]["key"])
+    assert 0.25 < manifest["summary"]["test_acc"] <= 1.0 and "test accuracy" in first["train"]["headline"]
+    assert {"model.pt", "metrics.json", "curves.png", "hit_rate.png"} <= set(manifest["files"])
+    # runtime settings (timeout, memory budget, device) reach the stage without changing its key
+    again = run_flow(tiny, **extra, train_timeout_s=3600.0)
+    assert again["train"] == {**first["train"], "state": "Cached"}
+
+
+def test_train_runtime_settings_are_stage_options():
+    from flows.config import make_config
+    from flows.pipeline import stage_options
+
+    opts = stage_options(make_config(train_timeout_s=5, host_memory_budget_bytes=0, device="cpu"), "train")
+    assert opts["runtime"]["timeout_s"] == 5 and opts["runtime"]["host_memory_budget_bytes"] == 0
+    assert opts["runtime"]["device"] == "cpu"
+    assert stage_options(make_config(), "partition") == {}

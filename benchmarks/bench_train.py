@@ -1,0 +1,220 @@
+"""Training throughput: 2-partition DDP (torchrun, gloo/nccl) vs one process holding the whole graph, and the feature
+traffic of the hotness cache vs a degree cache (same budget) vs no cache.
+
+The graph comes from the real stages (download → partition → features → hotness) into ``--root`` (cached there, so
+a second run starts at once). Both sides use our sampler and the same model; ``--max-batches`` times that many
+batches after ``--warmup`` and extrapolates to a full epoch (a products epoch on 2 cores is long). Prints one JSON
+line. Products scale (do not run on a busy box)::
+
+    python benchmarks/bench_train.py --nodes 2400000 --avg-degree 50 --features 100 --classes 47 --max-batches 20
+
+Small scale (a smoke test, ~1 min)::
+
+    python benchmarks/bench_train.py --nodes 20000 --avg-degree 20 --features 32 --classes 8 --batch-size 128 \
+        --max-batches 5 --hidden 64 --root /tmp/bench-train
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+POLICIES = ("hotness", "hotness-remote", "degree", "none")
+
+
+def _time_batches(model, optimizer, seed_batches, sample, gather, label_of, device, args) -> dict:
+    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches."""
+    from stages.train.loop import train_epoch
+
+    batches = iter(seed_batches)
+    train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, label_of,
+                num_real_batches=args.warmup, device=device)
+    sums = train_epoch(model, optimizer, itertools.islice(batches, args.max_batches), sample, gather, label_of,
+                       num_real_batches=args.max_batches, device=device)
+    if sums.batches == 0:
+        raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
+                         f"--batch-size")
+    return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges}
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    """One torchrun rank: load partition r exactly as the train worker does, then time each cache policy."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    from storage import ArtifactStore
+    from stages.runtime.dist_sampler import equal_batch_count, iter_equal_seed_batches
+    from stages.train.cache_policy import cache_gids
+    from stages.train.params import Params
+    from stages.train.spec import TrainSpec
+    from stages.train.worker import Rank, pick_device
+
+    spec = TrainSpec.load(args.spec)
+    params = Params(**spec.params)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    device = pick_device(params, local_rank, local_world)
+    torch.set_num_threads(params.threads_per_rank or 1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
+    r = Rank(spec, params, rank, world, local_world, device)
+    store = ArtifactStore(spec.artifacts)
+    batches_per_epoch = equal_batch_count(r.split_gid["train"].numel(), params.batch_size)
+    results = {}
+    for policy in POLICIES:
+        gid = cache_gids(policy, store=store, partition_key=spec.partition_key, hotness_key=spec.hotness_key,
+                         rank=rank, num_partitions=world)
+        cache = r.features.build_cache(torch.from_numpy(gid))
+        r.seed_epoch(0)
+        seeds = iter_equal_seed_batches(r.split_gid["train"], params.batch_size, generator=r.shuffle_gen)
+        r.features.reset_counters()
+        timing = _time_batches(r.ddp, r.optimizer, seeds, r.sampler.sample, r.features.gather, r.label_of,
+                               device, args)
+        c = r.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
+        sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"]],
+                            dtype=torch.float64)
+        dist.all_reduce(sums)
+        wall = torch.tensor([timing["wall_s"]], dtype=torch.float64)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        counted = args.warmup + args.max_batches
+        req, hits, remote, remote_bytes, edges = sums.tolist()
+        s_per_batch = wall.item() / timing["batches"]
+        results[policy] = {"cache_rows_per_rank": cache.num_rows, "cache_bytes_per_rank": cache.nbytes,
+                           "s_per_batch": round(s_per_batch, 4), "epoch_s": round(s_per_batch * batches_per_epoch, 1),
+                           "hit_rate": round(hits / max(req, 1), 4),
+                           "remote_rows_per_epoch": round(remote / counted * batches_per_epoch),
+                           "remote_MiB_per_epoch": round(remote_bytes / counted * batches_per_epoch / 2**20, 1),
+                           "sampled_edges_per_s": round(edges / wall.item())}   # timed batches, all ranks
+    if rank == 0:
+        out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device), "policies": results}
+        Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)   # as the train worker: skip the process-group teardown
+
+
+def single_main(args: argparse.Namespace, manifests: dict) -> dict:
+    """The baseline: the whole graph and all of x in this one process, our sampler, the same model, no DDP."""
+    import numpy as np
+    import torch
+
+    from storage import ArtifactStore
+    from storage.features import part_store, read_part_features
+    from storage.partition import part_name, read_part
+    from stages.hotness.counting import whole_graph_csr
+    from stages.runtime.sampler import NeighborSampler, iter_seed_batches
+    from stages.train.model import build_model
+
+    torch.set_num_threads(args.threads)
+    store = ArtifactStore(args.root)
+    pkey, fkey = manifests["partition"]["key"], manifests["features"]["key"]
+    parts = int(manifests["partition"]["summary"]["num_partitions"])
+    csr = whole_graph_csr([read_part(store.url("partition", pkey, part_name(p))) for p in range(parts)])
+    feats = [read_part_features(store.url("features", fkey, part_store(p))) for p in range(parts)]
+    x = torch.from_numpy(np.concatenate([f.x for f in feats]))          # gid order: parts are contiguous ranges
+    y = torch.from_numpy(np.concatenate([f.y for f in feats]))
+    train_gid = torch.from_numpy(np.concatenate([f.split_lids["train"] + f.start_gid for f in feats]))
+    del feats
+    gen = torch.Generator().manual_seed(0)
+    sampler = NeighborSampler(csr, args.fanouts, generator=gen)
+    torch.manual_seed(0)
+    model = build_model("sage", in_channels=x.shape[1], hidden=args.hidden, out_channels=int(y.max()) + 1,
+                        num_layers=len(args.fanouts), dropout=0.5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    seeds = iter_seed_batches(train_gid, args.batch_size, generator=gen)
+    timing = _time_batches(model, optimizer, seeds, sampler.sample, lambda n_id: x.index_select(0, n_id),
+                           lambda s: y.index_select(0, s), torch.device("cpu"), args)
+    batches_per_epoch = math.ceil(train_gid.numel() / args.batch_size)
+    s_per_batch = timing["wall_s"] / timing["batches"]
+    return {"threads": args.threads, "batches_per_epoch": batches_per_epoch, "s_per_batch": round(s_per_batch, 4),
+            "epoch_s": round(s_per_batch * batches_per_epoch, 1),
+            "sampled_edges_per_s": round(timing["sampled_edges"] / timing["wall_s"])}
+
+
+def build(args: argparse.Namespace) -> dict:
+    from storage import ArtifactStore
+    from stages.download import stage as download
+    from stages.features import stage as features
+    from stages.hotness import stage as hotness
+    from stages.partition import stage as partition
+
+    store = ArtifactStore(args.root)
+    dl = download.run(store, download.Params(num_nodes=args.nodes, avg_degree=args.avg_degree,
+                                             num_features=args.features, num_classes=args.classes, seed=0), {})
+    pt = partition.run(store, partition.Params(num_partitions=2), {"download": dl})
+    ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
+    ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                                           cache_ratio=args.cache_ratio), {"partition": pt, "features": ft})
+    return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
+
+
+def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
+    import tempfile
+
+    from stages.train.launcher import launch
+    from stages.train.params import Params
+    from stages.train.spec import TrainSpec
+
+    params = Params(hidden=args.hidden, num_layers=len(args.fanouts), fanouts=tuple(args.fanouts),
+                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"]["key"],
+                         features_key=manifests["features"]["key"], hotness_key=manifests["hotness"]["key"],
+                         num_partitions=2, params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
+        spec.save(Path(tmp, "spec.json"))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
+               str(Path(__file__).resolve()), "--rank-worker", "--spec", str(Path(tmp, "spec.json")),
+               "--max-batches", str(args.max_batches), "--warmup", str(args.warmup)]
+        launch(str(Path(tmp, "spec.json")), 2, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
+               timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
+        return json.loads(Path(tmp, "bench.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2_400_000)
+    ap.add_argument("--avg-degree", type=float, default=50.0)
+    ap.add_argument("--features", type=int, default=100)
+    ap.add_argument("--classes", type=int, default=47)
+    ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--cache-ratio", type=float, default=0.2, help="hotness plan budget (of a partition's rows)")
+    ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
+    ap.add_argument("--threads-per-rank", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--timeout-s", type=float, default=6 * 3600)
+    ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
+    ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank_worker:
+        rank_main(args)
+        return
+    start = time.perf_counter()
+    manifests = build(args)
+    result = {"nodes": manifests["download"]["summary"]["num_nodes"],
+              "edges": manifests["download"]["summary"]["num_edges"], "fanouts": args.fanouts,
+              "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),
+              "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1)}
+    result["dist"] = dist_run(args, manifests)
+    if not args.skip_single:
+        result["single"] = single_main(args, manifests)
+        result["dist_speedup_hotness"] = round(result["single"]["epoch_s"] / result["dist"]["policies"]["hotness"]
+                                               ["epoch_s"], 3)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from storage import InputError
 from stages.download import stage as download
@@ -86,6 +86,16 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"unknown stage(s) {', '.join(bad)} in force (stages: {', '.join(ORDER)}, all)")
         return list(ORDER) if "all" in v else v
 
+    @model_validator(mode="after")
+    def _combinations(self) -> "PipelineConfig":
+        # what can be told before anything runs; the partition stage re-checks against the real node count
+        if self.dataset == "synthetic" and self.num_partitions > self.num_nodes:
+            raise ValueError(f"{self.num_partitions} partitions of a {self.num_nodes}-node graph: one rank per "
+                             f"partition needs num_partitions <= num_nodes")
+        if self.cache_budget_bytes is not None and self.cache_budget_bytes > 0 and self.cache_policy == "none":
+            raise ValueError("cache_budget_bytes is set but cache_policy is 'none': drop one of them")
+        return self
+
     def stages(self) -> tuple[str, ...]:
         return ORDER[: ORDER.index(self.until) + 1]
 
@@ -122,8 +132,10 @@ def make_config(**values: Any) -> PipelineConfig:
         return cfg
     except ValidationError as err:
         first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "config"
         msg = first["msg"].removeprefix("Value error, ")
+        if not first["loc"]:
+            raise InputError(f"impossible combination: {msg}") from None
+        field = ".".join(str(p) for p in first["loc"])
         raise InputError(f"invalid parameter {field}: {msg}") from None
 
 

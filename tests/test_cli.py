@@ -81,6 +81,9 @@ def test_config_files_and_set_agree(tmp_path: Path):
     ("", ["fanouts=[]"], "fanouts is empty"),
     ("", ["fanouts=[10, -2]"], "invalid fanout -2"),
     ("", ["num_partitions"], "--set expects key=value"),
+    ("num_nodes: 100\nnum_partitions: 101\n", [], "impossible combination: 101 partitions of a 100-node graph"),
+    ("", ["cache_budget_bytes=1000000", "cache_policy=none"], "impossible combination: cache_budget_bytes is set"),
+    ("", ["model=gat", "hidden=30"], "hidden=30 must be a multiple of gat_heads=4"),
 ])
 def test_config_errors_are_one_line(tmp_path: Path, content: str, set_: list[str], message: str):
     cfg = tmp_path / "c.yaml"

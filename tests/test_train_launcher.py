@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -66,7 +67,16 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path):
     assert "[torchrun] job ready" in lines, "unprefixed lines are torchrun's"
 
 
-def test_keyboard_interrupt_kills_the_whole_process_group(tmp_path: Path):
+@pytest.fixture
+def sigint_raises():
+    """Python leaves SIGINT ignored when started in the background by a non-interactive shell (as CI may be);
+    interrupt_main() then does nothing. Install the default handler for the test, and restore what was there."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_kills_the_whole_process_group(tmp_path: Path, sigint_raises):
     lines: list[str] = []
     # interrupt once the job runs (a cancelled Prefect task or Ctrl-C lands in the same place)
     watcher = threading.Thread(target=lambda: (_wait_for(lines, "job ready"), _thread.interrupt_main()),

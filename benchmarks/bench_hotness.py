@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
+
 import torch
 
 from storage import ArtifactStore
@@ -25,10 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2_400_000)
-    ap.add_argument("--avg-degree", type=float, default=50.0)
-    ap.add_argument("--features", type=int, default=100)
-    ap.add_argument("--classes", type=int, default=47)
+    add_graph_args(ap)
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--fanouts", default="15,10,5")
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -39,8 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     store = ArtifactStore(args.root)
-    dl = download.run(store, download.Params(num_nodes=args.nodes, avg_degree=args.avg_degree,
-                                             num_features=args.features, num_classes=args.classes, seed=0), {})
+    dl = download.run(store, download.Params(**download_params(args)), {})
     pt = partition.run(store, partition.Params(num_partitions=args.parts), {"download": dl})
     ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
     params = hotness.Params(fanouts=tuple(int(f) for f in args.fanouts.split(",")), batch_size=args.batch_size,

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 
 STAGE_SCRIPT = """
@@ -48,16 +50,12 @@ def run_stage(root: str, name: str, dl_params: dict, parts: int, force: bool) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2_400_000)
-    ap.add_argument("--avg-degree", type=float, default=50.0)
-    ap.add_argument("--features", type=int, default=100)
-    ap.add_argument("--classes", type=int, default=47)
+    add_graph_args(ap)
     ap.add_argument("--parts", default="2,4")
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
     ap.add_argument("--reuse-download", action="store_true", help="do not regenerate the graph if cached")
     args = ap.parse_args()
-    dl_params = {"num_nodes": args.nodes, "avg_degree": args.avg_degree, "num_features": args.features,
-                 "num_classes": args.classes, "seed": 0}
+    dl_params = download_params(args)
     rows = []
     dl = run_stage(args.root, "download", dl_params, 1, force=not args.reuse_download)
     size = dl["bytes_graph"] + dl["bytes_features"]

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -148,8 +150,7 @@ def build(args: argparse.Namespace) -> dict:
     from stages.partition import stage as partition
 
     store = ArtifactStore(args.root)
-    dl = download.run(store, download.Params(num_nodes=args.nodes, avg_degree=args.avg_degree,
-                                             num_features=args.features, num_classes=args.classes, seed=0), {})
+    dl = download.run(store, download.Params(**download_params(args)), {})
     pt = partition.run(store, partition.Params(num_partitions=2), {"download": dl})
     ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
     ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
@@ -181,10 +182,7 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2_400_000)
-    ap.add_argument("--avg-degree", type=float, default=50.0)
-    ap.add_argument("--features", type=int, default=100)
-    ap.add_argument("--classes", type=int, default=47)
+    add_graph_args(ap)
     ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=256)

@@ -51,8 +51,9 @@ class Params(BaseModel):
 
 
 def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
-                    lo: int, hi: int, row_bytes: int, params: Params, progress: bool
+                    deg_order: np.ndarray, lo: int, hi: int, row_bytes: int, params: Params, progress: bool
                     ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
+    """``deg_order``: the degree baseline's ranking, the same for every partition (computed once)."""
     import torch
 
     from stages.hotness.counting import count_requests
@@ -67,7 +68,6 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     budget = planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
                                   row_bytes=row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
     hot_order = planning.hotness_order(fit, in_degree_gid)
-    deg_order = planning.degree_order(in_degree_gid)
     plan_gid = hot_order[: budget.rows]
     requested = int(np.count_nonzero(fit))
     sizes = planning.curve_sizes(hi - lo, num_nodes)
@@ -109,13 +109,14 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
                      for p in range(book.num_partitions)]
             csr = whole_graph_csr(parts)
             in_degree_gid = np.diff(csr.indptr.numpy())
+            deg_order = planning.degree_order(in_degree_gid)
             sampler = NeighborSampler(csr, params.fanouts)
             for p in range(book.num_partitions):
                 lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
                 split = read_part_features(store.url("features", features["key"], part_store(p)), load_x=False)
                 train_gid = torch.from_numpy(split.split_lids["train"] + lo)
-                plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, lo, hi, row_bytes,
-                                                   params, progress)
+                plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, deg_order, lo, hi,
+                                                   row_bytes, params, progress)
                 write_plan(writer.file_url(hot_store(p)), plan)
                 rows.append(row)
                 curves.append(curve)

@@ -50,6 +50,16 @@ def split_csr(indptr: np.ndarray, indices: np.ndarray, bounds: list[int]) -> lis
     return parts
 
 
+def expected_counts(deg: np.ndarray, fanout: int, replace: bool) -> np.ndarray:
+    """Neighbours a target of degree ``deg`` must get: all for -1, exactly ``fanout`` (if any) with replacement,
+    else ``min(deg, fanout)``."""
+    if fanout == -1:
+        return deg
+    if replace:
+        return np.where(deg > 0, fanout, 0)
+    return np.minimum(deg, fanout)
+
+
 def check_batch(batch, seed_gid: torch.Tensor, graph: tuple[np.ndarray, np.ndarray], *,
                 fanouts: list[int] | None = None, replace: bool = False) -> None:
     """Asserts the documented ID spaces and PyG fields of a sampled batch; with ``fanouts``, also that every
@@ -80,13 +90,6 @@ def check_batch(batch, seed_gid: torch.Tensor, graph: tuple[np.ndarray, np.ndarr
         assert dst_pos.size == 0 or (dst_pos.min() >= lo and dst_pos.max() < node_end[hop])
         assert src_pos.size == 0 or src_pos.max() < node_end[hop + 1]
         if fanouts is not None:
-            frontier_deg = deg[n_id[lo:node_end[hop]].numpy()]
-            fanout = fanouts[hop]
-            if fanout == -1:
-                expected = frontier_deg
-            elif replace:
-                expected = np.where(frontier_deg > 0, fanout, 0)
-            else:
-                expected = np.minimum(frontier_deg, fanout)
+            expected = expected_counts(deg[n_id[lo:node_end[hop]].numpy()], fanouts[hop], replace)
             got = np.bincount(dst_pos - lo, minlength=node_end[hop] - lo)
             np.testing.assert_array_equal(got, expected)

@@ -10,21 +10,8 @@ from typing import Any
 import pytest
 
 from flows.cli import load_config, stage_keys
-from flows.config import STAGES, make_config
-from storage import ArtifactStore, InputError
-from tests.conftest import GNNPIPE, REPO, TINY, cli_env
-
-
-def build_without_prefect(cfg_values: dict[str, Any]) -> dict[str, str]:
-    """Run the stages of a config directly (what the flow's tasks do), returning their keys."""
-    cfg = make_config(**cfg_values)
-    store = ArtifactStore(cfg.artifacts)
-    manifests: dict[str, Any] = {}
-    for name in cfg.stages():
-        module = STAGES[name]
-        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
-                                     progress=False)
-    return {name: m["key"] for name, m in manifests.items()}
+from storage import InputError
+from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env
 
 
 def gnnpipe(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +25,8 @@ def set_args(values: dict[str, Any]) -> list[str]:
 @pytest.fixture
 def built(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     values = {**TINY, "artifacts": str(tmp_path / "art"), "fanouts": [5, 5], "batch_size": 64, "until": "hotness"}
-    return values, build_without_prefect(values)
+    _, manifests = build_without_prefect(values)
+    return values, {name: m["key"] for name, m in manifests.items()}
 
 
 def test_status_show_and_clean(built):

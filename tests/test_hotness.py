@@ -6,26 +6,22 @@ import numpy as np
 import pytest
 import torch
 
-from storage import ArtifactStore, InputError
+from storage import InputError
 from storage.hotness import hot_store, read_plan
 from storage.partition import BOOK, read_book
-from stages.download import stage as download
-from stages.features import stage as features
 from stages.hotness import plan as planning
 from stages.hotness import stage as hotness
 from stages.hotness.counting import count_requests
-from stages.partition import stage as partition
 from stages.runtime.sampler import LocalCSR, NeighborSampler
+from tests.conftest import build_without_prefect
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory):
-    store = ArtifactStore(tmp_path_factory.mktemp("art"))
-    dl = download.run(store, download.Params(num_nodes=6000, avg_degree=12, num_features=16, num_classes=4, seed=5),
-                      {}, progress=False)
-    pt = partition.run(store, partition.Params(num_partitions=4), {"download": dl}, progress=False)
-    ft = features.run(store, features.Params(), {"download": dl, "partition": pt}, progress=False)
-    return store, pt, ft
+    store, m = build_without_prefect({"artifacts": str(tmp_path_factory.mktemp("art")), "num_nodes": 6000,
+                                      "avg_degree": 12, "num_features": 16, "num_classes": 4, "seed": 5,
+                                      "num_partitions": 4, "until": "features"})
+    return store, m["partition"], m["features"]
 
 
 def test_counts_equal_batch_membership():

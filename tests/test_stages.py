@@ -10,23 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import ArtifactStore, InputError
+from storage import InputError
 from storage.features import part_store, read_part_features
 from storage.graph import GROUP, SPLITS, read_graph
 from storage.partition import BOOK, part_name, read_book, read_part
 from stages.download import stage as download
 from stages.features import stage as features
 from stages.partition import stage as partition
+from tests.conftest import build_without_prefect
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory):
-    store = ArtifactStore(tmp_path_factory.mktemp("art"))
-    dl = download.run(store, download.Params(num_nodes=1500, avg_degree=8, num_features=8, num_classes=3, seed=3),
-                      {}, progress=False)
-    pt = partition.run(store, partition.Params(num_partitions=3), {"download": dl}, progress=False)
-    ft = features.run(store, features.Params(chunk_rows=128), {"download": dl, "partition": pt}, progress=False)
-    return store, dl, pt, ft
+    store, m = build_without_prefect({"artifacts": str(tmp_path_factory.mktemp("art")), "num_nodes": 1500,
+                                      "avg_degree": 8, "num_features": 8, "num_classes": 3, "seed": 3,
+                                      "num_partitions": 3, "chunk_rows": 128, "until": "features"})
+    return store, m["download"], m["partition"], m["features"]
 
 
 def test_download_artifact_is_canonical(built):

@@ -164,9 +164,10 @@ def clean(stage_name: Optional[str] = typer.Option(None, "--stage", help="remove
 
 
 def _register_ops() -> None:
-    from flows.cli_ops import register
+    from flows import cli_ops, cli_train
 
-    register(app)
+    cli_ops.register(app)
+    cli_train.register(app)
 
 
 _register_ops()

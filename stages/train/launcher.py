@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from storage.errors import GnnpipeError, InputError
+from stages.train.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 10.0
@@ -46,10 +47,12 @@ class TrainingError(GnnpipeError):
     """The distributed job failed: a rank died or raised, or the job ran out of time."""
 
 
-def torchrun_command(spec_path: str, nproc: int, *, module: str = "stages.train.worker",
-                     python: str = sys.executable) -> list[str]:
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "--max-restarts=0", "--monitor-interval=0.5", "-m", module, "--spec", spec_path]
+def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
+                     module: str = "stages.train.worker", python: str = sys.executable) -> list[str]:
+    """This node's torchrun command line for a job of ``world_size`` ranks (single host unless ``cluster``)."""
+    placement = (cluster or Cluster()).torchrun_args(world_size)
+    return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5",
+            "-m", module, "--spec", spec_path]
 
 
 # Runs in the child before exec'ing the job: SIGTERM when the launcher's thread dies (PR_SET_PDEATHSIG = 1), and
@@ -116,6 +119,7 @@ class _Reader(threading.Thread):
         self.stream, self.log = stream, log
         self.tail: deque[str] = deque(maxlen=tail)
         self.failed: list[RankFailure] = []
+        self.rendezvous_timeout = False   # torchrun gave up waiting for the other nodes
 
     def run(self) -> None:
         pending_rank: int | None = None
@@ -126,6 +130,8 @@ class _Reader(threading.Thread):
             self.log(line if _RANK_PREFIX.match(line) else f"[torchrun] {line}")
             if _RANK_PREFIX.match(line):
                 continue
+            if "RendezvousTimeoutError" in line:
+                self.rendezvous_timeout = True
             if "Root Cause" in line:
                 in_root_cause = True
             elif m := _FAILED_RANK.match(line):
@@ -186,13 +192,15 @@ def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, objec
     return errors
 
 
-def launch(spec_path: str, nproc: int, *, result_dir: str, log: Callable[[str], None], timeout_s: float,
-           env: dict[str, str] | None = None, grace_s: float = GRACE_S, command: list[str] | None = None) -> None:
-    """Run the job to completion or raise a one-line :class:`GnnpipeError`; the process group is gone either way.
+def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[str], None], timeout_s: float,
+           env: dict[str, str] | None = None, grace_s: float = GRACE_S, command: list[str] | None = None,
+           cluster: Cluster | None = None) -> None:
+    """Run this node's part of the job to completion or raise a one-line :class:`GnnpipeError`; its process group
+    is gone either way.
 
     ``command`` replaces the torchrun command line (tests of the teardown use a stand-in).
     """
-    job = command or torchrun_command(spec_path, nproc)
+    job = command or torchrun_command(spec_path, world_size, cluster)
     cmd = with_parent_death_signal(job)
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
@@ -219,5 +227,9 @@ def launch(spec_path: str, nproc: int, *, result_dir: str, log: Callable[[str], 
     if timed_out:
         raise TrainingError(f"training timed out after {timeout_s:g} s and was stopped (checkpoints kept: rerun, "
                             f"or raise timeout_s, to resume)")
+    if proc.returncode != 0 and reader.rendezvous_timeout and cluster is not None:
+        raise TrainingError(f"the other nodes did not join the rendezvous at {cluster.rdzv_endpoint} (id "
+                            f"{cluster.rdzv_id}) within {cluster.join_timeout_s:g} s: start `gnnpipe train` on all "
+                            f"{cluster.nnodes} nodes with the same --rdzv, and open that port between them")
     if proc.returncode != 0:
         raise failure_message(reader.failed, read_errors(result_dir), proc.returncode)

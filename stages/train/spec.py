@@ -6,13 +6,15 @@ same manifests, and the keys tie the run to exactly the inputs that made its con
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from storage.errors import InputError
-from storage.store import Manifest
+from storage.store import MANIFEST, ArtifactStore, Manifest
 
 
 @dataclass
@@ -25,7 +27,9 @@ class TrainSpec:
     num_partitions: int
     params: dict[str, Any]         # stages.train.stage.Params, all fields (runtime ones included)
     checkpoint_dir: str            # local directory; rank 0 writes, every rank gets the state broadcast
-    result_dir: str                # rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
+    result_dir: str                # local rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
+    node_rank: int = 0             # this node (the user's --node-rank / SLURM_NODEID); 0 publishes the artifact
+    fingerprint: dict[str, str] = field(default_factory=dict)   # artifact_fingerprint(): equal on every node
 
     def save(self, path: str | os.PathLike[str]) -> None:
         with open(path, "w") as f:
@@ -67,3 +71,35 @@ def check_world_size(world_size: int, num_partitions: int) -> None:
     if world_size != num_partitions:
         raise InputError(f"world size {world_size} != {num_partitions} partitions: training runs one rank per "
                          f"partition; launch {num_partitions} ranks or repartition into {world_size}")
+
+
+def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping[str, Manifest]) -> dict[str, str]:
+    """What a node trains on: the train key and, per input artifact, ``<key> build <digest>``.
+
+    The digest is the SHA-256 of the manifest file, which records the build's id, its files and their sizes. Two
+    builds of the same key (say, partitioned separately on two machines, where METIS may cut differently) have
+    different digests; a byte-for-byte copy of one build has the same one. Chunk contents are guarded by their
+    crc32c on every read.
+    """
+    out = {"train": train_key}
+    for name, manifest in sorted(upstream.items()):
+        digest = hashlib.sha256(store.read_bytes(name, manifest["key"], MANIFEST)).hexdigest()[:16]
+        out[name] = f"{manifest['key']} build {digest}"
+    return out
+
+
+def check_same_artifacts(nodes: Sequence[Mapping[str, Any]]) -> None:
+    """``nodes``: one record per rank, ``{"rank", "node", "host", "fingerprint"}``. Every rank must train on
+    exactly the artifacts of rank 0; otherwise raise one line naming the first node that differs and how."""
+    ref = nodes[0]
+    for rec in nodes[1:]:
+        if rec["fingerprint"] == ref["fingerprint"]:
+            continue
+        diff = sorted(k for k in {*ref["fingerprint"], *rec["fingerprint"]}
+                      if ref["fingerprint"].get(k) != rec["fingerprint"].get(k))
+        what = "; ".join(f"{k}: {ref['fingerprint'].get(k)} on node {ref['node']} vs {rec['fingerprint'].get(k)} on "
+                         f"node {rec['node']}" for k in diff)
+        raise InputError(f"node {rec['node']} ({rec['host']}, rank {rec['rank']}) does not train on the artifacts of "
+                         f"node {ref['node']} ({ref['host']}, rank {ref['rank']}): {what}. Build the pipeline up to "
+                         f"hotness once, in an artifact root every node reads (shared directory or s3://), and "
+                         f"start every node with the same config")

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -22,7 +23,8 @@ from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
 from stages.meter import measure
 from stages.train.params import RUNTIME_FIELDS, Params
-from stages.train.spec import TrainSpec, check_lineage
+from stages.train.cluster import Cluster
+from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 
 NAME = "train"
 VERSION = 1
@@ -51,45 +53,67 @@ def runtime_options(params: Params) -> dict[str, Any]:
 
 def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
         progress: bool = True, log: Callable[[str], None] | None = None,
-        runtime: Mapping[str, Any] | None = None) -> Manifest:
+        runtime: Mapping[str, Any] | None = None, cluster: Cluster | None = None) -> Manifest | None:
     """Train (or find) the model for ``params`` on these upstream artifacts. ``log`` receives every job line;
-    ``runtime`` overrides RUNTIME_FIELDS of ``params`` (timeouts, memory budget, threads, device)."""
+    ``runtime`` overrides RUNTIME_FIELDS of ``params`` (timeouts, memory budget, threads, device).
+
+    With a multi-node ``cluster`` this runs this node's share of the ranks; node 0 publishes the artifact and
+    returns its manifest, the other nodes return None once the job has finished.
+    """
     if runtime:
         unknown = sorted(set(runtime) - set(RUNTIME_FIELDS))
         if unknown:
             raise InputError(f"not runtime settings of the train stage: {', '.join(unknown)} "
                              f"(runtime settings: {', '.join(RUNTIME_FIELDS)})")
         params = Params(**{**params.model_dump(), **runtime})
+    cluster = cluster or Cluster()
     partition, features, hotness = upstream["partition"], upstream["features"], upstream["hotness"]
     check_lineage(partition, features, hotness)
     num_partitions = int(partition["summary"]["num_partitions"])
+    nproc = cluster.nproc_per_node(num_partitions)   # "3 partitions on 2 nodes" fails here, before any launch
     key = stage_key(NAME, VERSION, params.key_params(), upstream)
     ckpt_dir = checkpoint_dir(store, key)
+    if cluster.multi_node:
+        ckpt_dir = ckpt_dir / f"node-{cluster.node_rank}"   # a shared file system must not mix nodes' files
     log = log or _default_log()
 
-    def body(writer: StageWriter) -> None:
+    def train_job() -> tuple[dict[str, Any], Path]:
         from stages.train.launcher import launch
+
+        result_dir = ckpt_dir / "result"
+        shutil.rmtree(result_dir, ignore_errors=True)   # only this attempt's results are read back
+        result_dir.mkdir(parents=True)
+        spec = TrainSpec(artifacts=store.root, key=key, partition_key=partition["key"],
+                         features_key=features["key"], hotness_key=hotness["key"],
+                         num_partitions=num_partitions, params=params.model_dump(mode="json"),
+                         checkpoint_dir=str(ckpt_dir), result_dir=str(result_dir), node_rank=cluster.node_rank,
+                         fingerprint=artifact_fingerprint(store, key, upstream))
+        spec_path = ckpt_dir / "spec.json"
+        spec.save(spec_path)
+        threads = params.threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+        launch(str(spec_path), num_partitions, result_dir=str(result_dir), log=log, timeout_s=params.timeout_s,
+               env={"OMP_NUM_THREADS": str(threads)}, cluster=cluster if cluster.multi_node else None)
+        return json.loads((result_dir / METRICS).read_text()), result_dir
+
+    if not cluster.publishes:
+        if not force and store.find(NAME, key) is not None:
+            log(f"train/{key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
+            return None
+        train_job()
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        log(f"node {cluster.node_rank}: the job finished; node 0 publishes train/{key}")
+        return None
+
+    def body(writer: StageWriter) -> None:
         from stages.train.plot import curves_png, hit_rate_png
 
         with measure() as cost:
-            result_dir = ckpt_dir / "result"
-            shutil.rmtree(result_dir, ignore_errors=True)   # only this attempt's results are read back
-            result_dir.mkdir(parents=True)
-            spec = TrainSpec(artifacts=store.root, key=key, partition_key=partition["key"],
-                             features_key=features["key"], hotness_key=hotness["key"],
-                             num_partitions=num_partitions, params=params.model_dump(mode="json"),
-                             checkpoint_dir=str(ckpt_dir), result_dir=str(result_dir))
-            spec_path = ckpt_dir / "spec.json"
-            spec.save(spec_path)
-            threads = params.threads_per_rank or max(1, (os.cpu_count() or 1) // num_partitions)
-            launch(str(spec_path), num_partitions, result_dir=str(result_dir), log=log, timeout_s=params.timeout_s,
-                   env={"OMP_NUM_THREADS": str(threads)})
-            metrics = json.loads((result_dir / METRICS).read_text())
+            metrics, result_dir = train_job()
             writer.write_bytes(MODEL, (result_dir / MODEL).read_bytes())
             writer.write_json(METRICS, metrics)
             writer.write_bytes(CURVES_PNG, curves_png(metrics["epochs"], metrics["test_acc"]))
             writer.write_bytes(HIT_RATE_PNG, hit_rate_png(metrics["epochs"], metrics["cache_policy"]))
-        writer.summary.update(_summary(metrics, num_partitions))
+        writer.summary.update(_summary(metrics, num_partitions, cluster.nnodes))
         writer.summary.update(cost)
 
     manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
@@ -97,13 +121,14 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
     return manifest
 
 
-def _summary(metrics: dict[str, Any], num_partitions: int) -> dict[str, Any]:
+def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[str, Any]:
     epochs = metrics["epochs"]
     table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()} for e in epochs]
     n = max(len(epochs), 1)
     return {"test_acc": metrics["test_acc"], "best_val_acc": metrics["best_val_acc"],
             "best_epoch": metrics["best_epoch"], "final_val_acc": metrics["final_val_acc"],
-            "num_partitions": num_partitions, "world_size": metrics["world_size"], "model": metrics["model"],
+            "num_partitions": num_partitions, "world_size": metrics["world_size"], "nodes": nnodes,
+            "model": metrics["model"],
             "cache_policy": metrics["cache_policy"], "device": metrics["device"], "backend": metrics["backend"],
             "resumed_from_epoch": metrics["resumed_from_epoch"], "ranks": metrics["ranks"],
             "mean_epoch_s": sum(e["epoch_s"] for e in epochs) / n,
@@ -115,7 +140,8 @@ def _summary(metrics: dict[str, Any], num_partitions: int) -> dict[str, Any]:
 def report(manifest: Manifest) -> Report:
     s = manifest["summary"]
     m = s["model"]
-    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s): test accuracy "
+    nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
+    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test accuracy "
                 f"{100 * s['test_acc']:.2f} % (best val {100 * s['best_val_acc']:.2f} % at epoch "
                 f"{s['best_epoch'] + 1}), {len(s['epochs'])} epochs, {s['mean_epoch_s']:.2f} s/epoch, cache "
                 f"{s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "

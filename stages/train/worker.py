@@ -2,7 +2,9 @@
 
 Rank r loads partition r (CSR, labels, splits, its feature store and its cache plan), builds the model wrapped in
 DDP, and trains on its own train nodes in equal-count batches; validation each epoch and the test at the end are
-all-reduced over ranks. Rank 0 checkpoints every epoch (atomically) and writes ``model.pt`` and ``metrics.json``.
+all-reduced over ranks. Local rank 0 of every node checkpoints every epoch (atomically) and writes ``model.pt``
+and ``metrics.json`` (identical everywhere: DDP keeps the weights equal and every metric is all-reduced), so the
+node that publishes has them whichever global ranks torchrun gave it.
 
 Determinism: every random stream (shuffle, sampler, dropout, python/numpy) is reseeded at the start of each epoch
 from ``(seed, rank, epoch)``, so a run resumed after epoch e draws exactly what an uninterrupted run draws in epoch
@@ -44,7 +46,7 @@ from stages.train.cache_policy import cache_gids
 from stages.train.loop import ogb_accuracy_counts, predict, train_epoch
 from stages.train.model import build_model
 from stages.train.params import Params
-from stages.train.spec import TrainSpec, check_lineage, check_world_size
+from stages.train.spec import TrainSpec, check_lineage, check_same_artifacts, check_world_size
 
 # Test-only fault injection, "rank:epoch:batch": that rank SIGKILLs itself before that batch (0-based).
 FAULT_ENV = "GNNPIPE_TRAIN_FAULT"
@@ -80,8 +82,9 @@ class Rank:
     """What rank r holds: its partition, feature path, sampler, model and optimiser."""
 
     def __init__(self, spec: TrainSpec, params: Params, rank: int, world: int, local_world: int,
-                 device: torch.device) -> None:
+                 device: torch.device, local_rank: int = 0) -> None:
         self.spec, self.params, self.rank, self.world, self.device = spec, params, rank, world, device
+        self.local_rank = local_rank   # which rank of its node: local rank 0 keeps the node's results
         store = ArtifactStore(spec.artifacts)
         partition, features, hotness = (store.load(stage, key) for stage, key in (
             ("partition", spec.partition_key), ("features", spec.features_key), ("hotness", spec.hotness_key)))
@@ -184,18 +187,32 @@ def fault_hook(rank: int, epoch: int) -> Callable[[int], None] | None:
     return die
 
 
-def fit(r: Rank) -> dict[str, Any]:
-    """Train (resuming from the latest checkpoint), evaluate, and return the metrics (meaningful on rank 0)."""
-    spec, params = r.spec, r.params
-    holder: list[Any] = [None]
-    if r.rank == 0:
-        ckpt = load_latest_checkpoint(spec.checkpoint_dir)
-        if ckpt is not None and ckpt.get("key") != spec.key:
-            print(f"ignoring {spec.checkpoint_dir}: its checkpoint belongs to run {ckpt.get('key')}", flush=True)
+def resume_state(r: Rank) -> dict[str, Any] | None:
+    """The newest checkpoint any node holds, broadcast to every rank (no shared file system needed).
+
+    Each node's local rank 0 writes checkpoints to its own directory, and torchrun may hand a node other global
+    ranks on the next attempt (c10d orders nodes by address), so the ranks agree here on the newest one.
+    """
+    ckpt = None
+    if r.local_rank == 0:
+        ckpt = load_latest_checkpoint(r.spec.checkpoint_dir)
+        if ckpt is not None and ckpt.get("key") != r.spec.key:
+            print(f"ignoring {r.spec.checkpoint_dir}: its checkpoint belongs to run {ckpt.get('key')}", flush=True)
             ckpt = None
-        holder[0] = ckpt
-    dist.broadcast_object_list(holder, src=0)   # no shared file system needed
-    ckpt = holder[0]
+    epochs: list[Any] = [None] * r.world
+    dist.all_gather_object(epochs, -1 if ckpt is None else int(ckpt["epoch"]))
+    newest = max(range(r.world), key=lambda k: (epochs[k], -k))
+    if epochs[newest] < 0:
+        return None
+    holder = [ckpt if r.rank == newest else None]
+    dist.broadcast_object_list(holder, src=newest)
+    return holder[0]
+
+
+def fit(r: Rank) -> dict[str, Any]:
+    """Train (resuming from the newest checkpoint), evaluate, and return the metrics (equal on every rank)."""
+    spec, params = r.spec, r.params
+    ckpt = resume_state(r)
     history: list[dict[str, Any]] = []
     start_epoch, resumed_from = 0, None
     if ckpt is not None:
@@ -232,10 +249,11 @@ def fit(r: Rank) -> dict[str, Any]:
         history.append(row)
         rng = [None] * r.world
         dist.all_gather_object(rng, r.rng_state())
-        if r.rank == 0:
+        if r.local_rank == 0:   # every node keeps its own copy (see resume_state)
             save_checkpoint(spec.checkpoint_dir, epoch, {
                 "key": spec.key, "epoch": epoch, "model": r.model.state_dict(),
                 "optimizer": r.optimizer.state_dict(), "rng": rng, "history": history})
+        if r.rank == 0:
             print(f"epoch {epoch + 1}/{params.epochs}: loss {row['loss']:.4f}, train {100 * row['train_acc']:.1f} %, "
                   f"val {100 * val_acc:.1f} % | {epoch_s:.2f} s, {row['sampled_edges_per_s'] / 1e6:.2f} M edges/s | "
                   f"cache hit {100 * row['hit_rate']:.1f} %, remote {int(remote):,} rows "
@@ -272,9 +290,10 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     torch.set_num_threads(params.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.collective_timeout_s))
-    r = Rank(spec, params, rank, world, local_world, device)
+    check_same_inputs(spec, rank, world)
+    r = Rank(spec, params, rank, world, local_world, device, local_rank)
     metrics = fit(r)
-    if rank == 0:
+    if local_rank == 0:   # every node: the publishing node may host any global rank
         out = Path(spec.result_dir)
         state = {k: v.detach().cpu() for k, v in r.model.state_dict().items()}
         atomic_write_bytes(out / MODEL, torch_bytes(state))
@@ -283,6 +302,14 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     # No destroy_process_group: the process ends with os._exit (see the bottom of this module). Tearing down DDP's
     # reducer and the gloo group was seen to deadlock (~ProcessGroupGloo joins its run loop while holding the GIL
     # that the loop's last work object needs), and a rank about to exit has nothing worth releasing.
+
+
+def check_same_inputs(spec: TrainSpec, rank: int, world: int) -> None:
+    """Refuse to train unless every node reads the same builds of the same artifacts (``TrainSpec.fingerprint``)."""
+    records: list[Any] = [None] * world
+    dist.all_gather_object(records, {"rank": rank, "node": spec.node_rank, "host": os.uname().nodename,
+                                     "fingerprint": spec.fingerprint})
+    check_same_artifacts(records)
 
 
 def write_error(spec_path: str, rank: int, err: BaseException) -> None:

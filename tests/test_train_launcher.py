@@ -114,6 +114,12 @@ def test_failure_message_names_the_rank_that_caused_it():
                                                           "message": "x"}}, 1)
     assert "rank 0 raised ValueError: x" in str(err)
     assert "rank 2 exited with code 7" in str(failure_message([RankFailure(2, 7, True)], {}, 1))
+    gloo = ("[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:42382. This is typically "
+            "caused by a remote worker crashing.")
+    err = failure_message([RankFailure(0, 1, True)], {0: {"rank": 0, "type": "RuntimeError", "user_error": False,
+                                                          "message": gloo}}, 1)
+    assert str(err).startswith("training failed: rank 0 lost its connection to [10.0.0.2]:42382, a rank on another "
+                               "node died")
 
 
 def test_torchrun_command_runs_one_rank_per_partition_without_restarts():

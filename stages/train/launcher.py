@@ -41,6 +41,7 @@ _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
 # torchrun's failure summary: "rank : 1 (local_rank: 1)" then "exitcode : -9 (pid: 123)"
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_PEER_CLOSED = re.compile(r"Connection closed by peer (\S+?)\.? ")   # gloo's words when the other end vanished
 
 
 class TrainingError(GnnpipeError):
@@ -170,6 +171,11 @@ def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, o
         return InputError(f"rank {user[0]}: {errors[user[0]]['message']}")
     if errors:
         rank = sorted(errors)[0]
+        lost = _PEER_CLOSED.search(str(errors[rank]["message"]))
+        if lost:   # this node's ranks are fine: a rank elsewhere (another node) died or was stopped first
+            return TrainingError(f"training failed: rank {rank} lost its connection to {lost.group(1)}, a rank on "
+                                 f"another node died or was stopped; that node's log names it (checkpoints kept: "
+                                 f"rerun every node to resume)")
         return TrainingError(f"training failed: rank {rank} raised {errors[rank]['type']}: "
                              f"{errors[rank]['message']} (see the log above)")
     if abrupt:

@@ -1,0 +1,177 @@
+"""``gnnpipe train`` across nodes: two hosts in network namespaces over a veth pair, a Slurm step on loopback
+(with a node dying and the rerun resuming), and nodes that read different builds refusing to start.
+
+The pipeline up to hotness is built once per module; every test trains in its own copy of that artifact root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from flows.config import STAGES, make_config
+from storage import ArtifactStore
+from tests import _netns
+from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env
+
+pytestmark = pytest.mark.slow
+CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
+JOB_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("multinode") / "artifacts"
+    build_without_prefect({**CONFIG, "artifacts": str(root), "until": "hotness"})
+    return root
+
+
+@pytest.fixture
+def job(built: Path, tmp_path: Path) -> dict[str, Any]:
+    """A private copy of the built artifacts (byte for byte: the same builds) and a config file naming it."""
+    root = tmp_path / "artifacts"
+    shutil.copytree(built, root)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "artifacts": str(root)}))
+    from flows.cli import stage_keys
+
+    keys = stage_keys(make_config(**{**CONFIG, "artifacts": str(root)}))
+    return {"root": root, "cfg": str(cfg), "keys": keys, "key": keys["train"], "store": ArtifactStore(root)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(commands: list[list[str]], envs: list[dict[str, str]], timeout_s: float = JOB_TIMEOUT_S
+              ) -> list[subprocess.CompletedProcess]:
+    """Start one process per node at once, wait for all; on a timeout kill every node's process group."""
+    procs = [subprocess.Popen(cmd, cwd=REPO, env={**cli_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) for cmd, env in zip(commands, envs)]
+    deadline = time.monotonic() + timeout_s
+    results = []
+    try:
+        for cmd, proc in zip(commands, procs):
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+def _describe(results: list[subprocess.CompletedProcess]) -> str:
+    return "\n".join(f"--- node {i} rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+                     for i, r in enumerate(results))
+
+
+def _no_worker_left(root: Path) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if "stages.train.worker" in " ".join(p.info["cmdline"] or []) and str(root) in " ".join(
+                p.info["cmdline"] or [])]
+
+
+def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]):
+    reason = _netns.unavailable()
+    if reason:
+        pytest.skip(f"no two-host network on this machine: {reason}")
+    with _netns.two_hosts() as net:
+        rdzv = f"{net.addr[0]}:29400"
+        commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i),
+                     "--rdzv", rdzv, "--local-addr", net.addr[i]] for i in (0, 1)]
+        results = run_nodes(commands, [{"GLOO_SOCKET_IFNAME": net.ifname[i]} for i in (0, 1)])
+        crossed = [net.rx_bytes(i) for i in (0, 1)]
+    assert [r.returncode for r in results] == [0, 0], _describe(results)
+    assert "node 0 publishes" in results[1].stdout
+    two_hosts = job["store"].load("train", job["key"])["summary"]
+    assert (two_hosts["nodes"], two_hosts["world_size"]) == (2, 2)
+    # everything between the nodes went over the veth link, the only way out of each namespace
+    assert min(crossed) > two_hosts["remote_bytes_per_epoch"] * len(two_hosts["epochs"]), crossed
+
+    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--force"], cwd=REPO, env=cli_env(),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert single.returncode == 0, single.stderr[-3000:]
+    one_host = job["store"].load("train", job["key"])["summary"]
+    assert one_host["nodes"] == 1
+    # same seeds, same rank per partition, and a 2-rank all-reduce is exact: the very same training
+    assert two_hosts["test_acc"] == one_host["test_acc"]
+    assert two_hosts["best_val_acc"] == one_host["best_val_acc"]
+    assert [e["loss"] for e in two_hosts["epochs"]] == pytest.approx([e["loss"] for e in one_host["epochs"]],
+                                                                      rel=1e-6)
+
+
+def _slurm_env(node: int) -> dict[str, str]:
+    return {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
+            "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node)}
+
+
+def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[str, Any]):
+    port = str(_free_port())
+    commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--slurm", "--port", port]] * 2
+    start = time.monotonic()
+    # whichever node hosts rank 1 loses it at the start of epoch 2, as a crashed machine would
+    results = run_nodes(commands, [{**_slurm_env(i), "GNNPIPE_TRAIN_FAULT": "1:1:0"} for i in (0, 1)])
+    elapsed = time.monotonic() - start
+    assert all(r.returncode != 0 for r in results), _describe(results)
+    errors = [r.stderr.strip().splitlines()[-1] for r in results]
+    assert any("rank 1 was killed by SIGKILL" in e for e in errors), errors
+    assert all(e.startswith("error: training failed: rank ") for e in errors), errors
+    assert elapsed < 120, f"took {elapsed:.0f} s to notice a dead node"
+    assert not _no_worker_left(job["root"])
+    assert job["store"].find("train", job["key"]) is None
+
+    rerun = run_nodes(commands, [_slurm_env(i) for i in (0, 1)])
+    assert [r.returncode for r in rerun] == [0, 0], _describe(rerun)
+    summary = job["store"].load("train", job["key"])["summary"]
+    assert summary["resumed_from_epoch"] == 0 and summary["nodes"] == 2
+    assert len(summary["epochs"]) == CONFIG["epochs"]
+    assert not (job["root"] / ".checkpoints" / f"train-{job['key']}" / "node-0").exists()
+
+
+def test_nodes_reading_different_builds_refuse_to_start(job: dict[str, Any], tmp_path: Path):
+    # node 1's copy has hotness rebuilt under the same key, as if each machine had run the pipeline itself
+    other = tmp_path / "other-node"
+    shutil.copytree(job["root"], other)
+    cfg = make_config(**{**CONFIG, "artifacts": str(other)})
+    store = ArtifactStore(other)
+    upstream = {u: store.load(u, job["keys"][u]) for u in STAGES["hotness"].UPSTREAM}
+    STAGES["hotness"].run(store, cfg.stage_params("hotness"), upstream, force=True, progress=False)
+
+    rdzv = f"127.0.0.1:{_free_port()}"
+    commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv,
+                 "--artifacts", str(root)] for i, root in ((0, job["root"]), (1, other))]
+    results = run_nodes(commands, [{}, {}])
+    assert [r.returncode for r in results] == [2, 2], _describe(results)
+    for r in results:
+        last = r.stderr.strip().splitlines()[-1]
+        assert "does not train on the artifacts of node" in last and f"hotness: {job['keys']['hotness']} build" in last
+    assert job["store"].find("train", job["key"]) is None and store.find("train", job["key"]) is None
+
+
+def test_train_command_rejects_bad_cluster_setups_before_reading_anything(tmp_path: Path):
+    def gnnpipe(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*GNNPIPE, "train", "--artifacts", str(tmp_path / "none"), *args], cwd=REPO,
+                              env=cli_env(), capture_output=True, text=True, timeout=120)
+
+    uneven = gnnpipe("--set", "num_partitions=3", "--nnodes", "2", "--rdzv", "127.0.0.1:29400")
+    assert uneven.returncode == 2 and "error: 3 partitions on 2 nodes" in uneven.stderr
+    unbuilt = gnnpipe("--set", "num_partitions=2")
+    assert unbuilt.returncode == 2 and "is not in" in unbuilt.stderr and "gnnpipe run --until hotness" in unbuilt.stderr
+    not_slurm = subprocess.run([*GNNPIPE, "train", "--slurm"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                               env={k: v for k, v in cli_env().items() if not k.startswith("SLURM_")})
+    assert not_slurm.returncode == 2 and "SLURM_JOB_ID is not set" in not_slurm.stderr
+    assert not (tmp_path / "none").exists()

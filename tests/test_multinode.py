@@ -74,6 +74,14 @@ def run_nodes(commands: list[list[str]], envs: list[dict[str, str]], timeout_s: 
     return results
 
 
+def train_on_one_host(job: dict[str, Any]) -> dict[str, Any]:
+    """Retrain the job's artifact on this machine alone (``--force``: same key, new build); its summary."""
+    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--force"], cwd=REPO, env=cli_env(),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert single.returncode == 0, single.stderr[-3000:]
+    return job["store"].load("train", job["key"])["summary"]
+
+
 def _describe(results: list[subprocess.CompletedProcess]) -> str:
     return "\n".join(f"--- node {i} rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
                      for i, r in enumerate(results))
@@ -102,10 +110,7 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]
     # everything between the nodes went over the veth link, the only way out of each namespace
     assert min(crossed) > two_hosts["remote_bytes_per_epoch"] * len(two_hosts["epochs"]), crossed
 
-    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--force"], cwd=REPO, env=cli_env(),
-                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert single.returncode == 0, single.stderr[-3000:]
-    one_host = job["store"].load("train", job["key"])["summary"]
+    one_host = train_on_one_host(job)
     assert one_host["nodes"] == 1
     # same seeds, same rank per partition, and a 2-rank all-reduce is exact: the very same training
     assert two_hosts["test_acc"] == one_host["test_acc"]
@@ -140,6 +145,12 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     assert summary["resumed_from_epoch"] == 0 and summary["nodes"] == 2
     assert len(summary["epochs"]) == CONFIG["epochs"]
     assert not (job["root"] / ".checkpoints" / f"train-{job['key']}" / "node-0").exists()
+    # resumed on two nodes = uninterrupted on one: every rank's RNG state travels in the checkpoint
+    uninterrupted = train_on_one_host(job)
+    assert uninterrupted["resumed_from_epoch"] is None
+    assert summary["test_acc"] == uninterrupted["test_acc"]
+    assert [e["loss"] for e in summary["epochs"]] == pytest.approx([e["loss"] for e in uninterrupted["epochs"]],
+                                                                   rel=1e-6)
 
 
 def test_nodes_reading_different_builds_refuse_to_start(job: dict[str, Any], tmp_path: Path):

@@ -100,9 +100,9 @@ def test_every_rank_must_train_on_the_same_builds():
     same = {"partition": "p1 build aa", "features": "f1 build bb", "hotness": "h1 build cc"}
     check_same_artifacts([_rec(0, 0, **same), _rec(1, 0, **same), _rec(2, 1, **same)])
     other = {**same, "hotness": "h1 build dd"}
-    with pytest.raises(InputError) as err:
-        check_same_artifacts([_rec(0, 0, **same), _rec(1, 1, **other)])
+    with pytest.raises(InputError) as err:   # node 0 is the reference, whichever global ranks it holds
+        check_same_artifacts([_rec(0, 1, **other), _rec(1, 0, **same)])
     msg = str(err.value)
-    assert "node 1 (host1, rank 1) does not train on the artifacts of node 0 (host0, rank 0)" in msg
+    assert "node 1 (host1, rank 0) does not train on the artifacts of node 0 (host0, rank 1)" in msg
     assert "hotness: h1 build cc on node 0 vs h1 build dd on node 1" in msg and "\n" not in msg
     assert "partition:" not in msg and "features:" not in msg   # only what differs is named

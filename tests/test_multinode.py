@@ -153,7 +153,18 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
                                                                    rel=1e-6)
 
 
-def test_nodes_reading_different_builds_refuse_to_start(job: dict[str, Any], tmp_path: Path):
+def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) -> list[subprocess.CompletedProcess]:
+    rdzv = f"127.0.0.1:{_free_port()}"
+    return run_nodes([[*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv,
+                       *extra[i]] for i in (0, 1)], [{}, {}])
+
+
+def _last_error_lines(results: list[subprocess.CompletedProcess]) -> list[str]:
+    assert [r.returncode for r in results] == [2, 2], _describe(results)
+    return [r.stderr.strip().splitlines()[-1] for r in results]
+
+
+def test_a_node_with_its_own_build_of_a_stage_refuses_to_start(job: dict[str, Any], tmp_path: Path):
     # node 1's copy has hotness rebuilt under the same key, as if each machine had run the pipeline itself
     other = tmp_path / "other-node"
     shutil.copytree(job["root"], other)
@@ -162,15 +173,27 @@ def test_nodes_reading_different_builds_refuse_to_start(job: dict[str, Any], tmp
     upstream = {u: store.load(u, job["keys"][u]) for u in STAGES["hotness"].UPSTREAM}
     STAGES["hotness"].run(store, cfg.stage_params("hotness"), upstream, force=True, progress=False)
 
-    rdzv = f"127.0.0.1:{_free_port()}"
-    commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv,
-                 "--artifacts", str(root)] for i, root in ((0, job["root"]), (1, other))]
-    results = run_nodes(commands, [{}, {}])
-    assert [r.returncode for r in results] == [2, 2], _describe(results)
-    for r in results:
-        last = r.stderr.strip().splitlines()[-1]
-        assert "does not train on the artifacts of node" in last and f"hotness: {job['keys']['hotness']} build" in last
+    results = _two_local_nodes(job, ([], ["--artifacts", str(other)]))
+    for line in _last_error_lines(results):
+        assert "does not train on the artifacts of node" in line and f"hotness: {job['keys']['hotness']} build" in line
+        assert "train:" not in line and "partition:" not in line
     assert job["store"].find("train", job["key"]) is None and store.find("train", job["key"]) is None
+
+
+def test_a_node_with_another_config_refuses_to_start(job: dict[str, Any]):
+    results = _two_local_nodes(job, ([], ["--set", "epochs=4"]))
+    for line in _last_error_lines(results):
+        assert "does not train on the artifacts of node" in line and f"train: {job['key']} on node" in line
+    assert job["store"].find("train", job["key"]) is None
+
+
+def test_a_node_left_alone_gives_up_at_the_join_timeout(job: dict[str, Any]):
+    lone = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--rdzv",
+                           f"127.0.0.1:{_free_port()}", "--join-timeout", "3"], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert lone.returncode != 0
+    assert lone.stderr.strip().splitlines()[-1].startswith("error: the other nodes did not join the rendezvous at "
+                                                           "127.0.0.1:")
 
 
 def test_train_command_rejects_bad_cluster_setups_before_reading_anything(tmp_path: Path):

@@ -90,9 +90,11 @@ def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping
 
 def check_same_artifacts(nodes: Sequence[Mapping[str, Any]]) -> None:
     """``nodes``: one record per rank, ``{"rank", "node", "host", "fingerprint"}``. Every rank must train on
-    exactly the artifacts of rank 0; otherwise raise one line naming the first node that differs and how."""
-    ref = nodes[0]
-    for rec in nodes[1:]:
+    exactly the artifacts of the lowest node (node 0, which publishes); otherwise raise one line naming the first
+    node that differs and how."""
+    ordered = sorted(nodes, key=lambda rec: (rec["node"], rec["rank"]))
+    ref = ordered[0]
+    for rec in ordered[1:]:
         if rec["fingerprint"] == ref["fingerprint"]:
             continue
         diff = sorted(k for k in {*ref["fingerprint"], *rec["fingerprint"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,9 @@ def cli_env(api_url: str | None = None) -> dict[str, str]:
 
 
 GNNPIPE = [sys.executable, "-m", "flows.cli"]
+
+
+def moto_server_path() -> str | None:
+    """moto's S3-compatible server (the ``moto[server]`` dev extra): beside this interpreter, or on PATH."""
+    beside = Path(sys.executable).with_name("moto_server")
+    return str(beside) if beside.exists() else shutil.which("moto_server")

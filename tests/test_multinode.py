@@ -6,12 +6,17 @@ The pipeline up to hotness is built once per module; every test trains in its ow
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ import yaml
 from flows.config import STAGES, make_config
 from storage import ArtifactStore
 from tests import _netns
-from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env
+from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env, moto_server_path
 
 pytestmark = pytest.mark.slow
 CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
@@ -93,30 +98,98 @@ def _no_worker_left(root: Path) -> list[int]:
                 p.info["cmdline"] or [])]
 
 
-def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]):
+@dataclass(frozen=True)
+class Root:
+    """An artifact root as the two hosts see it: its URL, the environment that reaches it, and how the test reads
+    the train artifact's summary."""
+
+    url: str
+    env: dict[str, str]
+    train_summary: Callable[[], dict[str, Any]]
+
+
+def _on_host(net: _netns.TwoHosts, i: int, code: str, env: dict[str, str], *args: str) -> str:
+    """Run a Python snippet on host ``i``; its stdout."""
+    proc = subprocess.run([*net.exec_prefix(i), sys.executable, "-c", code, *args], cwd=REPO,
+                          env={**cli_env(), **env}, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@contextmanager
+def shared_directory(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[Root]:
+    """Both hosts read the same directory (a shared file system)."""
+    yield Root(str(job["root"]), {}, lambda: job["store"].load("train", job["key"])["summary"])
+
+
+_BUILD_ON_S3 = """
+import json, sys, time
+import s3fs
+for _ in range(100):   # the server is starting in the background
+    try:
+        s3fs.S3FileSystem().mkdir("gnnpipe-nodes"); break
+    except Exception:
+        time.sleep(0.2)
+from tests.conftest import build_without_prefect
+build_without_prefect(json.loads(sys.argv[1]))
+"""
+_TRAIN_SUMMARY = """
+import json, sys
+from storage import ArtifactStore
+print(json.dumps(ArtifactStore(sys.argv[1]).load("train", sys.argv[2])["summary"]))
+"""
+
+
+@contextmanager
+def s3_bucket_on_host_a(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[Root]:
+    """An S3 server on host a; host a builds the pipeline up to hotness there, and both hosts train from it:
+    the hosts share nothing but the veth link."""
+    moto = moto_server_path()
+    if moto is None:
+        pytest.skip("moto_server not installed (pip install 'moto[server]')")
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{net.addr[0]}:9000"}
+    server = subprocess.Popen([*net.exec_prefix(0), moto, "-H", net.addr[0], "-p", "9000"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = "s3://gnnpipe-nodes/run"
+        _on_host(net, 0, _BUILD_ON_S3, env, json.dumps({**CONFIG, "artifacts": url, "until": "hotness"}))
+        yield Root(url, env, lambda: json.loads(_on_host(net, 0, _TRAIN_SUMMARY, env, url, job["key"])))
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.mark.parametrize("artifact_root", [shared_directory, s3_bucket_on_host_a], ids=["shared-dir", "s3"])
+def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any], artifact_root: Any):
     reason = _netns.unavailable()
     if reason:
         pytest.skip(f"no two-host network on this machine: {reason}")
-    with _netns.two_hosts() as net:
+    with _netns.two_hosts() as net, artifact_root(job, net) as root:
         rdzv = f"{net.addr[0]}:29400"
-        commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i),
-                     "--rdzv", rdzv, "--local-addr", net.addr[i]] for i in (0, 1)]
-        results = run_nodes(commands, [{"GLOO_SOCKET_IFNAME": net.ifname[i]} for i in (0, 1)])
+        commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
+                     "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv, "--local-addr", net.addr[i]]
+                    for i in (0, 1)]
+        results = run_nodes(commands, [{**root.env, "GLOO_SOCKET_IFNAME": net.ifname[i]} for i in (0, 1)])
         crossed = [net.rx_bytes(i) for i in (0, 1)]
-    assert [r.returncode for r in results] == [0, 0], _describe(results)
-    assert "node 0 publishes" in results[1].stdout
-    two_hosts = job["store"].load("train", job["key"])["summary"]
-    assert (two_hosts["nodes"], two_hosts["world_size"]) == (2, 2)
+        assert [r.returncode for r in results] == [0, 0], _describe(results)
+        assert "node 0 publishes" in results[1].stdout
+        two_hosts = root.train_summary()
+        single = subprocess.run([*net.exec_prefix(0), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
+                                 "--force"], cwd=REPO, env={**cli_env(), **root.env}, capture_output=True, text=True,
+                                timeout=JOB_TIMEOUT_S)
+        assert single.returncode == 0, single.stderr[-3000:]
+        one_host = root.train_summary()
+    assert (two_hosts["nodes"], two_hosts["world_size"], one_host["nodes"]) == (2, 2, 1)
     # everything between the nodes went over the veth link, the only way out of each namespace
     assert min(crossed) > two_hosts["remote_bytes_per_epoch"] * len(two_hosts["epochs"]), crossed
+    assert_same_training(two_hosts, one_host)
 
-    one_host = train_on_one_host(job)
-    assert one_host["nodes"] == 1
-    # same seeds, same rank per partition, and a 2-rank all-reduce is exact: the very same training
-    assert two_hosts["test_acc"] == one_host["test_acc"]
-    assert two_hosts["best_val_acc"] == one_host["best_val_acc"]
-    assert [e["loss"] for e in two_hosts["epochs"]] == pytest.approx([e["loss"] for e in one_host["epochs"]],
-                                                                      rel=1e-6)
+
+def assert_same_training(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Same seeds, same rank per partition, and a 2-rank all-reduce is exact: the very same training."""
+    assert (a["test_acc"], a["best_val_acc"]) == (b["test_acc"], b["best_val_acc"])
+    assert [e["loss"] for e in a["epochs"]] == pytest.approx([e["loss"] for e in b["epochs"]], rel=1e-6)
 
 
 def _slurm_env(node: int) -> dict[str, str]:
@@ -148,9 +221,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     # resumed on two nodes = uninterrupted on one: every rank's RNG state travels in the checkpoint
     uninterrupted = train_on_one_host(job)
     assert uninterrupted["resumed_from_epoch"] is None
-    assert summary["test_acc"] == uninterrupted["test_acc"]
-    assert [e["loss"] for e in summary["epochs"]] == pytest.approx([e["loss"] for e in uninterrupted["epochs"]],
-                                                                   rel=1e-6)
+    assert_same_training(summary, uninterrupted)
 
 
 def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) -> list[subprocess.CompletedProcess]:
@@ -209,3 +280,10 @@ def test_train_command_rejects_bad_cluster_setups_before_reading_anything(tmp_pa
                                env={k: v for k, v in cli_env().items() if not k.startswith("SLURM_")})
     assert not_slurm.returncode == 2 and "SLURM_JOB_ID is not set" in not_slurm.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_without_privilege_the_two_host_test_says_why_it_skips(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "needs root" in (_netns.unavailable() or "")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "iproute2" in (_netns.unavailable() or "")

@@ -7,32 +7,29 @@ Credentials and endpoint come from the standard AWS environment variables, as th
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from storage import ArtifactStore
-from tests.conftest import TINY
+from tests.conftest import TINY, moto_server_path
 
 pytestmark = pytest.mark.slow
-MOTO = Path(sys.executable).with_name("moto_server")
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    if not MOTO.exists() and not shutil.which("moto_server"):
+    moto = moto_server_path()
+    if moto is None:
         pytest.skip("moto_server not installed (pip install 'moto[server]')")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(MOTO) if MOTO.exists() else "moto_server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

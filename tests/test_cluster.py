@@ -9,7 +9,7 @@ import pytest
 
 from storage import InputError
 from stages.train.cluster import Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint
-from stages.train.spec import check_same_artifacts
+from stages.train.spec import check_same_artifacts, code_digest, runtime_fingerprint
 
 
 def test_single_host_is_standalone():
@@ -106,3 +106,16 @@ def test_every_rank_must_train_on_the_same_builds():
     assert "node 1 (host1, rank 0) does not train on the artifacts of node 0 (host0, rank 1)" in msg
     assert "hotness: h1 build cc on node 0 vs h1 build dd on node 1" in msg and "\n" not in msg
     assert "partition:" not in msg and "features:" not in msg   # only what differs is named
+
+
+def test_nodes_on_other_code_are_told_apart(tmp_path):
+    for pkg in ("storage", "stages/train"):
+        (tmp_path / pkg).mkdir(parents=True)
+        (tmp_path / pkg / "m.py").write_text("X = 1\n")
+    before = code_digest(tmp_path)
+    assert code_digest(tmp_path) == before
+    (tmp_path / "stages/train/m.py").write_text("X = 2\n")
+    assert code_digest(tmp_path) != before
+    assert runtime_fingerprint().startswith(f"code {code_digest()}, torch ")
+    with pytest.raises(InputError, match="runtime: code aaa on node 0 vs code bbb on node 1"):
+        check_same_artifacts([_rec(0, 0, runtime="code aaa"), _rec(1, 1, runtime="code bbb")])

@@ -11,10 +11,13 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from storage.errors import InputError
-from storage.store import MANIFEST, ArtifactStore, Manifest
+from storage.store import MANIFEST, ArtifactStore, Manifest, library_versions
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -73,15 +76,31 @@ def check_world_size(world_size: int, num_partitions: int) -> None:
                          f"partition; launch {num_partitions} ranks or repartition into {world_size}")
 
 
+def code_digest(root: Path = _REPO) -> str:
+    """A digest of the Python sources that run a training job (``storage/`` and ``stages/``): nodes on other
+    commits could compute different things under the same keys, or disagree on a collective's protocol."""
+    h = hashlib.sha256()
+    for path in sorted(p for pkg in ("storage", "stages") for p in (root / pkg).rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def runtime_fingerprint() -> str:
+    """The code and the libraries whose versions must match across nodes (gloo/NCCL speak torch's protocol)."""
+    versions = library_versions()
+    return f"code {code_digest()}, torch {versions.get('torch', '?')}, python {versions['python']}"
+
+
 def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping[str, Manifest]) -> dict[str, str]:
-    """What a node trains on: the train key and, per input artifact, ``<key> build <digest>``.
+    """What a node trains on and with: the train key, per input artifact ``<key> build <digest>``, and the code
+    and library versions (``runtime_fingerprint``).
 
     The digest is the SHA-256 of the manifest file, which records the build's id, its files and their sizes. Two
     builds of the same key (say, partitioned separately on two machines, where METIS may cut differently) have
     different digests; a byte-for-byte copy of one build has the same one. Chunk contents are guarded by their
     crc32c on every read.
     """
-    out = {"train": train_key}
+    out = {"train": train_key, "runtime": runtime_fingerprint()}
     for name, manifest in sorted(upstream.items()):
         digest = hashlib.sha256(store.read_bytes(name, manifest["key"], MANIFEST)).hexdigest()[:16]
         out[name] = f"{manifest['key']} build {digest}"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import psutil
 import pytest
 
 from storage import InputError
-from stages.train.cluster import Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint
+from stages.train.cluster import Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint, usable_cpus
 from stages.train.spec import check_same_artifacts, code_digest, runtime_fingerprint
 
 
@@ -119,3 +120,8 @@ def test_nodes_on_other_code_are_told_apart(tmp_path):
     assert runtime_fingerprint().startswith(f"code {code_digest()}, torch ")
     with pytest.raises(InputError, match="runtime: code aaa on node 0 vs code bbb on node 1"):
         check_same_artifacts([_rec(0, 0, runtime="code aaa"), _rec(1, 1, runtime="code bbb")])
+
+
+def test_ranks_use_the_cpus_they_are_allowed(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})
+    assert usable_cpus() == 2

@@ -11,6 +11,7 @@ depends on it: every node keeps its own copy of the results and checkpoints (see
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 from collections.abc import Mapping
@@ -102,6 +103,15 @@ def bound_here(host: str) -> bool:
     resolved = {a for a in resolved if not ipaddress.ip_address(a.split("%")[0]).is_loopback}
     local = {addr.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for addr in addrs}
     return bool(resolved & local)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: a Slurm step, a cgroup cpuset or ``taskset`` limit them, and
+    ``os.cpu_count()`` (the whole machine) would oversubscribe the ones we have."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # not Linux
+        return os.cpu_count() or 1
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

@@ -34,7 +34,7 @@ class Params(BaseModel):
     timeout_s: float = Field(24 * 3600.0, gt=0)        # whole job; then every rank is stopped
     collective_timeout_s: float = Field(300.0, gt=0)   # a peer silent this long inside a collective fails the job
     host_memory_budget_bytes: int | None = Field(None, ge=0)  # per rank; None: half the available RAM; 0: Zarr
-    threads_per_rank: int | None = Field(None, ge=1)   # None: the host's CPUs / ranks
+    threads_per_rank: int | None = Field(None, ge=1)   # None: the CPUs this node may use / its ranks
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="before")

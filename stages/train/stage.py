@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
 from stages.meter import measure
 from stages.train.params import RUNTIME_FIELDS, Params
-from stages.train.cluster import Cluster
+from stages.train.cluster import Cluster, usable_cpus
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 
 NAME = "train"
@@ -90,7 +89,7 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
                          fingerprint=artifact_fingerprint(store, key, upstream))
         spec_path = ckpt_dir / "spec.json"
         spec.save(spec_path)
-        threads = params.threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+        threads = params.threads_per_rank or max(1, usable_cpus() // nproc)
         launch(str(spec_path), num_partitions, result_dir=str(result_dir), log=log, timeout_s=params.timeout_s,
                env={"OMP_NUM_THREADS": str(threads)}, cluster=cluster if cluster.multi_node else None)
         return json.loads((result_dir / METRICS).read_text()), result_dir

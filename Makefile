@@ -21,12 +21,13 @@ export PYTHONUNBUFFERED = 1
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: help venv pipeline stage status test clean clean-venv bench bench-peer server-up server-down deploy \
+.PHONY: help venv pipeline stage train status test clean clean-venv bench bench-peer server-up server-down deploy \
 	worker-up worker-down run-deployment
 
 help:
-	@echo "make pipeline            set up .venv if needed, run download → partition → features on the synthetic default"
+	@echo "make pipeline            set up .venv if needed, run download → partition → features → hotness → train"
 	@echo "make stage STAGE=name    rerun one stage, upstream taken from the cache"
+	@echo "make train ARGS='--nnodes 2 --node-rank 0 --rdzv HOST:29400'   this machine's share of a multi-node job"
 	@echo "make status              each stage's key, cache state and summary"
 	@echo "make test                run the test suite"
 	@echo "make clean               delete $(ARTIFACTS) and the Prefect cache records"
@@ -48,8 +49,11 @@ pipeline: $(STAMP)
 	$(BIN)/gnnpipe run --artifacts $(ARTIFACTS) $(ARGS)
 
 stage: $(STAMP)
-	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|partition|features>"; exit 2; }
+	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|partition|features|hotness|train>"; exit 2; }
 	$(BIN)/gnnpipe stage $(STAGE) --artifacts $(ARTIFACTS) $(ARGS)
+
+train: $(STAMP)
+	$(BIN)/gnnpipe train --artifacts $(ARTIFACTS) $(ARGS)
 
 status: $(STAMP)
 	$(BIN)/gnnpipe status --artifacts $(ARTIFACTS) $(ARGS)

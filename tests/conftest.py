@@ -51,7 +51,8 @@ def build_without_prefect(cfg_values: dict[str, Any]) -> tuple[Any, dict[str, An
 
 def cli_env(api_url: str | None = None) -> dict[str, str]:
     """Environment for a ``gnnpipe`` subprocess: same interpreter, optionally the session's Prefect server."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    # ARTIFACTS (exported by the Makefile) would override the artifact root of a test's config file
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "ARTIFACTS"}
     if api_url:
         env["PREFECT_API_URL"] = api_url
     env["PYTHONUNBUFFERED"] = "1"

@@ -32,6 +32,7 @@ from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env, 
 pytestmark = pytest.mark.slow
 CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
 JOB_TIMEOUT_S = 240
+JOIN = ["--join-timeout", "60"]   # a node that fails before joining must not keep the other waiting for 10 minutes
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]
     with _netns.two_hosts() as net, artifact_root(job, net) as root:
         rdzv = f"{net.addr[0]}:29400"
         commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
-                     "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv, "--local-addr", net.addr[i]]
+                     "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv, "--local-addr", net.addr[i], *JOIN]
                     for i in (0, 1)]
         results = run_nodes(commands, [{**root.env, "GLOO_SOCKET_IFNAME": net.ifname[i]} for i in (0, 1)])
         crossed = [net.rx_bytes(i) for i in (0, 1)]
@@ -199,7 +200,7 @@ def _slurm_env(node: int) -> dict[str, str]:
 
 def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[str, Any]):
     port = str(_free_port())
-    commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--slurm", "--port", port]] * 2
+    commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--slurm", "--port", port, *JOIN]] * 2
     start = time.monotonic()
     # whichever node hosts rank 1 loses it at the start of epoch 2, as a crashed machine would
     results = run_nodes(commands, [{**_slurm_env(i), "GNNPIPE_TRAIN_FAULT": "1:1:0"} for i in (0, 1)])
@@ -227,7 +228,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
 def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) -> list[subprocess.CompletedProcess]:
     rdzv = f"127.0.0.1:{_free_port()}"
     return run_nodes([[*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv,
-                       *extra[i]] for i in (0, 1)], [{}, {}])
+                       *JOIN, *extra[i]] for i in (0, 1)], [{}, {}])
 
 
 def _last_error_lines(results: list[subprocess.CompletedProcess]) -> list[str]:

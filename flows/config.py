@@ -56,7 +56,7 @@ class PipelineConfig(BaseModel):
     epochs: int = _TR.epochs
     lr: float = _TR.lr
     dropout: float = _TR.dropout
-    cache_policy: Literal["hotness", "hotness-remote", "degree", "none"] = _TR.cache_policy
+    cache_policy: Literal["auto", "hotness", "hotness-remote", "degree", "none"] = _TR.cache_policy
     train_timeout_s: float = _TR.timeout_s
     host_memory_budget_bytes: int | None = _TR.host_memory_budget_bytes
     device: Literal["auto", "cpu", "cuda"] = _TR.device

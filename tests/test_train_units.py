@@ -109,3 +109,11 @@ def test_checkpoints_are_atomic_pruned_and_fall_back(tmp_path):
     list_checkpoints(tmp_path)[-1][1].write_bytes(b"truncated by a disk error")
     assert load_latest_checkpoint(tmp_path)["epoch"] == 2
     assert load_latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_auto_cache_policy_caches_what_saves_work_on_the_device():
+    from stages.train.cache_policy import resolve_policy
+
+    assert resolve_policy("auto", "cuda") == "hotness"       # own rows still save a host→device copy
+    assert resolve_policy("auto", "cpu") == "hotness-remote"  # own rows are in RAM already
+    assert resolve_policy("degree", "cpu") == "degree"

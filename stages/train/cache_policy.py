@@ -7,6 +7,8 @@
   lookups than a degree cache of the same size; see benchmarks/bench_train.py).
 - ``degree``: the same number of rows, ranked by global in-degree (the usual baseline; equal budget).
 - ``none``: nothing; every row comes from the store or its owner.
+- ``auto`` (the default): ``hotness`` on a GPU, where a cached own row still saves a host→device copy, and
+  ``hotness-remote`` on a CPU rank, where only remote rows are worth a cache slot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from storage.zarr_io import open_group, read_array
 from stages.hotness.plan import degree_order
 
 POLICIES = ("hotness", "hotness-remote", "degree", "none")
+
+
+def resolve_policy(policy: str, device_type: str) -> str:
+    """The concrete policy a rank on ``device_type`` ("cpu", "cuda") applies for ``policy`` (``auto`` or one of
+    POLICIES)."""
+    if policy == "auto":
+        return "hotness" if device_type == "cuda" else "hotness-remote"
+    return policy
 
 
 def global_in_degree(store: ArtifactStore, partition_key: str, num_partitions: int) -> np.ndarray:

@@ -29,7 +29,8 @@ class Params(BaseModel):
     gat_heads: int = Field(4, ge=1)
     seed: int = Field(0, ge=0)
     use_cache: bool = True                     # False is cache_policy "none"
-    cache_policy: Literal["hotness", "hotness-remote", "degree", "none"] = "hotness"
+    # auto: hotness on a GPU, hotness-remote on a CPU rank (stages.train.cache_policy)
+    cache_policy: Literal["auto", "hotness", "hotness-remote", "degree", "none"] = "auto"
     # runtime only (RUNTIME_FIELDS)
     timeout_s: float = Field(24 * 3600.0, gt=0)        # whole job; then every rank is stopped
     collective_timeout_s: float = Field(300.0, gt=0)   # a peer silent this long inside a collective fails the job

@@ -42,7 +42,7 @@ from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, comm_device, equal_batch_count, iter_equal_seed_batches
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.sampler import LocalCSR
-from stages.train.cache_policy import cache_gids
+from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.cluster import usable_cpus
 from stages.train.loop import ogb_accuracy_counts, predict, train_epoch
 from stages.train.model import build_model
@@ -101,7 +101,8 @@ class Rank:
                                      ranks_on_host=local_world, pin=device.type == "cuda")
         self.features = DistFeatures(x_store, bounds, device=device)
         start = time.perf_counter()
-        gid = cache_gids(params.cache_policy, store=store, partition_key=spec.partition_key,
+        self.cache_policy = resolve_policy(params.cache_policy, device.type)
+        gid = cache_gids(self.cache_policy, store=store, partition_key=spec.partition_key,
                          hotness_key=spec.hotness_key, rank=rank, num_partitions=spec.num_partitions)
         cache = self.features.build_cache(torch.from_numpy(gid))
         self.setup = {"rank": rank, "feature_store": x_store.kind, "cache_rows": cache.num_rows,
@@ -268,7 +269,7 @@ def fit(r: Rank) -> dict[str, Any]:
             "model": {"kind": params.model, "in_channels": r.features.num_features, "hidden": params.hidden,
                       "out_channels": r.num_classes, "num_layers": params.num_layers,
                       "parameters": sum(p.numel() for p in r.model.parameters())},
-            "cache_policy": params.cache_policy, "device": str(r.device), "backend": dist.get_backend()}
+            "cache_policy": r.cache_policy, "device": str(r.device), "backend": dist.get_backend()}
 
 
 def pick_device(params: Params, local_rank: int, local_world: int) -> torch.device:

@@ -218,7 +218,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     summary = job["store"].load("train", job["key"])["summary"]
     assert summary["resumed_from_epoch"] == 0 and summary["nodes"] == 2
     assert len(summary["epochs"]) == CONFIG["epochs"]
-    assert not (job["root"] / ".checkpoints" / f"train-{job['key']}" / "node-0").exists()
+    assert not (job["root"] / ".checkpoints" / f"train-{job['key']}").exists(), "both nodes clean up"
     # resumed on two nodes = uninterrupted on one: every rank's RNG state travels in the checkpoint
     uninterrupted = train_on_one_host(job)
     assert uninterrupted["resumed_from_epoch"] is None

@@ -4,6 +4,10 @@ Contract: partition + features + hotness manifests + params → artifact ``train
 ``metrics.json``, ``curves.png`` and ``hit_rate.png`` (format in ``storage.train``). The job runs in a torchrun
 subprocess (``stages.train.launcher``); checkpoints live in ``<artifacts>/.checkpoints/train-<key>/`` so that a
 killed or timed-out attempt resumes on the next one, and are removed once the artifact is published.
+
+Across machines (``cluster``, from ``gnnpipe train --nnodes/--rdzv`` or Slurm) every node runs this with the
+same params: each launches its share of the ranks, keeps its checkpoints under ``node-<n>/``, and node 0
+publishes the artifact.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
             log(f"train/{key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
             return None
         train_job()
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        _remove_checkpoints(ckpt_dir, cluster)
         log(f"node {cluster.node_rank}: the job finished; node 0 publishes train/{key}")
         return None
 
@@ -116,8 +120,17 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
         writer.summary.update(cost)
 
     manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
-    shutil.rmtree(ckpt_dir, ignore_errors=True)   # published: nothing left to resume
+    _remove_checkpoints(ckpt_dir, cluster)   # published: nothing left to resume
     return manifest
+
+
+def _remove_checkpoints(ckpt_dir: Path, cluster: Cluster) -> None:
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if cluster.multi_node:
+        try:   # train-<key>/ itself, once the last node's directory is gone (a shared file system)
+            ckpt_dir.parent.rmdir()
+        except OSError:
+            pass
 
 
 def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[str, Any]:

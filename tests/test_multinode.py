@@ -93,7 +93,7 @@ def _describe(results: list[subprocess.CompletedProcess]) -> str:
                      for i, r in enumerate(results))
 
 
-def _no_worker_left(root: Path) -> list[int]:
+def _workers_left(root: Path) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"])
             if "stages.train.worker" in " ".join(p.info["cmdline"] or []) and str(root) in " ".join(
                 p.info["cmdline"] or [])]
@@ -210,7 +210,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     assert any("rank 1 was killed by SIGKILL" in e for e in errors), errors
     assert all(e.startswith("error: training failed: rank ") for e in errors), errors
     assert elapsed < 120, f"took {elapsed:.0f} s to notice a dead node"
-    assert not _no_worker_left(job["root"])
+    assert not _workers_left(job["root"])
     assert job["store"].find("train", job["key"]) is None
 
     rerun = run_nodes(commands, [_slurm_env(i) for i in (0, 1)])
@@ -234,6 +234,38 @@ def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) ->
 def _last_error_lines(results: list[subprocess.CompletedProcess]) -> list[str]:
     assert [r.returncode for r in results] == [2, 2], _describe(results)
     return [r.stderr.strip().splitlines()[-1] for r in results]
+
+
+def test_the_other_node_fails_fast_when_a_whole_node_is_killed(job: dict[str, Any], tmp_path: Path):
+    """Node 0 (the rendezvous server, its torchrun and its ranks) vanishes at once, as a machine losing power
+    would, while its connections are closed by the kernel: node 1 must stop by itself, quickly."""
+    rdzv = f"127.0.0.1:{_free_port()}"
+    logs = [tmp_path / f"node{i}.log" for i in (0, 1)]
+    procs = []
+    for i in (0, 1):
+        with open(logs[i], "w") as out:
+            procs.append(subprocess.Popen([*GNNPIPE, "train", "-c", job["cfg"], "--set", "epochs=500", "--nnodes",
+                                           "2", "--node-rank", str(i), "--rdzv", rdzv, *JOIN], cwd=REPO,
+                                          env=cli_env(), stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not any("epoch 2/500" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and procs[1].poll() is None, logs[1].read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        procs[1].wait(timeout=120)
+        noticed = time.monotonic() - killed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    last = logs[1].read_text().strip().splitlines()[-1]
+    assert procs[1].returncode != 0 and last.startswith("error: training failed: rank "), last
+    assert noticed < 60, f"node 1 took {noticed:.0f} s to notice"
+    assert not _workers_left(job["root"])
 
 
 def test_a_node_with_its_own_build_of_a_stage_refuses_to_start(job: dict[str, Any], tmp_path: Path):

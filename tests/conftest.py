@@ -62,6 +62,10 @@ def cli_env(api_url: str | None = None) -> dict[str, str]:
 GNNPIPE = [sys.executable, "-m", "flows.cli"]
 
 
+# Credentials a local moto server accepts, in the standard AWS variables (the endpoint is added per server).
+MOTO_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 def moto_server_path() -> str | None:
     """moto's S3-compatible server (the ``moto[server]`` dev extra): beside this interpreter, or on PATH."""
     beside = Path(sys.executable).with_name("moto_server")

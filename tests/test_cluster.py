@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from storage import InputError
-from stages.train.cluster import Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint, usable_cpus
+from stages.train.cluster import (Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint, rank_threads,
+                                  usable_cpus)
 from stages.train.spec import check_same_artifacts, code_digest, runtime_fingerprint
 
 
@@ -125,3 +126,5 @@ def test_nodes_on_other_code_are_told_apart(tmp_path):
 def test_ranks_use_the_cpus_they_are_allowed(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})
     assert usable_cpus() == 2
+    assert rank_threads(None, 2) == 1 and rank_threads(None, 4) == 1   # never below one thread
+    assert rank_threads(3, 2) == 3                                      # an explicit setting wins

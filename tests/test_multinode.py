@@ -27,7 +27,7 @@ import yaml
 from flows.config import STAGES, make_config
 from storage import ArtifactStore
 from tests import _netns
-from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env, moto_server_path
+from tests.conftest import GNNPIPE, MOTO_ENV, REPO, TINY, build_without_prefect, cli_env, moto_server_path
 
 pytestmark = pytest.mark.slow
 CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
@@ -148,8 +148,7 @@ def s3_bucket_on_host_a(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[R
     moto = moto_server_path()
     if moto is None:
         pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{net.addr[0]}:9000"}
+    env = {**MOTO_ENV, "AWS_ENDPOINT_URL": f"http://{net.addr[0]}:9000"}
     server = subprocess.Popen([*net.exec_prefix(0), moto, "-H", net.addr[0], "-p", "9000"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from storage import ArtifactStore
-from tests.conftest import TINY, moto_server_path
+from tests.conftest import MOTO_ENV, TINY, moto_server_path
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +39,8 @@ def s3_endpoint():
                 break
             except OSError:
                 time.sleep(0.1)
-        saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                                 "AWS_ENDPOINT_URL")}
-        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                          AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=url)
+        saved = {k: os.environ.get(k) for k in (*MOTO_ENV, "AWS_ENDPOINT_URL")}
+        os.environ.update(**MOTO_ENV, AWS_ENDPOINT_URL=url)
         import s3fs
 
         s3fs.S3FileSystem.clear_instance_cache()

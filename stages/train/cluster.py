@@ -105,6 +105,11 @@ def bound_here(host: str) -> bool:
     return bool(resolved & local)
 
 
+def rank_threads(threads_per_rank: int | None, ranks_on_node: int) -> int:
+    """Threads each rank uses: the explicit setting, else this node's usable CPUs shared among its ranks."""
+    return threads_per_rank or max(1, usable_cpus() // ranks_on_node)
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: a Slurm step, a cgroup cpuset or ``taskset`` limit them, and
     ``os.cpu_count()`` (the whole machine) would oversubscribe the ones we have."""

@@ -233,7 +233,7 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
     if timed_out:
         raise TrainingError(f"training timed out after {timeout_s:g} s and was stopped (checkpoints kept: rerun, "
                             f"or raise timeout_s, to resume)")
-    if proc.returncode != 0 and reader.rendezvous_timeout and cluster is not None:
+    if proc.returncode != 0 and reader.rendezvous_timeout and cluster is not None and cluster.multi_node:
         raise TrainingError(f"the other nodes did not join the rendezvous at {cluster.rdzv_endpoint} (id "
                             f"{cluster.rdzv_id}) within {cluster.join_timeout_s:g} s: start `gnnpipe train` on all "
                             f"{cluster.nnodes} nodes with the same --rdzv, and open that port between them")

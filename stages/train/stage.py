@@ -26,7 +26,7 @@ from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
 from stages.meter import measure
 from stages.train.params import RUNTIME_FIELDS, Params
-from stages.train.cluster import Cluster, usable_cpus
+from stages.train.cluster import Cluster, rank_threads
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 
 NAME = "train"
@@ -93,9 +93,8 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
                          fingerprint=artifact_fingerprint(store, key, upstream))
         spec_path = ckpt_dir / "spec.json"
         spec.save(spec_path)
-        threads = params.threads_per_rank or max(1, usable_cpus() // nproc)
         launch(str(spec_path), num_partitions, result_dir=str(result_dir), log=log, timeout_s=params.timeout_s,
-               env={"OMP_NUM_THREADS": str(threads)}, cluster=cluster if cluster.multi_node else None)
+               env={"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, nproc))}, cluster=cluster)
         return json.loads((result_dir / METRICS).read_text()), result_dir
 
     if not cluster.publishes:

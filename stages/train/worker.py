@@ -43,7 +43,7 @@ from stages.runtime.dist_sampler import DistNeighborSampler, comm_device, equal_
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.sampler import LocalCSR
 from stages.train.cache_policy import cache_gids, resolve_policy
-from stages.train.cluster import usable_cpus
+from stages.train.cluster import rank_threads
 from stages.train.loop import ogb_accuracy_counts, predict, train_epoch
 from stages.train.model import build_model
 from stages.train.params import Params
@@ -289,7 +289,7 @@ def pick_device(params: Params, local_rank: int, local_world: int) -> torch.devi
 def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: int) -> None:
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
-    torch.set_num_threads(params.threads_per_rank or max(1, usable_cpus() // local_world))
+    torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.collective_timeout_s))
     check_same_inputs(spec, rank, world)

@@ -1,4 +1,16 @@
-"""User-facing errors. Each carries one line that says what went wrong and what to do about it."""
+"""User-facing errors. Each carries one line that says what went wrong and what to do about it.
+
+Which layer raises what:
+
+- ``InputError`` where user input enters: the stages' Params (and the validators they call, such as
+  ``stages.runtime.fanouts``) and each ``stage.run``'s checks of them against its upstream, input files
+  (``stages.download``), the CLI and config, and the train worker's checks of its spec against the artifacts and
+  the cluster. The check runs there, before any library call needs it.
+- ``ArtifactError`` where a stored artifact is read and found missing, incomplete or corrupted.
+- Library code (``stages.runtime``, the partition compute in ``stages.partition``) assumes checked input and
+  raises plain ``ValueError`` / ``IndexError`` for a broken invariant: a caller's bug, shown with its traceback.
+  Where user input could reach such a check, the boundary above checks it first and raises ``InputError``.
+"""
 
 
 class GnnpipeError(Exception):

@@ -6,9 +6,10 @@ Every source (synthetic, OGB, files) goes through :func:`to_csr_incoming`, so th
 Memory matters more than elegance here: at ogbn-products scale the symmetrised edge list has ~124 M entries, so
 every temporary of that length costs ~1 GB. Each (dst, src) pair is encoded as one int64 key ``dst * N + src``:
 sorting the keys once orders edges by destination row and, within a row, by source, which is exactly CSR order;
-duplicates become adjacent equal keys. NumPy's in-place sort is used rather than ``torch.sort``: on this
-project's AVX-512 machines it measured faster (11.5 s vs 16 s for 120 M random keys) and needs no second buffer
-for values and permutation indices.
+duplicates become adjacent equal keys. NumPy's in-place sort is used rather than ``torch.sort``: on the benchmark
+machine of ``benchmarks/RESULTS.md`` (2 vCPUs with AVX-512, which NumPy's sort uses) it measured faster (11.5 s vs
+16 s for 120 M random keys, the edge count of the products-scale graph there) and needs no second buffer for
+values and permutation indices.
 """
 
 from __future__ import annotations

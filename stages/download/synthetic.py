@@ -18,8 +18,9 @@ The model is a degree-corrected stochastic block model (Chung-Lu style, with com
 Weight-proportional endpoints come from an "urn": ``np.repeat(node, stubs)`` lists each node as often as it emits
 edges, and the urn is sorted by community, so a uniform position in the whole urn (or in one community's segment)
 is a weight-proportional node (of that community). That costs one random gather per edge; a ``searchsorted`` on a
-weight cumsum costs ~0.7 µs per query on this 2-core machine (cache misses), over a minute at products scale, and
-pairing shuffled stubs (a configuration model) ~15 s.
+weight cumsum costs ~0.7 µs per query (cache misses) on the 2-vCPU benchmark machine of ``benchmarks/RESULTS.md``,
+over a minute at products scale, and pairing shuffled stubs (a configuration model) ~15 s; the whole download
+stage takes 31.3 s there (RESULTS.md [1/5], row "download").
 
 Generation happens in a node order where communities are contiguous; a random relabelling at the end hides that
 order, because node ids that reveal the community would leak labels and make id-range partitioning unrealistically
@@ -29,11 +30,11 @@ good.
 from __future__ import annotations
 
 import numpy as np
-from storage.progress import progress as tqdm
 
 from stages.download.canonical import to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
+from storage.progress import progress as tqdm
 
 PARETO_ALPHA = 2.2          # tail exponent of the node weights θ (degree ccdf ~ k^-2.2, products-like heavy tail)
 COMMUNITIES_PER_CLASS = 4   # classes are unions of communities, so class regions are multi-modal in feature space
@@ -193,7 +194,7 @@ def _expected_degrees(rng: np.random.Generator, comm: np.ndarray, comm_sizes: np
     Without a cap the heaviest nodes would ask for more distinct neighbours than their community (or the graph)
     has, and dropping the resulting repeated pairs would undershoot ``avg_degree``.
     """
-    n = comm.shape[0]
+    n = int(comm.shape[0])  # int(): a shape entry is typed Any, which picks rng.pareto's scalar overload for mypy
     theta = 1.0 + rng.pareto(PARETO_ALPHA, n)
     cap_intra = comm_sizes[comm] / (2.0 * P_INTRA)  # intra-community degree at most ~half the community
     cap = np.minimum(cap_intra, np.sqrt(n * avg_degree))  # Chung-Lu structural cutoff: hub pairs stay below 1 edge
@@ -229,7 +230,7 @@ def _draw_positions(rng: np.random.Generator, comm: np.ndarray, seg: np.ndarray,
 def _labels(rng: np.random.Generator, clean: np.ndarray, num_classes: int) -> np.ndarray:
     """Community class, replaced by a uniformly random class with probability LABEL_NOISE."""
     y = clean.astype(np.int64, copy=True)
-    noisy = rng.random(y.shape[0]) < LABEL_NOISE
+    noisy = rng.random(int(y.shape[0])) < LABEL_NOISE  # int(): as in _expected_degrees, so mypy sees an array
     y[noisy] = rng.integers(0, num_classes, int(noisy.sum()))
     return y
 

@@ -4,25 +4,20 @@ Why sparsify: pymetis 2025.2.2 is built with 64-bit ``idx_t`` and METIS keeps se
 (plus the unit edge weights it allocates itself), so METIS on a 2.4 M-node / 120 M-entry graph peaked at 14 GB RSS.
 Each undirected edge {u, v} is kept with probability ``min(1, k / min(deg u, deg v))`` (every node keeps about k of
 its edges, hub-hub edges mostly go) and weighted by ~``1 / probability``, so the weighted cut estimates the real
-one; the balance repair and refinement that follow work on the whole adjacency. Measured on
-``generate_synthetic(2_400_000, 50, ...)``, 2 parts, final cut after repair (peak RSS incl. the 0.9 GB graph):
+one; the balance repair and refinement that follow work on the whole adjacency.
 
-    METIS entries   2^23 (3.5/node)   2^23.5     2^24 (7/node)        2^25       2^26
-    cut             0.235             0.126      0.126-0.135 (seeds)  0.127      0.126
-    METIS time      12 s              10 s       12-22 s              38 s       73 s
-    peak RSS        2.0 GB            2.5 GB     3.2 GB               5.3 GB     9.3 GB
-
-Below ~5 kept entries per node METIS falls apart, above 2^24 it only costs memory: the budget is
-``max(2^24, 7 * N)``.
+Measured on ``generate_synthetic(2_400_000, 50, ...)`` with 2 parts (benchmarks/RESULTS.md, [1/5] "METIS input
+budget"): below ~5 kept entries per node METIS falls apart (2^23 entries, 3.5 per node: cut 0.235), above 2^24 it
+only costs memory and time (2^24, 7 per node: cut 0.126-0.135, peak 3.2 GB; 2^26: cut 0.126, peak 9.3 GB). Hence
+the budget ``max(2^24, 7 * N)``.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from stages.partition.csr_ops import chunk_rows, degrees, row_chunks
-from storage.errors import InputError
 
-# METIS gets at most max(METIS_EDGE_BUDGET, METIS_ENTRIES_PER_NODE * N) CSR entries (see the table above).
+# METIS gets at most max(METIS_EDGE_BUDGET, METIS_ENTRIES_PER_NODE * N) CSR entries (see the module docstring).
 METIS_EDGE_BUDGET = 1 << 24
 METIS_ENTRIES_PER_NODE = 7
 
@@ -62,7 +57,7 @@ def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, *, directed: bo
     # Necessary condition for symmetry, one bincount: each node is a source as often as it is a target.
     # METIS assumes symmetry without checking; an asymmetric input can crash it or be mispartitioned silently.
     if not np.array_equal(np.bincount(indices, minlength=num_nodes), degrees(indptr)):
-        raise InputError("the graph is marked undirected but its CSR is not symmetric; "
+        raise ValueError("the graph is marked undirected but its CSR is not symmetric; "
                          "mark it directed (or symmetrise it) in the download stage")
     num_loops = 0
     for r0, r1 in row_chunks(indptr):

@@ -19,30 +19,32 @@ import time
 from typing import Any
 
 import numpy as np
-from storage.progress import progress as tqdm
 
+from stages.choices import PARTITION_METHODS
 from stages.partition.adjacency import sparsify, symmetric_adjacency
 from stages.partition.balance import DEFAULT_TOLERANCE, rebalance
 from stages.partition.csr_ops import degrees
-from storage.errors import InputError
-
-METHODS = ("metis", "random")
+from storage.progress import progress as tqdm
 
 
 def check_inputs(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray, num_parts: int,
                  method: str) -> int:
-    """Validate the user-facing parameters; returns the number of nodes."""
+    """Check the arguments; returns the number of nodes.
+
+    The partition stage's Params and ``run`` reject bad user values before they get here, and the arrays come from
+    ``graph.zarr``: a failure is a broken invariant (ValueError), not a user error.
+    """
     num_nodes = int(np.asarray(indptr).shape[0] - 1)
-    if method not in METHODS:
-        raise InputError(f"unknown partition method '{method}'; choose one of: {', '.join(METHODS)}")
+    if method not in PARTITION_METHODS:
+        raise ValueError(f"unknown partition method '{method}'; choose one of: {', '.join(PARTITION_METHODS)}")
     if not 1 <= num_parts <= max(num_nodes, 1):
-        raise InputError(f"num_partitions={num_parts} is out of range for a graph of {num_nodes} nodes; "
+        raise ValueError(f"num_partitions={num_parts} is out of range for a graph of {num_nodes} nodes; "
                          f"choose 1..{num_nodes}")
     if np.asarray(train_mask).shape != (num_nodes,):
-        raise InputError(f"train mask has shape {np.asarray(train_mask).shape}, expected ({num_nodes},); "
+        raise ValueError(f"train mask has shape {np.asarray(train_mask).shape}, expected ({num_nodes},); "
                          f"rerun the download stage")
     if int(np.asarray(indptr)[-1]) != int(np.asarray(indices).shape[0]):
-        raise InputError(f"CSR indptr ends at {int(np.asarray(indptr)[-1])} but there are "
+        raise ValueError(f"CSR indptr ends at {int(np.asarray(indptr)[-1])} but there are "
                          f"{int(np.asarray(indices).shape[0])} indices; rerun the download stage")
     return num_nodes
 
@@ -83,11 +85,14 @@ def run_metis(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweights:
 
     idx = np.dtype(pymetis.zero_copy_dtype()) if hasattr(pymetis, "zero_copy_dtype") else np.dtype(np.int64)
 
-    def as_idx(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.ascontiguousarray(a, dtype=idx)
+    def as_idx(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=idx)
+
+    def as_opt_idx(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else as_idx(a)
 
     # k-way, not pymetis's default recursive bisection for <= 8 parts: one code path for every P, faster for P > 2
-    kwargs: dict[str, Any] = {"vweights": as_idx(vweights), "eweights": as_idx(eweights), "recursive": False}
+    kwargs: dict[str, Any] = {"vweights": as_opt_idx(vweights), "eweights": as_opt_idx(eweights), "recursive": False}
     if "warn_on_copies" in inspect.signature(pymetis.part_graph).parameters:
         kwargs["warn_on_copies"] = True  # a copy at products scale is GBs of Python ints: make it visible
     try:

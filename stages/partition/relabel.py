@@ -79,7 +79,8 @@ def _sort_rows(sub_indptr: np.ndarray, nbr_gid: np.ndarray, bounds: np.ndarray) 
 
     Within a part, gids follow orig order, so each row is already P sorted runs (one per part) interleaved, and
     a sorted row is just its part-0 entries, then its part-1 entries, ...: a stable scatter, P cheap passes
-    (a sort of (row, gid) keys measured ~8 s per 60 M entries on this machine). Many parts: the plain sort.
+    (a sort of (row, gid) keys measured ~8 s per 60 M entries on the benchmark machine of benchmarks/RESULTS.md,
+    where the whole partition stage takes 30.7 s: [1/5], row "partition", 2 parts). Many parts: the plain sort.
     """
     num_parts = int(bounds.shape[0] - 1)
     num_rows = int(sub_indptr.shape[0] - 1)
@@ -111,12 +112,3 @@ def _sort_by_row_and_gid(rows: np.ndarray, nbr_gid: np.ndarray, num_nodes: int) 
     key.sort()
     key -= rows * num_nodes  # the sort keeps rows grouped and in order, so ``rows`` still matches
     return key
-
-
-def concat_parts(parts: list[PartCSR]) -> tuple[np.ndarray, np.ndarray]:
-    """The whole graph's CSR in gid order from all its parts (tests and small graphs only: it is the full graph)."""
-    parts = sorted(parts, key=lambda c: c.part)
-    offsets = np.cumsum([0] + [int(c.indptr[-1]) for c in parts])
-    gid_indptr = np.concatenate([[0]] + [c.indptr[1:] + off for c, off in zip(parts, offsets)]).astype(np.int64)
-    gid_indices = np.concatenate([c.indices for c in parts]) if parts else np.zeros(0, dtype=np.int64)
-    return gid_indptr, gid_indices

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.dist_sampler import comm_device
+from stages.runtime.collectives import all_to_all, comm_device
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore
 
@@ -44,15 +44,6 @@ class FeatureCounters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-def _all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group: dist.ProcessGroup | None,
-                device: torch.device) -> Tensor:
-    """``all_to_all_single`` along dim 0 with variable splits, on the collective's ``device``, dtype kept."""
-    send = send.to(device).contiguous()
-    recv = torch.empty((sum(recv_split), *send.shape[1:]), dtype=send.dtype, device=device)
-    dist.all_to_all_single(recv, send, recv_split, send_split, group=group)
-    return recv
 
 
 class DistFeatures:
@@ -94,9 +85,6 @@ class DistFeatures:
         """The counters so far; counting restarts from zero."""
         done, self.counters = self.counters, FeatureCounters()
         return done
-
-    def set_cache(self, cache: FeatureCache) -> None:
-        self.cache = cache
 
     def build_cache(self, gid: Tensor, chunk_rows: int = 1 << 16) -> FeatureCache:
         """Load the rows of ``gid`` into the device cache, chunk by chunk (bounded temporaries), and use it.
@@ -157,12 +145,13 @@ class DistFeatures:
         req_gid = gid.index_select(0, req_pos)
         req_split = torch.bincount(remote_owner, minlength=self.world_size).tolist()
         ones = [1] * self.world_size
-        got_split = _all_to_all(torch.tensor(req_split, dtype=torch.long), ones, ones, self.group,
-                                self._comm_device).tolist()
-        got_gid = _all_to_all(req_gid.to(self._wire_dtype), req_split, got_split, self.group, self._comm_device)
-        answer = self._host_rows(got_gid.to(device=self.device, dtype=torch.long) - self.lo)
-        rows = _all_to_all(answer, got_split, req_split, self.group, self._comm_device)
-        out.index_copy_(0, out_pos.index_select(0, req_pos), rows.to(self.device))
+        # counts travel as int64, gids as _wire_dtype, rows in the store's dtype; answers land on self.device
+        got_split = all_to_all(torch.tensor(req_split, dtype=torch.long), ones, ones, self.group,
+                               self._comm_device).tolist()
+        got_gid = all_to_all(req_gid, req_split, got_split, self.group, self._comm_device, self._wire_dtype)
+        answer = self._host_rows(got_gid - self.lo)
+        rows = all_to_all(answer, got_split, req_split, self.group, self._comm_device)
+        out.index_copy_(0, out_pos.index_select(0, req_pos), rows)
         return int(local_pos.numel()), int(req_pos.numel())
 
     def _host_rows(self, lid: Tensor) -> Tensor:

@@ -26,25 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from storage.errors import InputError
-from stages.runtime.sampler import (LocalCSR, MultiHopSampler, repeat_positions, sample_neighbors_with_counts,
-                                    shuffled)
-
-
-def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """Where tensors handed to this group's collectives must live: the current CUDA device for nccl, else CPU."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _exchange(send: Tensor, send_split: list[int], recv_split: list[int], group: dist.ProcessGroup | None,
-              device: torch.device, wire_dtype: torch.dtype) -> Tensor:
-    """``all_to_all_single`` with variable split sizes, run on ``device`` and answered as int64 on ``send``'s
-    device. ``wire_dtype`` int32 halves the bytes moved (on gloo, CPU time in the TCP transport) when ids fit."""
-    recv = torch.empty(sum(recv_split), dtype=wire_dtype, device=device)
-    dist.all_to_all_single(recv, send.to(device=device, dtype=wire_dtype), recv_split, send_split, group=group)
-    return recv.to(device=send.device, dtype=torch.long)
+from stages.runtime.collectives import all_to_all, comm_device
+from stages.runtime.sampler import LocalCSR, MultiHopSampler, repeat_positions, sample_neighbors_with_counts, shuffled
 
 
 def _split_totals(count: Tensor, split: list[int]) -> list[int]:
@@ -71,11 +54,11 @@ class DistNeighborSampler(MultiHopSampler):
         self.world_size = dist.get_world_size(group)
         bounds_gid = torch.as_tensor(np.asarray(bounds, dtype=np.int64)).to(csr_local.device)
         if bounds_gid.numel() != self.world_size + 1:
-            raise InputError(f"{bounds_gid.numel() - 1} partitions for {self.world_size} ranks: "
+            raise ValueError(f"{bounds_gid.numel() - 1} partitions for {self.world_size} ranks: "
                              f"run one rank per partition")
         own_lo, own_hi = int(bounds_gid[self.rank]), int(bounds_gid[self.rank + 1])
         if (csr_local.start_gid, csr_local.end_gid) != (own_lo, own_hi):
-            raise InputError(f"rank {self.rank} holds gids [{csr_local.start_gid}, {csr_local.end_gid}) but "
+            raise ValueError(f"rank {self.rank} holds gids [{csr_local.start_gid}, {csr_local.end_gid}) but "
                              f"bounds give it [{own_lo}, {own_hi}); load part-{self.rank}")
         super().__init__(int(bounds_gid[-1]), fanouts, csr_local.device, replace=replace, generator=generator,
                          node_map=node_map)
@@ -89,7 +72,7 @@ class DistNeighborSampler(MultiHopSampler):
         world = self.world_size
 
         def exchange(send: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
-            return _exchange(send, send_split, recv_split, self.group, self._comm_device, self._wire_dtype)
+            return all_to_all(send, send_split, recv_split, self.group, self._comm_device, self._wire_dtype)
 
         owner_part = torch.searchsorted(self.bounds_gid, frontier_gid, right=True) - 1
         req_row_pos = torch.argsort(owner_part, stable=True)   # frontier position of each request, by owner
@@ -112,7 +95,7 @@ class DistNeighborSampler(MultiHopSampler):
 def equal_batch_count(num_local_seeds: int, batch_size: int, group: dist.ProcessGroup | None = None) -> int:
     """Batches per epoch that every rank runs: the largest ``ceil(num_local_seeds / batch_size)`` (a collective)."""
     if batch_size <= 0:
-        raise InputError(f"batch size must be positive, got {batch_size}")
+        raise ValueError(f"batch size must be positive, got {batch_size}")
     num_batches = torch.tensor([math.ceil(num_local_seeds / batch_size)], dtype=torch.long,
                                device=comm_device(group))
     dist.all_reduce(num_batches, op=dist.ReduceOp.MAX, group=group)

@@ -1,4 +1,8 @@
-"""Fanout validation, kept free of torch/PyG imports so configs validate in milliseconds (``gnnpipe status``)."""
+"""Fanout validation, kept free of torch/PyG imports so configs validate in milliseconds (``gnnpipe status``).
+
+The stages' Params validate their fanouts here, so a bad fanout is an ``InputError`` (user input), also when the
+samplers re-check the fanouts they are given.
+"""
 
 from __future__ import annotations
 

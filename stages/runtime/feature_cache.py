@@ -1,14 +1,12 @@
 """The device feature cache: rows of a fixed set of gids (local and remote), loaded once, looked up by gid.
 
 Mechanism only: *which* gids to cache is the cache policy's business (``stages.train.cache_policy``: the hotness
-plan, a degree ranking, or nothing). The cache keeps its gids sorted and answers a lookup with ``searchsorted``:
-memory proportional to the cache, no per-node table over all N gids (DESIGN.md §3), and the same torch ops on CPU
-and CUDA.
+plan, a degree ranking, or nothing); ``DistFeatures.build_cache`` fetches the rows. The cache keeps its gids sorted
+and answers a lookup with ``searchsorted``: memory proportional to the cache, no per-node table over all N gids
+(docs/design.md §5), and the same torch ops on CPU and CUDA.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -30,16 +28,6 @@ class FeatureCache:
         return cls(torch.empty(0, dtype=torch.long, device=device),
                    torch.empty((0, num_features), dtype=dtype, device=device))
 
-    @classmethod
-    def build(cls, gid: Tensor, fetch_rows: Callable[[Tensor], Tensor], device: torch.device) -> FeatureCache:
-        """Cache the rows of ``gid`` (any order, repeats dropped), read through ``fetch_rows(sorted_gid)``.
-
-        ``fetch_rows`` may be a collective (remote rows come from their owners): every rank must call ``build``.
-        """
-        gid_sorted = torch.unique(gid.to(device=device, dtype=torch.long))
-        rows = fetch_rows(gid_sorted).to(device)
-        return cls(gid_sorted, rows)
-
     @property
     def num_rows(self) -> int:
         return int(self.gid_sorted.numel())
@@ -47,10 +35,6 @@ class FeatureCache:
     @property
     def nbytes(self) -> int:
         return int(self.rows.numel() * self.rows.element_size())
-
-    @property
-    def device(self) -> torch.device:
-        return self.rows.device
 
     def lookup(self, gid: Tensor) -> tuple[Tensor, Tensor]:
         """``(hit, slot)``: whether each gid is cached and, where it is, its row in ``rows`` (else 0)."""

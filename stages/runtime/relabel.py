@@ -11,10 +11,10 @@ hands the map the sampled neighbour gids (candidates, with repeats) and gets bac
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor
-
-from storage.errors import InputError
 
 _SENTINEL = torch.iinfo(torch.int32).max  # "not in this batch"; also the identity of the amin below
 _DENSE_TABLE_MAX_BYTES = 1 << 30
@@ -41,18 +41,19 @@ def unique_first_occurrence(gid: Tensor) -> tuple[Tensor, Tensor]:
     return sorted_gid[is_head][order], inverse
 
 
-class NodeMap:
+class NodeMap(ABC):
     """Positions of the gids seen so far in the current batch; ``start`` begins a batch."""
 
     num_known: int = 0
 
+    @abstractmethod
     def start(self, seed_gid: Tensor) -> None:
-        raise NotImplementedError
+        """Begin a batch whose ``n_id`` starts with ``seed_gid`` (unique gids), forgetting the previous batch."""
 
+    @abstractmethod
     def add(self, cand_gid: Tensor) -> tuple[Tensor, Tensor]:
         """Returns ``(cand_pos, new_gid)``: each candidate's position (int32 or int64) and the new gids in
         first-occurrence order."""
-        raise NotImplementedError
 
 
 class DenseNodeMap(NodeMap):
@@ -69,7 +70,7 @@ class DenseNodeMap(NodeMap):
         self.table.scatter_(0, seed_gid, seed_pos)
         # with a repeated seed, one of its writes is overwritten: that is how a duplicate shows up here
         if num_seeds and bool((self.table.index_select(0, seed_gid) != seed_pos).any()):
-            raise InputError("seed gids of a batch must be unique; deduplicate the train split")
+            raise ValueError("seed gids of a batch must be unique; deduplicate the train split")
         self.num_known = num_seeds
 
     def add(self, cand_gid: Tensor) -> tuple[Tensor, Tensor]:
@@ -100,7 +101,7 @@ class SortedNodeMap(NodeMap):
     def start(self, seed_gid: Tensor) -> None:
         self._known_gid, self._known_pos = torch.sort(seed_gid)
         if self._known_gid.numel() > 1 and bool((self._known_gid[1:] == self._known_gid[:-1]).any()):
-            raise InputError("seed gids of a batch must be unique; deduplicate the train split")
+            raise ValueError("seed gids of a batch must be unique; deduplicate the train split")
         self.num_known = seed_gid.numel()
 
     def add(self, cand_gid: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,4 +130,4 @@ def make_node_map(num_nodes: int, device: torch.device | str = "cpu", kind: str 
         return DenseNodeMap(num_nodes, device)
     if kind == "sorted":
         return SortedNodeMap(device)
-    raise InputError(f"unknown node map kind {kind!r}; use 'auto', 'dense' or 'sorted'")
+    raise ValueError(f"unknown node map kind {kind!r}; use 'auto', 'dense' or 'sorted'")

@@ -24,6 +24,7 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -32,13 +33,13 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from storage.errors import InputError
-from storage.partition import PartCSR
 from stages.runtime.fanouts import check_fanout, validate_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
+from storage.partition import PartCSR
 
 __all__ = ["LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
-           "sample_neighbors", "sample_neighbors_with_counts", "shuffled", "validate_fanouts"]
+           "sample_neighbors", "sample_neighbors_with_counts", "shuffled"]
+
 
 @dataclass
 class LocalCSR:
@@ -67,19 +68,12 @@ class LocalCSR:
         return int(self.indptr.shape[0] - 1)
 
     @property
-    def num_edges(self) -> int:
-        return int(self.indices.shape[0])
-
-    @property
     def end_gid(self) -> int:
         return self.start_gid + self.num_nodes
 
     @property
     def device(self) -> torch.device:
         return self.indptr.device
-
-    def to(self, device: torch.device | str) -> LocalCSR:
-        return LocalCSR(self.start_gid, self.indptr.to(device), self.indices.to(device))
 
 
 def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
@@ -186,7 +180,7 @@ def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, 
     return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
 
 
-class MultiHopSampler:
+class MultiHopSampler(ABC):
     """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled."""
 
     def __init__(self, num_nodes: int, fanouts: Iterable[int], device: torch.device, *, replace: bool,
@@ -198,9 +192,9 @@ class MultiHopSampler:
         self.generator = generator
         self._node_map: NodeMap = make_node_map(self.num_nodes, self.device, node_map)
 
+    @abstractmethod
     def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
         """``(row_pos, nbr_gid)`` for the frontier, ``row_pos`` indexing ``frontier_gid``."""
-        raise NotImplementedError
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch.
@@ -211,7 +205,7 @@ class MultiHopSampler:
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
         if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
-            raise InputError(f"seed gids must lie in [0, {self.num_nodes}); got "
+            raise ValueError(f"seed gids must lie in [0, {self.num_nodes}); got "
                              f"[{int(seed_gid.min())}, {int(seed_gid.max())}]")
         nodes = self._node_map
         nodes.start(seed_gid)
@@ -255,7 +249,7 @@ class NeighborSampler(MultiHopSampler):
     def __init__(self, csr: LocalCSR, fanouts: Iterable[int], *, replace: bool = False,
                  generator: torch.Generator | None = None, node_map: str = "auto") -> None:
         if csr.start_gid != 0:
-            raise InputError(f"NeighborSampler needs the whole graph (start_gid 0, got {csr.start_gid}); "
+            raise ValueError(f"NeighborSampler needs the whole graph (start_gid 0, got {csr.start_gid}); "
                              f"use DistNeighborSampler for one partition of several")
         super().__init__(csr.num_nodes, fanouts, csr.device, replace=replace, generator=generator,
                          node_map=node_map)
@@ -277,7 +271,7 @@ def iter_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Ge
                       drop_last: bool = False) -> Iterator[Tensor]:
     """One epoch: ``train_gid`` reshuffled with ``generator``, cut into batches (the last may be short)."""
     if batch_size <= 0:
-        raise InputError(f"batch size must be positive, got {batch_size}")
+        raise ValueError(f"batch size must be positive, got {batch_size}")
     order_gid = shuffled(train_gid, generator)
     stop = order_gid.numel() - (order_gid.numel() % batch_size if drop_last else 0)
     for lo in range(0, stop, batch_size):

@@ -12,15 +12,15 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
 
-import torch
-
-from storage import ArtifactStore
 from stages.download import stage as download
 from stages.features import stage as features
 from stages.hotness import stage as hotness
 from stages.partition import stage as partition
+from storage import ArtifactStore
+from storage.hotness import CURVE_PNG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def main() -> None:
     params = hotness.Params(fanouts=tuple(int(f) for f in args.fanouts.split(",")), batch_size=args.batch_size,
                             epochs=args.epochs)
     m = hotness.run(store, params, {"partition": pt, "features": ft}, force=True)
-    s = m["summary"]
+    s = m.summary
     print(json.dumps({"parts": args.parts, "fanouts": s["fanouts"], "wall_s": s["wall_s"],
                       "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}))
     for row in s["parts"]:
@@ -54,7 +54,7 @@ def main() -> None:
         for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
             print(f"| {c['part']} | {100 * f:g} | {100 * h:.2f} | {100 * d:.2f} | {100 * (h - d):+.2f} |")
     if args.png:
-        Path(args.png).write_bytes(store.read_bytes("hotness", m["key"], "curve.png"))
+        Path(args.png).write_bytes(store.read_bytes("hotness", m.key, CURVE_PNG))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ if name in ("partition", "features"):
                            force=force and name == "partition", progress=False)
 if name == "features":
     m = features.run(store, features.Params(), {"download": dl, "partition": pt}, force=force, progress=False)
-print("RESULT " + json.dumps(m["summary"]))
+print("RESULT " + json.dumps(m.summary))
 """
 
 

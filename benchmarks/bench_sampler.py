@@ -53,13 +53,16 @@ def power_law_graph(num_nodes: int, avg_degree: float, seed: int = 0) -> tuple[n
 
 
 def load_partitioned(partition_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The whole-graph CSR in gid order and the bounds of a partition artifact (a pipeline's METIS parts)."""
-    from stages.hotness.counting import whole_graph_csr
-    from storage.partition import BOOK, part_name, read_book, read_part
+    """The whole-graph CSR in gid order and the bounds of a partition artifact (a pipeline's METIS parts);
+    ``partition_dir``: ``<artifact root>/partition/<key>``."""
+    from storage import ArtifactStore
+    from storage.partition import PartitionArtifact, concat_parts
 
-    book = read_book(f"{partition_dir}/{BOOK}")
-    csr = whole_graph_csr([read_part(f"{partition_dir}/{part_name(p)}") for p in range(book.num_partitions)])
-    return csr.indptr.numpy(), csr.indices.numpy(), book.bounds
+    root, stage, key = partition_dir.rstrip("/").rsplit("/", 2)
+    store = ArtifactStore(root)
+    partition = PartitionArtifact(store, store.load(stage, key))
+    indptr, indices = concat_parts([partition.csr(p) for p in range(partition.num_partitions)])
+    return indptr, indices, partition.bounds()
 
 
 def load_graph(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:

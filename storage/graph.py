@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.zarr_io import open_group, read_array, write_array
+from storage.store import ArtifactHandle, StageWriter
+from storage.zarr_io import attr_int, attr_str, open_group, open_subgroup, read_array, write_array
 
 SPLITS = ("train", "valid", "test")
-GROUP = "graph.zarr"
+_GROUP = "graph.zarr"
 
 
 @dataclass
@@ -66,9 +67,9 @@ class Graph:
         }
 
 
-def write_graph(url: str, graph: Graph, *, progress: bool = False) -> dict[str, Any]:
-    """Write ``graph`` as a Zarr v3 group at ``url``; returns its attrs."""
-    root = open_group(url, mode="w")
+def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) -> dict[str, Any]:
+    """Write ``graph`` as the artifact's ``graph.zarr``; returns its attrs."""
+    root = open_group(writer.file_url(_GROUP), mode="w")
     write_array(root, "indptr", graph.indptr.astype(np.int64, copy=False))
     write_array(root, "indices", graph.indices.astype(np.int64, copy=False), progress=progress)
     assert graph.x is not None, "write_graph needs features"
@@ -82,17 +83,27 @@ def write_graph(url: str, graph: Graph, *, progress: bool = False) -> dict[str, 
     return attrs
 
 
-def read_graph_attrs(url: str) -> dict[str, Any]:
-    return dict(open_group(url).attrs)
+class GraphArtifact(ArtifactHandle):
+    """The download stage's artifact, read through its manifest."""
+
+    STAGE = "download"
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.manifest.summary["num_nodes"])
+
+    def read(self, features: bool = True) -> Graph:
+        """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only)."""
+        return _read_graph(self._url(_GROUP), features=features)
 
 
-def read_graph(url: str, *, features: bool = True) -> Graph:
+def _read_graph(url: str, *, features: bool = True) -> Graph:
     """Read the whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only)."""
     root = open_group(url)
     attrs = dict(root.attrs)
     if "num_nodes" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe graph (no attrs); rerun the download stage")
-    splits = {name: read_array(root["split"], name) for name in SPLITS}
+    splits = {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
     known = {"name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
              "directed", "split_sizes"}
     return Graph(
@@ -101,14 +112,9 @@ def read_graph(url: str, *, features: bool = True) -> Graph:
         x=read_array(root, "x") if features else None,
         y=read_array(root, "y"),
         splits=splits,
-        num_classes=int(attrs["num_classes"]),
+        num_classes=attr_int(attrs, "num_classes", url),
         directed=bool(attrs["directed"]),
-        name=attrs.get("name", ""),
-        source=attrs.get("source", ""),
+        name=attr_str(attrs, "name", url, default=""),
+        source=attr_str(attrs, "source", url, default=""),
         extra={k: v for k, v in attrs.items() if k not in known},
     )
-
-
-def open_features(url: str) -> Any:
-    """The ``x`` array, lazily (a zarr.Array): for row-range reads without loading the whole matrix."""
-    return open_group(url)["x"]

@@ -8,6 +8,9 @@ ID space: gids (any partition's: the plan holds local and remote rows).
 - ``plan_gid`` int64 [m]: the cache plan, the first ``m`` gids of the ranking that fit the byte budget
   (when fewer than ``m`` gids were ever requested, the rest is filled by in-degree).
 - attrs: part, plan_rows, plan_bytes, row_bytes, budget note, expected hit rate, remote share removed.
+
+Beside them: ``curves.json`` (per partition, the hit rate of a hotness cache and of a degree cache at each
+cache size, measured on a held-out epoch) and ``curve.png``, its plot.
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.zarr_io import open_group, read_array, write_array
+from storage.store import ArtifactHandle, StageWriter
+from storage.zarr_io import attr_int, open_group, read_array, write_array
+
+CURVE_PNG = "curve.png"
+_CURVES_JSON = "curves.json"
 
 
-def hot_store(p: int) -> str:
+def _hot_store(p: int) -> str:
     return f"hot-{p}.zarr"
 
 
@@ -34,18 +41,39 @@ class CachePlan:
     attrs: dict[str, Any]
 
 
-def write_plan(url: str, plan: CachePlan) -> None:
-    g = open_group(url, mode="w")
+def write_plan(writer: StageWriter, plan: CachePlan) -> None:
+    """Write partition ``plan.part``'s ranking and plan as the artifact's ``hot-<p>.zarr``."""
+    g = open_group(writer.file_url(_hot_store(plan.part)), mode="w")
     write_array(g, "gid", plan.ranked_gid.astype(np.int64, copy=False), chunk_rows=1 << 20)
     write_array(g, "count", plan.ranked_count.astype(np.int64, copy=False), chunk_rows=1 << 20)
     write_array(g, "plan_gid", plan.plan_gid.astype(np.int64, copy=False), chunk_rows=1 << 20)
     g.attrs.update({"part": plan.part, **plan.attrs})
 
 
-def read_plan(url: str) -> CachePlan:
+def write_curves(writer: StageWriter, curves: list[dict[str, Any]], png: bytes) -> None:
+    """Write ``curves.json`` and its plot ``curve.png``."""
+    writer.write_json(_CURVES_JSON, curves)
+    writer.write_bytes(CURVE_PNG, png)
+
+
+def _read_plan(url: str) -> CachePlan:
     g = open_group(url)
     attrs = dict(g.attrs)
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe cache plan (no attrs); rerun the hotness stage")
-    return CachePlan(int(attrs["part"]), read_array(g, "plan_gid"), read_array(g, "gid"), read_array(g, "count"),
-                     attrs)
+    return CachePlan(attr_int(attrs, "part", url), read_array(g, "plan_gid"), read_array(g, "gid"),
+                     read_array(g, "count"), attrs)
+
+
+class HotnessArtifact(ArtifactHandle):
+    """The hotness stage's artifact, read through its manifest."""
+
+    STAGE = "hotness"
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.manifest.summary["num_partitions"])
+
+    def plan(self, p: int) -> CachePlan:
+        """Partition p's cache plan (gids, most requested first)."""
+        return _read_plan(self._url(_hot_store(p)))

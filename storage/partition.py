@@ -1,6 +1,6 @@
 """The partition artifact format (``book.zarr`` + ``part-<p>.zarr``), written by the partition stage.
 
-ID spaces (DESIGN.md §3):
+ID spaces (docs/design.md):
 
 - ``orig``: dataset ids. ``gid``: global ids after relabelling, so that partition p owns the contiguous range
   ``[bounds[p], bounds[p+1])``. ``lid = gid - bounds[p]``: local to partition p.
@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.zarr_io import open_group, read_array, write_array
+from storage.store import ArtifactHandle, StageWriter
+from storage.zarr_io import attr_int, open_group, read_array, write_array
 
-BOOK = "book.zarr"
+_BOOK = "book.zarr"
 
 
-def part_name(p: int) -> str:
+def _part_name(p: int) -> str:
     return f"part-{p}.zarr"
 
 
@@ -65,34 +66,67 @@ class PartCSR:
         return int(self.indptr.shape[0] - 1)
 
 
-def write_book(url: str, book: PartitionBook, attrs: dict[str, Any]) -> None:
-    g = open_group(url, mode="w")
+def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) -> None:
+    """Write the artifact's ``book.zarr`` (``attrs``: the partitioning's figures, kept as group attrs)."""
+    g = open_group(writer.file_url(_BOOK), mode="w")
     write_array(g, "bounds", book.bounds.astype(np.int64, copy=False))
     write_array(g, "orig_of_gid", book.orig_of_gid.astype(np.int64, copy=False))
     write_array(g, "gid_of_orig", book.gid_of_orig.astype(np.int64, copy=False))
     g.attrs.update(attrs)
 
 
-def read_book(url: str) -> PartitionBook:
-    g = open_group(url)
-    return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"))
-
-
-def read_book_attrs(url: str) -> dict[str, Any]:
-    return dict(open_group(url).attrs)
-
-
-def write_part(url: str, csr: PartCSR, *, progress: bool = False) -> None:
-    g = open_group(url, mode="w")
+def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False) -> None:
+    """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``."""
+    g = open_group(writer.file_url(_part_name(csr.part)), mode="w")
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
     write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
     g.attrs.update({"part": csr.part, "start_gid": csr.start_gid, "num_nodes": csr.num_nodes,
                     "num_edges": int(csr.indices.shape[0])})
 
 
-def read_part(url: str) -> PartCSR:
+def _read_part(url: str) -> PartCSR:
     g = open_group(url)
     attrs = dict(g.attrs)
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe partition (no attrs); rerun the partition stage")
-    return PartCSR(int(attrs["part"]), int(attrs["start_gid"]), read_array(g, "indptr"), read_array(g, "indices"))
+    return PartCSR(attr_int(attrs, "part", url), attr_int(attrs, "start_gid", url), read_array(g, "indptr"),
+                   read_array(g, "indices"))
+
+
+def concat_parts(parts: list[PartCSR]) -> tuple[np.ndarray, np.ndarray]:
+    """The whole graph's incoming-edge CSR in gid order, ``(gid_indptr, gid_indices)``, from all its parts (in
+    any order): each part's rows are its gid range, so the parts' CSRs follow each other with offset indptrs.
+    Holds the whole graph in memory."""
+    parts = sorted(parts, key=lambda c: c.part)
+    offsets = np.cumsum([0] + [int(c.indptr[-1]) for c in parts])
+    gid_indptr = np.concatenate([[0]] + [c.indptr[1:] + off for c, off in zip(parts, offsets)]).astype(np.int64)
+    gid_indices = np.concatenate([c.indices for c in parts]) if parts else np.zeros(0, dtype=np.int64)
+    return gid_indptr, gid_indices
+
+
+class PartitionArtifact(ArtifactHandle):
+    """The partition stage's artifact, read through its manifest."""
+
+    STAGE = "partition"
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.manifest.summary["num_partitions"])
+
+    def bounds(self) -> np.ndarray:
+        """int64 [P+1]: partition p owns gids ``[bounds[p], bounds[p+1])`` (reads only this array of the book)."""
+        return read_array(open_group(self._url(_BOOK)), "bounds")
+
+    def book(self) -> PartitionBook:
+        g = open_group(self._url(_BOOK))
+        return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"))
+
+    def csr(self, p: int) -> PartCSR:
+        """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""
+        return _read_part(self._url(_part_name(p)))
+
+    def in_degree(self) -> np.ndarray:
+        """int64 [N]: the in-degree of every gid, from the parts' ``indptr`` arrays only (8 bytes a node, no edges
+        read)."""
+        return np.concatenate([np.diff(read_array(open_group(self._url(_part_name(p))), "indptr"))
+                               for p in range(self.num_partitions)])

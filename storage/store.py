@@ -1,4 +1,4 @@
-"""Content-addressed artifact store (DESIGN.md §2).
+"""Content-addressed artifact store (docs/design.md).
 
 Layout::
 
@@ -23,32 +23,55 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from storage.errors import ArtifactError, InputError
 
-Manifest = dict[str, Any]
-"""A stage's manifest: a small JSON-able dict (stage, version, key, params, upstream, files, summary, ...)."""
-
 MANIFEST = "manifest.json"
-_REQUIRED = ("stage", "version", "key", "params", "upstream", "created", "files", "summary", "uri")
 _LIBRARIES = ("torch", "numpy", "zarr", "pymetis", "prefect", "torch_geometric", "gnnpipe")
+
+
+class Manifest(BaseModel):
+    """A stage's manifest, ``<root>/<stage>/<key>/manifest.json``: what was built, from what, and which files.
+
+    Unknown fields are ignored (a manifest written by a newer gnnpipe still loads, and is never taken for a
+    corrupted one and rebuilt over); every field below is required.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    stage: str
+    version: int
+    key: str
+    params: dict[str, Any]
+    upstream: dict[str, str]        # upstream stage name -> its artifact key
+    created: str                    # ISO 8601, UTC
+    files: dict[str, int]           # path relative to the artifact directory -> size in bytes
+    bytes: int                      # sum of ``files``
+    summary: dict[str, Any]         # the stage's figures (what its report shows)
+    libraries: dict[str, str]       # library -> version, as built
+    uri: str                        # the artifact directory when it was written
+    build_id: str                   # tells two builds of the same key apart (tests, audits)
 
 
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def stage_key(stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest]) -> str:
-    """The content address of a stage's artifact: same inputs, same key, on every machine."""
+def stage_key(stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, str]) -> str:
+    """The content address of a stage's artifact: same inputs, same key, on every machine.
+
+    ``upstream``: upstream stage name -> that artifact's key (``{n: m.key for n, m in manifests.items()}``).
+    """
     payload = {
         "stage": stage,
         "version": version,
         "params": dict(params),
-        "upstream": {name: m["key"] for name, m in sorted(upstream.items())},
+        "upstream": {name: key for name, key in sorted(upstream.items())},
     }
     return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
 
@@ -82,9 +105,6 @@ class ArtifactStore:
         """A path in ``self.fs``'s own namespace."""
         return "/".join([self.base, *parts])
 
-    def artifact_url(self, stage: str, key: str) -> str:
-        return self.url(stage, key)
-
     # ---- reading ---------------------------------------------------------------------------------------
     def load(self, stage: str, key: str) -> Manifest:
         """The validated manifest of ``stage/key``; raises :class:`ArtifactError` naming the bad file."""
@@ -94,12 +114,11 @@ class ArtifactStore:
                                 f"rerun the pipeline to rebuild it")
         try:
             with self.fs.open(path, "r") as f:
-                manifest = json.load(f)
+                data = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ArtifactError(f"corrupted manifest {self.url(stage, key, MANIFEST)} ({err}); "
                                 f"delete {self.url(stage, key)} or rerun with --force {stage}") from None
-        self.validate(manifest, stage, key)
-        return manifest
+        return self.validate(data, stage, key)
 
     def find(self, stage: str, key: str) -> Manifest | None:
         """The manifest if ``stage/key`` exists and is valid, else None."""
@@ -108,15 +127,13 @@ class ArtifactStore:
         except ArtifactError:
             return None
 
-    def validate(self, manifest: Any, stage: str | None = None, key: str | None = None) -> None:
-        """Check that a manifest is well formed and every file it lists exists with its recorded size."""
-        where = self.url(stage, key, MANIFEST) if stage and key else "manifest"
-        if not isinstance(manifest, dict) or any(field not in manifest for field in _REQUIRED):
-            hint = f"rerun with --force {stage}" if stage else "rerun the pipeline"
-            raise ArtifactError(f"corrupted manifest {where} (missing fields); {hint}")
-        stage, key = manifest["stage"], manifest["key"]
+    def validate(self, data: Any, stage: str | None = None, key: str | None = None) -> Manifest:
+        """Parse a manifest (a :class:`Manifest` or its JSON dict) and check that every file it lists exists with
+        its recorded size; returns the parsed manifest."""
+        manifest = data if isinstance(data, Manifest) else _parse(data, stage, key, self)
+        stage, key = manifest.stage, manifest.key
         sizes = self._sizes(stage, key)
-        for rel, size in manifest["files"].items():
+        for rel, size in manifest.files.items():
             got = sizes.get(rel)
             if got is None:
                 raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is "
@@ -124,6 +141,7 @@ class ArtifactStore:
             if got != size:
                 raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} "
                                     f"bytes, manifest says {size}; rerun with --force {stage}")
+        return manifest
 
     def _sizes(self, stage: str, key: str) -> dict[str, int]:
         base = self._path(stage, key)
@@ -139,14 +157,6 @@ class ArtifactStore:
             return self.fs.cat_file(self._path(stage, key, rel))
         except FileNotFoundError:
             raise ArtifactError(f"{self.url(stage, key, rel)} not found; rerun with --force {stage}") from None
-
-    def list_keys(self, stage: str) -> list[str]:
-        try:
-            entries = self.fs.ls(self._path(stage), detail=False)
-        except FileNotFoundError:
-            return []
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        return sorted(n for n in names if not n.startswith("."))
 
     # ---- writing ---------------------------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -208,7 +218,7 @@ class ArtifactStore:
         This is the idempotence that makes concurrent runs safe: the flow serialises a stage with a file lock,
         and whoever comes second finds the first one's artifact here instead of computing it again.
         """
-        key = stage_key(stage, version, params, upstream)
+        key = stage_key(stage, version, params, {name: m.key for name, m in upstream.items()})
         if not force and (existing := self.find(stage, key)) is not None:
             return existing
         with self.writing(stage, key, version=version, params=params, upstream=upstream, replace=force) as writer:
@@ -221,9 +231,9 @@ class ArtifactStore:
         """Append to ``<root>/builds.log``: an audit trail of what was computed, where and when."""
         if not self.is_local:
             return
-        entry = {"stage": manifest["stage"], "key": manifest["key"], "build_id": manifest["build_id"],
-                 "created": manifest["created"], "host": platform.node(), "pid": os.getpid(),
-                 "wall_s": manifest["summary"].get("wall_s")}
+        entry = {"stage": manifest.stage, "key": manifest.key, "build_id": manifest.build_id,
+                 "created": manifest.created, "host": platform.node(), "pid": os.getpid(),
+                 "wall_s": manifest.summary.get("wall_s")}
         with open(self._path("builds.log"), "a") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -243,8 +253,28 @@ class ArtifactStore:
             self.fs.rm(path, recursive=True)
 
 
+class ArtifactHandle:
+    """Base of the typed read handles (``GraphArtifact``, ``PartitionArtifact``, ...): the artifact of stage
+    ``STAGE`` that ``manifest`` describes. The subclass, in the storage module of that format, is the only code that
+    knows its file and array names."""
+
+    STAGE: ClassVar[str]
+
+    def __init__(self, store: ArtifactStore, manifest: Manifest) -> None:
+        if manifest.stage != self.STAGE:
+            raise ValueError(f"{type(self).__name__} reads a {self.STAGE} artifact, not {manifest.stage}/"
+                             f"{manifest.key}")
+        self.store, self.manifest = store, manifest
+
+    def _url(self, rel: str) -> str:
+        """A file or Zarr group of this artifact."""
+        return self.store.url(self.manifest.stage, self.manifest.key, rel)
+
+
 class StageWriter:
-    """Where a running stage writes: ``url`` (Zarr/fsspec) or ``path`` (local files), plus its summary."""
+    """Where a running stage writes: ``url`` and ``file_url(rel)`` (fsspec/Zarr URLs, local paths on a local
+    store), ``write_json``/``write_bytes`` for small files, plus its ``summary``. ``manifest`` is set once the
+    artifact is published. The format modules (``storage.graph``, ``storage.partition``, ...) write through it."""
 
     def __init__(self, store: ArtifactStore, stage: str, key: str, work: str, *, version: int,
                  params: Mapping[str, Any], upstream: Mapping[str, Manifest]):
@@ -270,18 +300,37 @@ class StageWriter:
     def _finish(self) -> None:
         files = {p[len(self._work) + 1:]: int(info["size"])
                  for p, info in self.store.fs.find(self._work, detail=True).items() if info.get("type") == "file"}
-        manifest: Manifest = {
+        data = {
             "stage": self.stage,
             "version": self.version,
             "key": self.key,
             "params": self.params,
-            "upstream": {name: m["key"] for name, m in sorted(self.upstream.items())},
+            "upstream": {name: m.key for name, m in sorted(self.upstream.items())},
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "files": dict(sorted(files.items())),
             "bytes": sum(files.values()),
             "summary": self.summary,
             "libraries": library_versions(),
-            "uri": self.store.artifact_url(self.stage, self.key),
-            "build_id": uuid.uuid4().hex,  # tells two builds of the same key apart (tests, audits)
+            "uri": self.store.url(self.stage, self.key),
+            "build_id": uuid.uuid4().hex,
         }
-        self.write_json(MANIFEST, manifest)
+        # What is written is exactly what load() parses back: a manifest the model rejects fails the build here.
+        text = json.dumps(data, indent=2, sort_keys=True, default=str)
+        Manifest.model_validate(json.loads(text))
+        with self.store.fs.open(f"{self._work}/{MANIFEST}", "w") as f:
+            f.write(text)
+
+
+def _parse(data: Any, stage: str | None, key: str | None, store: ArtifactStore) -> Manifest:
+    """``data`` (a manifest's JSON) as a :class:`Manifest`, or an ArtifactError naming the file."""
+    where = store.url(stage, key, MANIFEST) if stage and key else "manifest"
+    hint = f"rerun with --force {stage}" if stage else "rerun the pipeline"
+    if not isinstance(data, dict):
+        raise ArtifactError(f"corrupted manifest {where} (missing fields); {hint}")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as err:
+        if any(e["type"] == "missing" for e in err.errors()):
+            raise ArtifactError(f"corrupted manifest {where} (missing fields); {hint}") from None
+        bad = sorted({str(e["loc"][0]) for e in err.errors() if e["loc"]})
+        raise ArtifactError(f"corrupted manifest {where} (bad fields: {', '.join(bad)}); {hint}") from None

@@ -7,29 +7,51 @@ Artifact ``train/<key>/``:
   "model", "cache", ...}``; accuracies are global (all ranks' correct / total, OGB Evaluator ``acc``).
 - ``curves.png`` (loss and accuracy per epoch), ``hit_rate.png`` (feature-cache hit rate per epoch).
 
-Checkpoints: ``<checkpoint dir>/ckpt-<epoch>.pt``, each written to a temporary name and ``os.replace``d into
-place, so a killed writer never leaves a truncated checkpoint under a valid name. They live outside the
+Checkpoints (format, atomic save and resume agreement in ``stages.train.checkpoint``) live outside the
 content-addressed artifact (``<artifacts root>/.checkpoints/train-<key>/``) because an artifact only exists once
 complete, while checkpoints must survive a killed run so that its next attempt resumes.
+
+Result directory: the job's local rank 0 writes ``model.pt`` and ``metrics.json`` (the artifact's formats) into
+a local directory (``write_result``), from which the stage copies them into the artifact (``read_result``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-from storage.store import ArtifactStore
+from storage.store import ArtifactStore, StageWriter
 
 MODEL = "model.pt"
 METRICS = "metrics.json"
 CURVES_PNG = "curves.png"
 HIT_RATE_PNG = "hit_rate.png"
-KEEP_CHECKPOINTS = 2
-_CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+def write_train_artifact(writer: StageWriter, model_bytes: bytes, metrics: dict[str, Any], curves_png: bytes,
+                         hit_rate_png: bytes) -> None:
+    """Write the train artifact's four files (``model_bytes``: a ``torch.save``d state_dict)."""
+    writer.write_bytes(MODEL, model_bytes)
+    writer.write_json(METRICS, metrics)
+    writer.write_bytes(CURVES_PNG, curves_png)
+    writer.write_bytes(HIT_RATE_PNG, hit_rate_png)
+
+
+def write_result(result_dir: str | os.PathLike[str], model_state: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """The job's results, each file written atomically: the trained ``state_dict`` and the metrics."""
+    out = Path(result_dir)
+    atomic_write_bytes(out / MODEL, torch_bytes(model_state))
+    atomic_write_bytes(out / METRICS, json.dumps(metrics, indent=2, sort_keys=True).encode())
+
+
+def read_result(result_dir: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any]]:
+    """``(model_bytes, metrics)`` as ``write_result`` left them."""
+    out = Path(result_dir)
+    return (out / MODEL).read_bytes(), json.loads((out / METRICS).read_text())
 
 
 def checkpoint_dir(store: ArtifactStore, key: str) -> Path:
@@ -63,36 +85,3 @@ def torch_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
-
-
-def save_checkpoint(directory: str | os.PathLike[str], epoch: int, state: dict[str, Any],
-                    keep: int = KEEP_CHECKPOINTS) -> Path:
-    """Write ``state`` as the checkpoint after ``epoch`` (0-based, completed) and drop all but the ``keep`` newest."""
-    directory = Path(directory)
-    path = directory / f"ckpt-{epoch:05d}.pt"
-    atomic_write_bytes(path, torch_bytes(state))
-    for _, old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
-    return path
-
-
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """``(epoch, path)`` of the complete checkpoints in ``directory``, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _CKPT.match(name))]
-    return sorted(found)
-
-
-def load_latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The newest checkpoint that loads, or None. An unreadable one (a disk error; renames are atomic) is skipped
-    in favour of the one before: losing an epoch beats failing the run."""
-    import torch
-
-    for _, path in reversed(list_checkpoints(directory)):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:  # noqa: BLE001 - any unreadable file: fall back to the previous checkpoint
-            continue
-    return None

@@ -7,17 +7,22 @@ whole-array load speed (figures in benchmarks/RESULTS.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import zarr
 import zarr.codecs
-from storage.progress import progress as tqdm
 
 from storage.errors import ArtifactError
+from storage.progress import progress as tqdm
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # ~64 MiB chunks: large sequential reads, few files
 MIN_CHUNK_ROWS = 8192
+
+# zarr's access modes (what zarr.open_group accepts)
+Mode = Literal["r", "r+", "a", "w", "w-"]
+# every cname Blosc accepts, so that this layer narrows nothing; stages.choices.Compressor is the subset users pick
+BloscCname = Literal["lz4", "lz4hc", "blosclz", "snappy", "zlib", "zstd"]
 
 
 def _store(url: str) -> Any:
@@ -27,26 +32,86 @@ def _store(url: str) -> Any:
     return url.removeprefix("file://")
 
 
-def open_group(url: str, mode: str = "r") -> zarr.Group:
+def open_group(url: str, mode: Mode = "r") -> zarr.Group:
     try:
         return zarr.open_group(_store(url), mode=mode, zarr_format=3)
     except FileNotFoundError:
         raise ArtifactError(f"Zarr group {url} not found; rerun the stage that writes it") from None
 
 
-def chunk_rows_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Rows per chunk so that a chunk is about ``chunk_bytes`` (at least MIN_CHUNK_ROWS, at most all rows)."""
-    row_bytes = itemsize * int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else itemsize
+def open_array(group: zarr.Group, name: str) -> zarr.Array:
+    """``group[name]``, which must be an array."""
+    return _child(group, name, zarr.Array, "array")
+
+
+def open_subgroup(group: zarr.Group, name: str) -> zarr.Group:
+    """``group[name]``, which must be a group."""
+    return _child(group, name, zarr.Group, "group")
+
+
+_Node = TypeVar("_Node", zarr.Array, zarr.Group)
+
+
+def _child(group: zarr.Group, name: str, kind: type[_Node], what: str) -> _Node:
+    # indexing a group gives an array or a group: a damaged artifact may hold the other one
+    try:
+        node = group[name]
+    except KeyError:
+        raise ArtifactError(f"{what} '{name}' missing in {group.store}; rerun the stage that writes it") from None
+    if not isinstance(node, kind):
+        raise ArtifactError(f"'{name}' in {group.store} is not a Zarr {what}; rerun the stage that writes it")
+    return node
+
+
+def attr_int(attrs: Mapping[str, object], name: str, where: str) -> int:
+    """Integer attr ``name`` of the Zarr group ``where`` (its url, for the message); Zarr types attrs as any JSON."""
+    value = _attr(attrs, name, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not an integer; rerun the stage that writes it")
+    return value
+
+
+def attr_str(attrs: Mapping[str, object], name: str, where: str, default: str | None = None) -> str:
+    """String attr ``name`` of the Zarr group ``where``; ``default`` (if given) when the attr is absent."""
+    if default is not None and name not in attrs:
+        return default
+    value = _attr(attrs, name, where)
+    if not isinstance(value, str):
+        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not a string; rerun the stage that writes it")
+    return value
+
+
+def _attr(attrs: Mapping[str, object], name: str, where: str) -> object:
+    try:
+        return attrs[name]
+    except KeyError:
+        raise ArtifactError(f"attr '{name}' missing in {where}; rerun the stage that writes it") from None
+
+
+def chunk_rows_for(num_rows: int, row_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *,
+                   max_rows: int | None = None, even: bool = False) -> int:
+    """Rows per chunk so that a chunk holds about ``chunk_bytes``: at least MIN_CHUNK_ROWS, at most ``max_rows``
+    and at most all rows.
+
+    ``even``: spread the rows evenly over the chunks, so that the last chunk is not mostly padding (Zarr stores
+    edge chunks at full size).
+    """
     rows = max(MIN_CHUNK_ROWS, chunk_bytes // max(row_bytes, 1))
-    return int(max(1, min(rows, shape[0] if shape[0] else 1)))
+    if max_rows is not None:
+        rows = min(rows, max_rows)
+    if even:
+        num_chunks = max(1, -(-num_rows // rows))
+        return int(max(1, -(-num_rows // num_chunks)))
+    return int(max(1, min(rows, num_rows or 1)))
 
 
 def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: int | None = None,
-                compressor: str | None = None, attrs: Mapping[str, Any] | None = None,
+                compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None,
                 progress: bool = False) -> zarr.Array:
     """Write ``data`` as a row-chunked array with a crc32c integrity codec (and optional lz4/zstd)."""
     data = np.ascontiguousarray(data)
-    rows = chunk_rows or chunk_rows_for(data.shape, data.dtype.itemsize)
+    row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
+    rows = chunk_rows or chunk_rows_for(data.shape[0], row_bytes)
     rows = max(1, min(rows, data.shape[0] or 1))
     codecs: list[Any] = []
     if compressor:
@@ -65,10 +130,11 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: i
 
 def read_array(group: zarr.Group, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """Read a whole array chunk by chunk (bounded temporaries) and turn codec failures into ArtifactError."""
-    try:
-        arr = group[name]
-    except KeyError:
-        raise ArtifactError(f"array '{name}' missing in {group.store}; rerun the stage that writes it") from None
+    return read_into(open_array(group, name), out)
+
+
+def read_into(arr: zarr.Array, out: np.ndarray | None = None) -> np.ndarray:
+    """``read_array`` for an array already opened (``out``: a preallocated destination, e.g. a pinned tensor's)."""
     if out is None:
         out = np.empty(arr.shape, dtype=arr.dtype)
     rows = arr.chunks[0] if arr.ndim else 1
@@ -79,7 +145,7 @@ def read_array(group: zarr.Group, name: str, out: np.ndarray | None = None) -> n
             out[start:start + rows] = arr[start:start + rows]
     except ValueError as err:
         if "checksum" in str(err).lower():
-            raise ArtifactError(f"corrupted chunk in {group.store}/{name} ({err}); "
+            raise ArtifactError(f"corrupted chunk in {arr.store}/{arr.path} ({err}); "
                                 f"rerun the stage that wrote it with --force") from None
         raise
     return out

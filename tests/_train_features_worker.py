@@ -10,15 +10,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from storage import ArtifactStore
-from storage.features import part_store, read_part_features
-from storage.partition import BOOK, part_name, read_part
-from storage.zarr_io import open_group, read_array
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.sampler import LocalCSR
 from stages.train.cache_policy import cache_gids
+from storage import ArtifactStore
+from storage.features import FeaturesArtifact
+from storage.hotness import HotnessArtifact
+from storage.partition import PartitionArtifact
 
 WORLD_SIZE = 3   # three owners: remote requests must be routed by owner, not just to 'the other rank'
 TIMEOUT_S = 120
@@ -31,16 +31,17 @@ MODES = {"memory-hotness": (None, "hotness"), "zarr-hotness": (0, "hotness"), "m
 
 def run_rank(rank: int, root: str, keys: dict[str, str]) -> dict:
     store = ArtifactStore(root)
-    bounds = read_array(open_group(store.url("partition", keys["partition"], BOOK)), "bounds")
-    csr = LocalCSR.from_part(read_part(store.url("partition", keys["partition"], part_name(rank))))
-    url = store.url("features", keys["features"], part_store(rank))
-    train_gid = torch.from_numpy(read_part_features(url, load_x=False).split_lids["train"] + int(bounds[rank]))
+    partition = PartitionArtifact(store, store.load("partition", keys["partition"]))
+    feature_art = FeaturesArtifact(store, store.load("features", keys["features"]))
+    hotness = HotnessArtifact(store, store.load("hotness", keys["hotness"]))
+    bounds = partition.bounds()
+    csr = LocalCSR.from_part(partition.csr(rank))
+    train_gid = torch.from_numpy(feature_art.part(rank, load_x=False).split_lids["train"] + int(bounds[rank]))
     out: dict = {}
     for mode, (budget, policy) in MODES.items():
-        x_store = open_feature_store(url, memory_budget_bytes=budget)
+        x_store = open_feature_store(feature_art.x(rank), memory_budget_bytes=budget)
         features = DistFeatures(x_store, bounds)
-        gid = cache_gids(policy, store=store, partition_key=keys["partition"], hotness_key=keys["hotness"],
-                         rank=rank, num_partitions=WORLD_SIZE)
+        gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)
         features.build_cache(torch.from_numpy(gid))
         sampler = DistNeighborSampler(csr, bounds, [10, 5], generator=torch.Generator().manual_seed(rank))
         seed_batches = iter_equal_seed_batches(train_gid, 64, generator=torch.Generator().manual_seed(rank))
@@ -69,6 +70,6 @@ def worker(rank: int, init_file: str, out_dir: str, root: str, keys: dict[str, s
                                 timeout=timedelta(seconds=TIMEOUT_S))
         torch.save(run_rank(rank, root, keys), Path(out_dir, f"{rank}.pt"))
         dist.destroy_process_group()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure of a rank is written for the parent test to show
         Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())
         sys.exit(1)

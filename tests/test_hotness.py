@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from storage import InputError
-from storage.hotness import hot_store, read_plan
-from storage.partition import BOOK, read_book
 from stages.hotness import plan as planning
 from stages.hotness import stage as hotness
 from stages.hotness.counting import count_requests
 from stages.runtime.sampler import LocalCSR, NeighborSampler
-from tests.conftest import build_without_prefect
+from storage import InputError
+from storage.hotness import CURVE_PNG, HotnessArtifact
+from storage.partition import PartitionArtifact, concat_parts
+from tests._train_pipeline import build_without_prefect
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +64,20 @@ def test_stage_plans_within_budget_and_beats_degree(upstream):
     store, pt, ft = upstream
     params = hotness.Params(fanouts=(10, 5), batch_size=16, cache_budget_bytes=300 * 64)
     m = hotness.run(store, params, {"partition": pt, "features": ft}, progress=False)
-    book = read_book(store.url("partition", pt["key"], BOOK))
-    for p, row in enumerate(m["summary"]["parts"]):
-        plan = read_plan(store.url("hotness", m["key"], hot_store(p)))
+    book = PartitionArtifact(store, pt).book()
+    for p, row in enumerate(m.summary["parts"]):
+        plan = HotnessArtifact(store, m).plan(p)
         assert plan.plan_gid.shape[0] == row["plan_rows"] == 300  # 16 float32 features = 64 B/row
         assert np.unique(plan.plan_gid).size == 300
         assert np.all(np.diff(plan.ranked_count) <= 0), "ranking is most-requested first"
         assert row["requested_gids"] == plan.ranked_gid.shape[0] <= book.num_nodes
         assert 0 < row["expected_hit_rate"] <= 1 and 0 <= row["remote_removed"] <= 1
-    for curve in m["summary"]["curves"]:
+    for curve in m.summary["curves"]:
         hot, deg = np.array(curve["hotness"]), np.array(curve["degree"])
         assert np.all(hot >= deg - 1e-9), curve
         in_range = [i for i, f in enumerate(curve["fraction"]) if 0.05 <= f <= 0.30]
         assert max(hot[in_range] - deg[in_range]) >= 0.05, curve
-    assert store.read_bytes("hotness", m["key"], "curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert store.read_bytes("hotness", m.key, CURVE_PNG)[:8] == b"\x89PNG\r\n\x1a\n"
     report = hotness.report(m)
     assert "expected hit rate" in report.headline and "hotness_hit_%" in report.markdown
 
@@ -86,17 +86,15 @@ def test_budget_larger_than_graph_is_clamped_and_said(upstream):
     store, pt, ft = upstream
     params = hotness.Params(fanouts=(5,), batch_size=512, cache_budget_bytes=10**12)
     m = hotness.run(store, params, {"partition": pt, "features": ft}, progress=False)
-    assert all(r["plan_rows"] == 6000 for r in m["summary"]["parts"])
+    assert all(r["plan_rows"] == 6000 for r in m.summary["parts"])
     assert "clamped to the graph's 6,000 nodes" in hotness.report(m).headline
 
 
 def test_partition_without_train_nodes_has_empty_counts(upstream):
     store, pt, _ = upstream
-    from stages.hotness.counting import whole_graph_csr
-    from storage.partition import part_name, read_part
-
-    book = read_book(store.url("partition", pt["key"], BOOK))
-    csr = whole_graph_csr([read_part(store.url("partition", pt["key"], part_name(p))) for p in range(4)])
+    partition = PartitionArtifact(store, pt)
+    book = partition.book()
+    csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(4)]), start_gid=0)
     in_degree = np.diff(csr.indptr.numpy())
     lo, hi = int(book.bounds[1]), int(book.bounds[2])
     plan, row, curve = hotness._plan_partition(1, NeighborSampler(csr, [5]), torch.tensor([], dtype=torch.long),

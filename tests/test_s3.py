@@ -66,16 +66,16 @@ def test_pipeline_on_s3(prefect_server: str, s3_endpoint: str):
     store = ArtifactStore(cfg["artifacts"])
     for name, res in first.items():
         manifest = store.load(name, res["key"])
-        assert manifest["uri"].startswith("s3://gnnpipe-test/run/")
+        assert manifest.uri.startswith("s3://gnnpipe-test/run/")
     # the ranks read their partitions and features from the bucket; the model and plots are published there
     train = store.load("train", first["train"]["key"])
-    assert {"model.pt", "metrics.json", "curves.png"} <= set(train["files"])
-    assert train["summary"]["world_size"] == 2 and train["summary"]["test_acc"] > 0.3
+    assert {"model.pt", "metrics.json", "curves.png"} <= set(train.files)
+    assert train.summary["world_size"] == 2 and train.summary["test_acc"] > 0.3
     assert not store.fs.exists(f"{store.base}/.checkpoints"), "checkpoints stay local, never in the bucket"
     again = pipeline(**cfg)
     assert {n: r["state"] for n, r in again.items()} == dict.fromkeys(first, "Cached")
     # a lost object invalidates its stage only
-    victim = next(f for f in store.load("features", first["features"]["key"])["files"] if "/c/" in f)
+    victim = next(f for f in store.load("features", first["features"]["key"]).files if "/c/" in f)
     store.fs.rm_file(f"{store.base}/features/{first['features']['key']}/{victim}")
     third = pipeline(**cfg)
     assert third["features"]["state"] == "Completed"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from storage import ArtifactError, ArtifactStore, InputError
 from storage.store import stage_key
@@ -22,27 +23,27 @@ def _body(writer):
 
 
 def test_key_depends_on_every_input():
-    base = stage_key("s", 1, {"a": 1}, {"up": {"key": "k1"}})
-    assert base == stage_key("s", 1, {"a": 1}, {"up": {"key": "k1"}})
-    assert len({base, stage_key("s", 2, {"a": 1}, {"up": {"key": "k1"}}),
-                stage_key("s", 1, {"a": 2}, {"up": {"key": "k1"}}),
-                stage_key("s", 1, {"a": 1}, {"up": {"key": "k2"}}),
-                stage_key("t", 1, {"a": 1}, {"up": {"key": "k1"}})}) == 5
+    base = stage_key("s", 1, {"a": 1}, {"up": "k1"})
+    assert base == stage_key("s", 1, {"a": 1}, {"up": "k1"})
+    assert len({base, stage_key("s", 2, {"a": 1}, {"up": "k1"}),
+                stage_key("s", 1, {"a": 2}, {"up": "k1"}),
+                stage_key("s", 1, {"a": 1}, {"up": "k2"}),
+                stage_key("t", 1, {"a": 1}, {"up": "k1"})}) == 5
 
 
 def test_build_writes_manifest_last_and_publishes(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     m = store.build("s", 1, {"a": 1}, {}, _body)
-    final = tmp_path / "s" / m["key"]
+    final = tmp_path / "s" / m.key
     assert (final / "manifest.json").is_file()
-    assert m["files"]["data.json"] == (final / "data.json").stat().st_size
-    assert any(f.startswith("arr.zarr/x/c/") for f in m["files"])
-    assert m["summary"] == {"rows": 25} and m["params"] == {"a": 1} and "numpy" in m["libraries"]
+    assert m.files["data.json"] == (final / "data.json").stat().st_size
+    assert any(f.startswith("arr.zarr/x/c/") for f in m.files)
+    assert m.summary == {"rows": 25} and m.params == {"a": 1} and "numpy" in m.libraries
     assert not [p for p in (tmp_path / "s").iterdir() if p.name.startswith(".tmp")]
     # a second build finds the first: the body does not run again
     again = store.build("s", 1, {"a": 1}, {}, lambda w: pytest.fail("body ran twice"))
-    assert again["build_id"] == m["build_id"]
-    assert [b["key"] for b in store.builds()] == [m["key"]]
+    assert again.build_id == m.build_id
+    assert [b["key"] for b in store.builds()] == [m.key]
 
 
 def test_failed_build_leaves_nothing(tmp_path: Path):
@@ -60,40 +61,40 @@ def test_failed_build_leaves_nothing(tmp_path: Path):
 def test_missing_or_resized_file_is_detected(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     m = store.build("s", 1, {}, {}, _body)
-    final = tmp_path / "s" / m["key"]
+    final = tmp_path / "s" / m.key
     (final / "data.json").write_text('{"a": 123456789}')
     with pytest.raises(ArtifactError, match=r"data\.json has \d+ bytes, manifest says"):
-        store.load("s", m["key"])
+        store.load("s", m.key)
     os.remove(final / "data.json")
     with pytest.raises(ArtifactError, match=r"incomplete: .*data\.json is missing"):
-        store.load("s", m["key"])
-    assert store.find("s", m["key"]) is None
+        store.load("s", m.key)
+    assert store.find("s", m.key) is None
     # rebuilding replaces the invalid artifact
     rebuilt = store.build("s", 1, {}, {}, _body)
-    assert rebuilt["build_id"] != m["build_id"] and store.find("s", m["key"]) is not None
+    assert rebuilt.build_id != m.build_id and store.find("s", m.key) is not None
 
 
 def test_corrupted_manifest_names_the_file(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     m = store.build("s", 1, {}, {}, _body)
-    (tmp_path / "s" / m["key"] / "manifest.json").write_text("{not json")
+    (tmp_path / "s" / m.key / "manifest.json").write_text("{not json")
     with pytest.raises(ArtifactError, match=r"corrupted manifest .*manifest\.json"):
-        store.load("s", m["key"])
-    (tmp_path / "s" / m["key"] / "manifest.json").write_text(json.dumps({"stage": "s"}))
+        store.load("s", m.key)
+    (tmp_path / "s" / m.key / "manifest.json").write_text(json.dumps({"stage": "s"}))
     with pytest.raises(ArtifactError, match="missing fields"):
-        store.load("s", m["key"])
+        store.load("s", m.key)
 
 
 def test_corrupted_chunk_fails_its_checksum(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     m = store.build("s", 1, {}, {}, _body)
-    chunk = tmp_path / "s" / m["key"] / "arr.zarr" / "x" / "c" / "1" / "0"
+    chunk = tmp_path / "s" / m.key / "arr.zarr" / "x" / "c" / "1" / "0"
     data = bytearray(chunk.read_bytes())
     data[5] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    store.load("s", m["key"])  # same size: only the codec can tell
+    store.load("s", m.key)  # same size: only the codec can tell
     with pytest.raises(ArtifactError, match=r"corrupted chunk .*x"):
-        read_array(open_group(store.url("s", m["key"], "arr.zarr")), "x")
+        read_array(open_group(store.url("s", m.key, "arr.zarr")), "x")
 
 
 def test_unwritable_root_is_a_clear_error(tmp_path: Path):
@@ -111,7 +112,7 @@ def test_concurrent_publish_keeps_the_first(tmp_path: Path):
         _body(w1)
         with store.writing("s", key, version=1, params={}, upstream={}) as w2:
             _body(w2)
-    assert w1.manifest["build_id"] == w2.manifest["build_id"]
+    assert w1.manifest.build_id == w2.manifest.build_id
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [key]
 
 
@@ -119,6 +120,22 @@ def test_forced_build_replaces_a_valid_artifact(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     first = store.build("s", 1, {}, {}, _body)
     again = store.build("s", 1, {}, {}, _body, force=True)
-    assert again["build_id"] != first["build_id"]
-    assert store.load("s", first["key"])["build_id"] == again["build_id"]
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [first["key"]]
+    assert again.build_id != first.build_id
+    assert store.load("s", first.key).build_id == again.build_id
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [first.key]
+
+
+def test_manifest_is_typed_and_its_json_keeps_its_keys(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {"a": 1}, {}, _body)
+    on_disk = json.loads((tmp_path / "s" / m.key / "manifest.json").read_text())
+    assert set(on_disk) == {"stage", "version", "key", "params", "upstream", "created", "files", "bytes", "summary",
+                            "libraries", "uri", "build_id"}
+    assert m.model_dump() == on_disk and m.bytes == sum(m.files.values())
+    with pytest.raises(ValidationError):
+        m.key = "other"   # frozen
+    down = store.build("t", 1, {}, {"s": m}, _body)
+    assert down.upstream == {"s": m.key} and down.key == stage_key("t", 1, {}, {"s": m.key})
+    (tmp_path / "s" / m.key / "manifest.json").write_text(json.dumps({**on_disk, "files": ["data.json"]}))
+    with pytest.raises(ArtifactError, match=r"corrupted manifest .*manifest\.json \(bad fields: files\)"):
+        store.load("s", m.key)

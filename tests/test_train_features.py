@@ -7,21 +7,19 @@ served them, and the counters must show that cache, local store and remote owner
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
-from tests._spawn import spawn_ranks as _spawn_ranks
 import torch
 
-from storage import ArtifactStore
-from storage.features import part_store
-from storage.graph import GROUP, read_graph
-from storage.hotness import hot_store, read_plan
-from storage.partition import BOOK, read_book
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import InMemoryFeatureStore, ZarrFeatureStore, open_feature_store
+from storage import ArtifactStore
+from storage.features import FeaturesArtifact
+from storage.graph import GraphArtifact
+from storage.hotness import HotnessArtifact
+from storage.partition import PartitionArtifact
+from tests._spawn import spawn_ranks as _spawn_ranks
 from tests._train_features_worker import MODES, TIMEOUT_S, WORLD_SIZE, worker
 from tests._train_pipeline import GRAPH, build_upstream
 
@@ -32,8 +30,8 @@ SMALL = {**GRAPH, "num_nodes": 3000}
 def built(tmp_path_factory: pytest.TempPathFactory):
     store = ArtifactStore(tmp_path_factory.mktemp("art"))
     manifests = build_upstream(store, WORLD_SIZE, SMALL, chunk_rows=256)   # several chunks: the Zarr path reads many
-    graph = read_graph(store.url("download", manifests["download"]["key"], GROUP))
-    book = read_book(store.url("partition", manifests["partition"]["key"], BOOK))
+    graph = GraphArtifact(store, manifests["download"]).read()
+    book = PartitionArtifact(store, manifests["partition"]).book()
     return store, manifests, graph.x[book.orig_of_gid], book   # x_gid: row g is gid g's features
 
 
@@ -44,7 +42,7 @@ def spawn_ranks(target, args: tuple, tmp, world: int = WORLD_SIZE, timeout_s: fl
 @pytest.fixture(scope="module")
 def ranks_out(built, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     store, manifests, _, _ = built
-    keys = {name: m["key"] for name, m in manifests.items()}
+    keys = {name: m.key for name, m in manifests.items()}
     return spawn_ranks(worker, (store.root, keys), tmp_path_factory.mktemp("feat_ranks"))
 
 
@@ -78,7 +76,7 @@ def test_store_modes_and_policies(ranks_out, built):
     store, manifests, _, book = built
     for rank, out in enumerate(ranks_out):
         assert out["memory-hotness"]["store_kind"] == "memory" and out["zarr-hotness"]["store_kind"] == "zarr"
-        plan = read_plan(store.url("hotness", manifests["hotness"]["key"], hot_store(rank)))
+        plan = HotnessArtifact(store, manifests["hotness"]).plan(rank)
         assert torch.equal(out["memory-hotness"]["cache_gid"], torch.from_numpy(np.sort(plan.plan_gid)))
         own = (plan.plan_gid >= book.bounds[rank]) & (plan.plan_gid < book.bounds[rank + 1])
         assert 0 < own.sum() < plan.plan_gid.size, "the plan holds local and remote rows"
@@ -95,8 +93,8 @@ def test_store_modes_and_policies(ranks_out, built):
 
 def test_zarr_store_gathers_like_memory(built):
     store, manifests, x_gid, book = built
-    url = store.url("features", manifests["features"]["key"], part_store(1))
-    mem, lazy = open_feature_store(url), open_feature_store(url, memory_budget_bytes=0)
+    x = FeaturesArtifact(store, manifests["features"]).x(1)
+    mem, lazy = open_feature_store(x), open_feature_store(x, memory_budget_bytes=0)
     assert isinstance(mem, InMemoryFeatureStore) and isinstance(lazy, ZarrFeatureStore) and lazy.chunk_rows == 256
     rng = np.random.default_rng(0)
     lid = torch.from_numpy(rng.integers(0, mem.num_rows, 700))   # unsorted, repeats, many chunks

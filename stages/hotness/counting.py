@@ -6,21 +6,11 @@ a power-law graph) ranks better and runs on CPU.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
+
+from stages.runtime.sampler import NeighborSampler, iter_seed_batches
 from storage.progress import progress as tqdm
-
-from storage.partition import PartCSR
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-
-
-def whole_graph_csr(parts: list[PartCSR]) -> LocalCSR:
-    """Concatenate the partitions' CSRs (gid order) into one CSR of the whole graph."""
-    offsets = np.cumsum([0] + [int(p.indptr[-1]) for p in parts[:-1]])
-    indptr = np.concatenate([parts[0].indptr[:1]] + [p.indptr[1:] + off for p, off in zip(parts, offsets)])
-    indices = np.concatenate([p.indices for p in parts])
-    return LocalCSR.from_numpy(indptr, indices, start_gid=0)
 
 
 def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,

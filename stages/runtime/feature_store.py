@@ -3,8 +3,8 @@
 ID space: rows are **lids** of the partition (row ``lid`` is gid ``start_gid + lid``).
 
 - ``InMemoryFeatureStore``: the whole ``x`` read once (chunk by chunk) into a host tensor, pinned when CUDA is the
-  training device so host→device copies are DMA. Gathers use ``torch.index_select`` (DESIGN.md §2: ~5× numpy fancy
-  indexing, and 40-400× per-batch Zarr indexing).
+  training device so host→device copies are DMA. Gathers use ``torch.index_select`` (docs/design.md §5: ~5× numpy
+  fancy indexing, and 40-400× per-batch Zarr indexing).
 - ``ZarrFeatureStore``: for a partition above the memory budget. A gather sorts the requested lids, groups them by
   row chunk and reads each touched chunk once, as one contiguous slice (Zarr decodes whole chunks anyway, and the
   crc32c codec still checks every chunk read). Slow, but bounded memory; the device cache holds the hot rows.
@@ -16,15 +16,15 @@ decided by the cache policy (``stages.train.cache_policy``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
 import numpy as np
 import psutil
 import torch
+import zarr
 from torch import Tensor
 
 from storage.errors import ArtifactError
-from storage.zarr_io import open_group, read_array
+from storage.zarr_io import read_into
 
 # With no explicit budget, load x when it takes at most this share of the memory available to this rank.
 AUTO_BUDGET_SHARE = 0.5
@@ -69,7 +69,7 @@ class InMemoryFeatureStore(FeatureStore):
 class ZarrFeatureStore(FeatureStore):
     kind = "zarr"
 
-    def __init__(self, array: Any) -> None:
+    def __init__(self, array: zarr.Array) -> None:
         self.array = array
         self.num_rows, self.num_features = int(array.shape[0]), int(array.shape[1])
         self.dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
@@ -102,31 +102,28 @@ class ZarrFeatureStore(FeatureStore):
         return out
 
 
-def _load_x(url: str, pin: bool) -> Tensor:
+def _load_x(x: zarr.Array, pin: bool) -> Tensor:
     """Read ``x`` chunk by chunk straight into a (pinned) torch tensor: no second full-size copy."""
-    group = open_group(url)
-    arr = group["x"]
-    dtype = torch.from_numpy(np.empty(0, dtype=arr.dtype)).dtype
-    x = torch.empty(tuple(arr.shape), dtype=dtype, pin_memory=pin)
-    read_array(group, "x", out=x.numpy())
-    return x
+    dtype = torch.from_numpy(np.empty(0, dtype=x.dtype)).dtype
+    out = torch.empty(tuple(x.shape), dtype=dtype, pin_memory=pin)
+    read_into(x, out=out.numpy())
+    return out
 
 
-def x_nbytes(url: str) -> int:
-    arr = open_group(url)["x"]
-    return int(np.prod(arr.shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+def x_nbytes(x: zarr.Array) -> int:
+    return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
 
 
-def open_feature_store(url: str, *, memory_budget_bytes: int | None = None, ranks_on_host: int = 1,
+def open_feature_store(x: zarr.Array, *, memory_budget_bytes: int | None = None, ranks_on_host: int = 1,
                        pin: bool = False) -> FeatureStore:
-    """Partition ``x`` of the feature store ``url`` (a ``part-<p>.zarr``), in RAM when it fits the budget.
+    """Partition ``x`` (opened lazily, ``storage.features.FeaturesArtifact.x``), in RAM when it fits the budget.
 
     ``memory_budget_bytes`` None: ``AUTO_BUDGET_SHARE`` of the available memory, shared by ``ranks_on_host``.
     0 forces on-demand reads. ``pin``: page-lock the host copy (only worth it for a CUDA device).
     """
-    need = x_nbytes(url)
+    need = x_nbytes(x)
     if memory_budget_bytes is None:
         memory_budget_bytes = int(AUTO_BUDGET_SHARE * psutil.virtual_memory().available / max(ranks_on_host, 1))
     if need <= memory_budget_bytes:
-        return InMemoryFeatureStore(_load_x(url, pin))
-    return ZarrFeatureStore(open_group(url)["x"])
+        return InMemoryFeatureStore(_load_x(x, pin))
+    return ZarrFeatureStore(x)

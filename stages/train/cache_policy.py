@@ -15,47 +15,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from storage.errors import InputError
-from storage.hotness import hot_store, read_plan
-from storage.partition import BOOK, part_name
-from storage.store import ArtifactStore
-from storage.zarr_io import open_group, read_array
+from stages.choices import CACHE_POLICIES
 from stages.hotness.plan import degree_order
-
-POLICIES = ("hotness", "hotness-remote", "degree", "none")
+from storage.errors import InputError
+from storage.hotness import HotnessArtifact
+from storage.partition import PartitionArtifact
 
 
 def resolve_policy(policy: str, device_type: str) -> str:
     """The concrete policy a rank on ``device_type`` ("cpu", "cuda") applies for ``policy`` (``auto`` or one of
-    POLICIES)."""
+    CACHE_POLICIES)."""
     if policy == "auto":
         return "hotness" if device_type == "cuda" else "hotness-remote"
     return policy
 
 
-def global_in_degree(store: ArtifactStore, partition_key: str, num_partitions: int) -> np.ndarray:
-    """In-degree of every gid, from the partitions' ``indptr`` arrays only (8 bytes a node, no edges read)."""
-    parts = [np.diff(read_array(open_group(store.url("partition", partition_key, part_name(p))), "indptr"))
-             for p in range(num_partitions)]
-    return np.concatenate(parts)
-
-
-def cache_gids(policy: str, *, store: ArtifactStore, partition_key: str, hotness_key: str, rank: int,
-               num_partitions: int) -> np.ndarray:
+def cache_gids(policy: str, *, partition: PartitionArtifact, hotness: HotnessArtifact, rank: int) -> np.ndarray:
     """The gids rank ``rank`` caches under ``policy`` (int64; hot first for ``hotness``)."""
     if policy == "none":
         return np.empty(0, dtype=np.int64)
-    if policy not in POLICIES:
-        raise InputError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    plan = read_plan(store.url("hotness", hotness_key, hot_store(rank)))
+    if policy not in CACHE_POLICIES:
+        raise InputError(f"unknown cache policy {policy!r}; choose one of {', '.join(CACHE_POLICIES)}")
+    plan = hotness.plan(rank)
     if plan.part != rank:
-        raise InputError(f"cache plan hot-{rank} belongs to partition {plan.part}; rebuild the hotness stage")
+        raise InputError(f"the cache plan stored for partition {rank} belongs to partition {plan.part}; rebuild the "
+                         f"hotness stage")
     if policy == "hotness":
         return plan.plan_gid.astype(np.int64, copy=False)
     budget_rows = int(plan.plan_gid.shape[0])
     if policy == "hotness-remote":
-        lo, hi = (int(b) for b in read_array(open_group(store.url("partition", partition_key, BOOK)),
-                                             "bounds")[rank:rank + 2])
+        lo, hi = (int(b) for b in partition.bounds()[rank:rank + 2])
         ranked = plan.ranked_gid.astype(np.int64, copy=False)   # every requested gid, most requested first
         return ranked[(ranked < lo) | (ranked >= hi)][:budget_rows]
-    return degree_order(global_in_degree(store, partition_key, num_partitions))[:budget_rows].astype(np.int64)
+    return degree_order(partition.in_degree())[:budget_rows].astype(np.int64)

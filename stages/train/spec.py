@@ -53,24 +53,24 @@ def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) ->
     A plan from another partitioning names gids of a different relabelling: caching it would silently serve
     wrong rows, so refuse with a clear error.
     """
-    pkey = partition["key"]
+    pkey = partition.key
     for name, manifest in (("features", features), ("hotness", hotness)):
-        got = manifest.get("upstream", {}).get("partition")
+        got = manifest.upstream.get("partition")
         if got != pkey:
-            raise InputError(f"the {name} artifact {manifest['key']} was built on partition {got}, not on the "
+            raise InputError(f"the {name} artifact {manifest.key} was built on partition {got}, not on the "
                              f"partition {pkey} used for training; rebuild {name} on this partitioning")
-    got = hotness.get("upstream", {}).get("features")
-    if got != features["key"]:
-        raise InputError(f"the hotness artifact {hotness['key']} was built on features {got}, not {features['key']}; "
+    got = hotness.upstream.get("features")
+    if got != features.key:
+        raise InputError(f"the hotness artifact {hotness.key} was built on features {got}, not {features.key}; "
                          f"rebuild hotness on these features")
-    parts = int(partition["summary"]["num_partitions"])
-    planned = int(hotness["summary"].get("num_partitions", parts))
+    parts = int(partition.summary["num_partitions"])
+    planned = int(hotness.summary.get("num_partitions", parts))
     if planned != parts:
         raise InputError(f"the cache plan covers {planned} partitions but the partitioning has {parts}")
 
 
 def check_world_size(world_size: int, num_partitions: int) -> None:
-    """One rank per partition (DESIGN.md §5): rank r loads partition r and owns its gid range."""
+    """One rank per partition (docs/design.md §5): rank r loads partition r and owns its gid range."""
     if world_size != num_partitions:
         raise InputError(f"world size {world_size} != {num_partitions} partitions: training runs one rank per "
                          f"partition; launch {num_partitions} ranks or repartition into {world_size}")
@@ -102,8 +102,8 @@ def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping
     """
     out = {"train": train_key, "runtime": runtime_fingerprint()}
     for name, manifest in sorted(upstream.items()):
-        digest = hashlib.sha256(store.read_bytes(name, manifest["key"], MANIFEST)).hexdigest()[:16]
-        out[name] = f"{manifest['key']} build {digest}"
+        digest = hashlib.sha256(store.read_bytes(name, manifest.key, MANIFEST)).hexdigest()[:16]
+        out[name] = f"{manifest.key} build {digest}"
     return out
 
 

@@ -30,7 +30,7 @@ from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-POLICIES = ("hotness", "hotness-remote", "degree", "none")
+from stages.choices import CACHE_POLICIES  # noqa: E402 - after the repo is on sys.path
 
 
 def _time_batches(model, optimizer, seed_batches, sample, gather, label_of, device, args) -> dict:
@@ -50,16 +50,21 @@ def _time_batches(model, optimizer, seed_batches, sample, gather, label_of, devi
 
 def rank_main(args: argparse.Namespace) -> None:
     """One torchrun rank: load partition r exactly as the train worker does, then time each cache policy."""
-    import torch
-    import torch.distributed as dist
     from datetime import timedelta
 
-    from storage import ArtifactStore
-    from stages.runtime.dist_sampler import equal_batch_count, iter_equal_seed_batches
+    import torch
+    import torch.distributed as dist
+
+    from stages.runtime.dist_sampler import equal_batch_count
     from stages.train.cache_policy import cache_gids
     from stages.train.params import Params
+    from stages.train.rank_data import RankData
     from stages.train.spec import TrainSpec
-    from stages.train.worker import Rank, pick_device
+    from stages.train.trainer import Trainer
+    from stages.train.worker import pick_device
+    from storage import ArtifactStore
+    from storage.hotness import HotnessArtifact
+    from storage.partition import PartitionArtifact
 
     spec = TrainSpec.load(args.spec)
     params = Params(**spec.params)
@@ -68,20 +73,23 @@ def rank_main(args: argparse.Namespace) -> None:
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(params.threads_per_rank or 1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
-    r = Rank(spec, params, rank, world, local_world, device)
+    data = RankData.open(spec, rank, world, local_world, device)
+    trainer = Trainer(spec, params, data)
+    loader = trainer.loader
     store = ArtifactStore(spec.artifacts)
-    batches_per_epoch = equal_batch_count(r.split_gid["train"].numel(), params.batch_size)
+    partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
+    hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
+    batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), params.batch_size)
     results = {}
-    for policy in POLICIES:
-        gid = cache_gids(policy, store=store, partition_key=spec.partition_key, hotness_key=spec.hotness_key,
-                         rank=rank, num_partitions=world)
-        cache = r.features.build_cache(torch.from_numpy(gid))
-        r.seed_epoch(0)
-        seeds = iter_equal_seed_batches(r.split_gid["train"], params.batch_size, generator=r.shuffle_gen)
-        r.features.reset_counters()
-        timing = _time_batches(r.ddp, r.optimizer, seeds, r.sampler.sample, r.features.gather, r.label_of,
-                               device, args)
-        c = r.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
+    for policy in CACHE_POLICIES:
+        gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)
+        cache = data.features.build_cache(torch.from_numpy(gid))
+        trainer.rng.seed_epoch(0)
+        seeds = loader.train_batches()
+        data.features.reset_counters()
+        timing = _time_batches(trainer.ddp, trainer.optimizer, seeds, loader.sample, loader.gather_rows,
+                               loader.label_of, device, args)
+        c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
         sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"]],
                             dtype=torch.float64)
         dist.all_reduce(sums)
@@ -109,19 +117,19 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     import numpy as np
     import torch
 
-    from storage import ArtifactStore
-    from storage.features import part_store, read_part_features
-    from storage.partition import part_name, read_part
-    from stages.hotness.counting import whole_graph_csr
-    from stages.runtime.sampler import NeighborSampler, iter_seed_batches
+    from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
     from stages.train.model import build_model
+    from storage import ArtifactStore
+    from storage.features import FeaturesArtifact
+    from storage.partition import PartitionArtifact, concat_parts
 
     torch.set_num_threads(args.threads)
     store = ArtifactStore(args.root)
-    pkey, fkey = manifests["partition"]["key"], manifests["features"]["key"]
-    parts = int(manifests["partition"]["summary"]["num_partitions"])
-    csr = whole_graph_csr([read_part(store.url("partition", pkey, part_name(p))) for p in range(parts)])
-    feats = [read_part_features(store.url("features", fkey, part_store(p))) for p in range(parts)]
+    partition = PartitionArtifact(store, manifests["partition"])
+    features = FeaturesArtifact(store, manifests["features"])
+    parts = partition.num_partitions
+    csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(parts)]), start_gid=0)
+    feats = [features.part(p) for p in range(parts)]
     x = torch.from_numpy(np.concatenate([f.x for f in feats]))          # gid order: parts are contiguous ranges
     y = torch.from_numpy(np.concatenate([f.y for f in feats]))
     train_gid = torch.from_numpy(np.concatenate([f.split_lids["train"] + f.start_gid for f in feats]))
@@ -143,11 +151,11 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
 
 
 def build(args: argparse.Namespace) -> dict:
-    from storage import ArtifactStore
     from stages.download import stage as download
     from stages.features import stage as features
     from stages.hotness import stage as hotness
     from stages.partition import stage as partition
+    from storage import ArtifactStore
 
     store = ArtifactStore(args.root)
     dl = download.run(store, download.Params(**download_params(args)), {})
@@ -168,8 +176,8 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     params = Params(hidden=args.hidden, num_layers=len(args.fanouts), fanouts=tuple(args.fanouts),
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
     with tempfile.TemporaryDirectory() as tmp:
-        spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"]["key"],
-                         features_key=manifests["features"]["key"], hotness_key=manifests["hotness"]["key"],
+        spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
+                         features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
                          num_partitions=2, params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
         spec.save(Path(tmp, "spec.json"))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
@@ -202,8 +210,8 @@ def main() -> None:
         return
     start = time.perf_counter()
     manifests = build(args)
-    result = {"nodes": manifests["download"]["summary"]["num_nodes"],
-              "edges": manifests["download"]["summary"]["num_edges"], "fanouts": args.fanouts,
+    result = {"nodes": manifests["download"].summary["num_nodes"],
+              "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),
               "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1)}
     result["dist"] = dist_run(args, manifests)

@@ -8,10 +8,17 @@ import socket
 import psutil
 import pytest
 
-from storage import InputError
-from stages.train.cluster import (Cluster, bound_here, expand_hostlist, from_slurm, parse_endpoint, rank_threads,
-                                  usable_cpus)
+from stages.train.cluster import (
+    Cluster,
+    bound_here,
+    expand_hostlist,
+    from_slurm,
+    parse_endpoint,
+    rank_threads,
+    usable_cpus,
+)
 from stages.train.spec import check_same_artifacts, code_digest, runtime_fingerprint
+from storage import InputError
 
 
 def test_single_host_is_standalone():

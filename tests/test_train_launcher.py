@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from storage.errors import InputError
 from stages.train.launcher import RankFailure, TrainingError, failure_message, launch, torchrun_command
+from storage.errors import InputError
 
 # A job whose child ignores SIGTERM (only SIGKILL ends it): prints both pids, then hangs like a stuck rank.
 STUBBORN_JOB = r"""

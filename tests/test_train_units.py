@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from storage.train import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.seeds import stream_seed
+from stages.train.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from stages.train.loop import ogb_accuracy_counts, predict, train_epoch
 from stages.train.model import MODELS, build_model, seed_logits
-from stages.train.worker import stream_seed
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 

@@ -3,9 +3,9 @@ rendezvous, described by the command line (``--nnodes/--node-rank/--rdzv``) or b
 
 Torch-free, so that a bad cluster description fails in milliseconds, before anything is launched.
 
-One rank per partition (DESIGN.md §5): ``num_partitions`` ranks spread evenly, ``num_partitions / nnodes`` per
+One rank per partition (docs/design.md): ``num_partitions`` ranks spread evenly, ``num_partitions / nnodes`` per
 node. Which global ranks a node gets is torchrun's choice (c10d orders the nodes by address); nothing here
-depends on it: every node keeps its own copy of the results and checkpoints (see ``stages.train.worker``).
+depends on it: every node keeps its own copy of the results and checkpoints (see ``stages.train.checkpoint``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ class Cluster:
         """Node 0 publishes the artifact; the other nodes only lend their ranks."""
         return self.node_rank == 0
 
+    def check_fits(self, num_partitions: int) -> None:
+        """One rank per partition, spread evenly: raise the one-line error naming partition counts that fit."""
+        self.nproc_per_node(num_partitions)
+
     def nproc_per_node(self, num_partitions: int) -> int:
+        """Ranks on each node (``check_fits`` says why a count does not fit)."""
         if num_partitions % self.nnodes:
             lower = num_partitions - num_partitions % self.nnodes
             options = sorted({n for n in (lower, lower + self.nnodes) if n > 0})
@@ -97,7 +102,7 @@ def bound_here(host: str) -> bool:
     """Whether ``host`` resolves to a non-loopback address of one of this node's interfaces (in its network
     namespace). Loopback is left to torchrun, which also copes with several nodes sharing one machine."""
     try:
-        resolved = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        resolved = {str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except (OSError, UnicodeError):
         return False
     resolved = {a for a in resolved if not ipaddress.ip_address(a.split("%")[0]).is_loopback}
@@ -156,7 +161,7 @@ def _expand_one(name: str) -> list[str]:
     if not m:
         return [name]
     prefix, ranges, rest = m.groups()
-    out = []
+    out: list[str] = []
     for part in ranges.split(","):
         lo, _, hi = part.partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()):

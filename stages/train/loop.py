@@ -1,7 +1,8 @@
-"""One training epoch and one evaluation pass over sampled batches, shared by the DDP worker and the benchmark.
+"""One training epoch and one evaluation pass over sampled batches, shared by the ``Trainer`` and the benchmark.
 
-Nothing here knows about ranks: the caller hands in the seed batches (equal counts on every rank for DDP), the
-sampler, and ``gather_rows`` (the feature path: cache, store, remote owners); sums come back for it to all-reduce.
+Nothing here knows about ranks: the caller hands in the seed batches (equal counts on every rank for DDP) and the
+three callables of the seam below (``stages.train.loader.NodeLoader`` holds a rank's: its distributed sampler, the
+feature path of cache, store and remote owners, its labels); sums come back for it to all-reduce (``stats``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class EpochSums:
     seeds: int = 0
     batches: int = 0          # all batches run, padding included
     sampled_edges: int = 0    # all batches
-    sampled_nodes: int = 0
     wall_s: float = 0.0
 
 
@@ -68,7 +68,6 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
         optimizer.step()
         sums.batches += 1
         sums.sampled_edges += int(batch.edge_index.shape[1])
-        sums.sampled_nodes += int(batch.n_id.numel())
         if b < num_real_batches:
             sums.loss_sum += float(loss.detach()) * y.numel()
             sums.correct += int((logits.detach().argmax(1) == y).sum())

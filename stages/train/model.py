@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-MODELS = ("sage", "gcn", "gat")
+from stages.choices import MODELS
 
 
 def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,

@@ -1,0 +1,34 @@
+"""Named random streams: one 63-bit seed per ``(seed, rank, epoch, stream)``, the same on any machine.
+
+Every stream id below is used by exactly one consumer, so no two consumers ever draw from the same stream:
+
+==========================  ===  =====================  =============================================================
+stream                      id   ``rank`` / ``epoch``   drawn by
+==========================  ===  =====================  =============================================================
+``STREAM_SHUFFLE``          0    rank / epoch           train: the order of a rank's train seeds (one epoch)
+``STREAM_SAMPLER``          1    rank / epoch           train: neighbour sampling (the rank's sampler generator)
+``STREAM_TORCH``            2    rank / epoch           train: torch's global generator (dropout)
+``STREAM_PY``               3    rank / epoch           train: ``random`` and ``numpy.random`` (global state)
+``STREAM_HOTNESS_FIT``      16   partition / 0          hotness: the pre-sampled epochs the cache plan is fitted on
+``STREAM_HOTNESS_EVAL``     17   partition / 0          hotness: the held-out epoch its hit rate is measured on
+==========================  ===  =====================  =============================================================
+
+Training reseeds its streams at the start of every epoch (epoch ``E`` = the number of epochs seeds the final test
+pass), which is what makes a resumed run draw exactly what an uninterrupted one draws. The hotness stage draws
+all of its pre-sampled epochs from one generator per partition, so it always passes epoch 0; its ids are apart
+from training's, so the plan is fitted on draws that are independent of the ones training makes.
+
+Torch-free (numpy only): the hotness stage imports it before torch is needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY = range(4)
+STREAM_HOTNESS_FIT, STREAM_HOTNESS_EVAL = 16, 17
+
+
+def stream_seed(seed: int, rank: int, epoch: int, stream: int) -> int:
+    """A 63-bit seed per (seed, rank, epoch, stream): independent streams, reproducible anywhere."""
+    return int(np.random.SeedSequence([seed, rank, epoch, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)

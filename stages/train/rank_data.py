@@ -1,0 +1,87 @@
+"""What one training rank holds of the graph: its partition, opened from the job spec's artifacts.
+
+Rank r (one rank per partition) holds partition r: the CSR of its nodes' incoming edges, its feature store with
+the device cache its cache policy picks (policy ``stages.train.cache_policy``, mechanism ``stages.runtime``), its
+labels and its split nodes. ``RankData.open`` is the only place a rank reads artifacts (through the typed
+handles of ``storage``; ``cache_gids`` reads the cache plan through the same handles).
+
+ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.feature_store import open_feature_store
+from stages.runtime.sampler import LocalCSR
+from stages.train.cache_policy import cache_gids, resolve_policy
+from stages.train.params import Params
+from stages.train.spec import TrainSpec, check_lineage, check_world_size
+from storage import ArtifactStore
+from storage.features import FeaturesArtifact
+from storage.graph import SPLITS
+from storage.hotness import HotnessArtifact
+from storage.partition import PartitionArtifact
+
+
+@dataclass
+class RankData:
+    rank: int
+    world: int
+    device: torch.device
+    bounds: np.ndarray            # int64 [world + 1]: partition p owns gids [bounds[p], bounds[p + 1])
+    csr: LocalCSR                 # incoming edges of this rank's nodes (rows by lid, neighbours by gid)
+    features: DistFeatures        # rows of any gid: device cache -> own store -> remote owners
+    y_of_lid: Tensor              # int64 labels of this rank's nodes, by lid, on the device
+    split_gid: dict[str, Tensor]  # SPLITS -> gids of this rank's nodes in that split, on the device
+    num_features: int
+    num_classes: int
+    cache_policy: str             # the policy applied (``auto`` resolved)
+    setup: dict[str, Any]         # this rank's row of ``metrics.json["ranks"]``
+
+    @property
+    def lo(self) -> int:
+        """The first gid of this rank's partition."""
+        return int(self.bounds[self.rank])
+
+    def label_of(self, seed_gid: Tensor) -> Tensor:
+        """Labels of own nodes ``seed_gid`` (the ``LabelOf`` of ``stages.train.loop``)."""
+        return self.y_of_lid.index_select(0, seed_gid - self.lo)
+
+    @classmethod
+    def open(cls, spec: TrainSpec, rank: int, world: int, local_world: int, device: torch.device) -> RankData:
+        """Read partition ``rank``'s data and build its feature path. A collective (the cache build fetches remote
+        rows): every rank of the process group calls it. ``local_world`` ranks share this host's memory budget."""
+        params = Params(**spec.params)
+        store = ArtifactStore(spec.artifacts)
+        partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
+        features = FeaturesArtifact(store, store.load("features", spec.features_key))
+        hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
+        check_lineage(partition.manifest, features.manifest, hotness.manifest)
+        bounds = partition.bounds()
+        check_world_size(world, int(bounds.shape[0]) - 1)
+        lo = int(bounds[rank])
+        csr = LocalCSR.from_part(partition.csr(rank), device)
+        part = features.part(rank, load_x=False)
+        x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
+                                     ranks_on_host=local_world, pin=device.type == "cuda")
+        dist_features = DistFeatures(x_store, bounds, device=device)
+        start = time.perf_counter()
+        policy = resolve_policy(params.cache_policy, device.type)
+        cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
+        cache = dist_features.build_cache(torch.from_numpy(cached_gid))
+        setup = {"rank": rank, "feature_store": x_store.kind, "cache_rows": cache.num_rows,
+                 "cache_bytes": cache.nbytes, "cache_build_s": round(time.perf_counter() - start, 3),
+                 **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
+        return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=dist_features,
+                   y_of_lid=torch.from_numpy(part.y).to(device),
+                   split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
+                   num_features=x_store.num_features, num_classes=int(part.attrs["num_classes"]),
+                   cache_policy=policy, setup=setup)

@@ -1,0 +1,72 @@
+"""One epoch's metrics, global over ranks: the record ``metrics.json`` keeps per epoch, all-reduced in one place."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stages.runtime.collectives import comm_device
+from stages.runtime.dist_features import FeatureCounters
+from stages.train.loop import EpochSums
+
+
+def all_reduce_f64(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
+    """``values`` reduced over all ranks in one collective (float64: counts stay exact below 2^53)."""
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Field names are the per-epoch keys of ``metrics.json`` (``metrics["epochs"][i]``), which the stage's summary
+    and report (``stages.train.stage``) and the figures (``stages.train.plot``) read. Every value is global."""
+
+    epoch: int                   # 0-based
+    loss: float                  # mean cross-entropy over all ranks' real (non-padding) train seeds
+    train_acc: float             # over the same seeds, in train mode (dropout on)
+    val_acc: float               # global validation accuracy after the epoch (OGB Evaluator acc)
+    epoch_s: float               # the slowest rank's training pass
+    eval_s: float                # the slowest rank's validation pass
+    batches: int                 # per rank, padding included (equal on every rank)
+    sampled_edges_per_s: float   # all ranks' sampled edges / epoch_s
+    hit_rate: float              # cached_rows / requested_rows
+    requested_rows: int          # feature rows asked for by all ranks' batches (the rows of every n_id)
+    cached_rows: int             # of which served by the device caches
+    local_rows: int              # by the ranks' own stores
+    remote_rows: int             # by other ranks
+    cached_bytes: int
+    local_bytes: int
+    remote_bytes: int
+
+    @classmethod
+    def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *, val_acc: float, eval_s: float,
+               row_bytes: int) -> EpochStats:
+        """The global record from this rank's ``sums`` (``loop.train_epoch``) and feature ``traffic`` of the epoch.
+
+        A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``val_acc`` is global
+        already; ``batches`` is equal on every rank and taken as is.
+        """
+        loss_sum, correct, seeds, edges, req, hits, local, remote, remote_bytes = all_reduce_f64(
+            [sums.loss_sum, sums.correct, sums.seeds, sums.sampled_edges, traffic.requested_rows,
+             traffic.cache_hits, traffic.local_rows, traffic.remote_rows, traffic.remote_bytes])
+        epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
+        return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=correct / max(seeds, 1), val_acc=val_acc,
+                   epoch_s=epoch_s, eval_s=eval_s, batches=sums.batches,
+                   sampled_edges_per_s=edges / max(epoch_s, 1e-9), hit_rate=hits / max(req, 1),
+                   requested_rows=int(req), cached_rows=int(hits), local_rows=int(local), remote_rows=int(remote),
+                   cached_bytes=int(hits) * row_bytes, local_bytes=int(local) * row_bytes,
+                   remote_bytes=int(remote_bytes))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def log_line(self, epochs: int) -> str:
+        """One line for the job log, ``epochs`` being the run's total."""
+        return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {100 * self.train_acc:.1f} %, "
+                f"val {100 * self.val_acc:.1f} % | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
+                f"edges/s | cache hit {100 * self.hit_rate:.1f} %, remote {self.remote_rows:,} rows "
+                f"({self.remote_bytes / 2**20:.1f} MiB)")

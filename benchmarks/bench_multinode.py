@@ -81,7 +81,8 @@ def main() -> None:
     reason = _netns.unavailable()
     if reason:
         sys.exit(f"error: {reason}")
-    from flows.cli import load_config, stage_keys
+    from flows.config import stage_keys
+    from flows.load import load_config
 
     cfg = load_config(None, args.sets, artifacts=args.root)
     cfg_path = Path(args.root).with_suffix(".yaml")
@@ -92,12 +93,12 @@ def main() -> None:
     store, key = ArtifactStore(args.root), stage_keys(cfg)["train"]
 
     one = _run([*GNNPIPE, "train", "-c", str(cfg_path), "--force"])
-    one_host = _figures(store.load("train", key)["summary"], one)
+    one_host = _figures(store.load("train", key).summary, one)
     with _netns.two_hosts() as net:
         _shape(net, args.rate)
         two = _two_nodes(net, cfg_path)
         crossed = net.rx_bytes(0) + net.rx_bytes(1)
-    two_hosts = _figures(store.load("train", key)["summary"], two)
+    two_hosts = _figures(store.load("train", key).summary, two)
     print(json.dumps({"bench": "multinode", "num_nodes": cfg.num_nodes, "num_partitions": cfg.num_partitions,
                       "epochs": cfg.epochs, "link_rate": args.rate or "unlimited veth",
                       "one_host": one_host, "two_hosts": two_hosts, "veth_mib": round(crossed / 2**20, 1),

@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from flows.config import STAGES, PipelineConfig
-from storage import ArtifactStore, GnnpipeError, InputError, Manifest
+from flows.config import PipelineConfig, stage_keys
+from flows.load import load_config
+from stages.train import stage as train_stage
 from stages.train.cluster import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_PORT, DEFAULT_RDZV_ID, Cluster, from_slurm
+from storage import ArtifactStore, InputError, Manifest
 
 
 def upstream_manifests(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, Manifest]:
     """The train stage's inputs for ``cfg``, found by key; a missing one is a one-line error saying what to run."""
-    from flows.cli import stage_keys
-
     keys = stage_keys(cfg.model_copy(update={"until": "train"}))
     found: dict[str, Manifest] = {}
-    for name in STAGES["train"].UPSTREAM:
+    for name in train_stage.UPSTREAM:
         manifest = store.find(name, keys[name])
         if manifest is None:
             raise InputError(f"{name} artifact {keys[name]} is not in {store.root}: build the pipeline up to hotness "
@@ -36,7 +35,7 @@ def upstream_manifests(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, M
     return found
 
 
-def cluster_from_options(nnodes: int, node_rank: int, rdzv: Optional[str], rdzv_id: str, local_addr: Optional[str],
+def cluster_from_options(nnodes: int, node_rank: int, rdzv: str | None, rdzv_id: str, local_addr: str | None,
                          slurm: bool, port: int, join_timeout_s: float) -> Cluster:
     if slurm:
         if rdzv or nnodes != 1 or node_rank:
@@ -48,34 +47,29 @@ def cluster_from_options(nnodes: int, node_rank: int, rdzv: Optional[str], rdzv_
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def train(config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters"),
+    def train(config: Path | None = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters"),
               set_: list[str] = typer.Option([], "--set", "-s", help="parameter override key=value (repeatable)"),
-              artifacts: Optional[str] = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)"),
+              artifacts: str | None = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)"),
               nnodes: int = typer.Option(1, help="number of machines in the job"),
               node_rank: int = typer.Option(0, help="this machine's index, 0..nnodes-1; node 0 publishes"),
-              rdzv: Optional[str] = typer.Option(None, help="HOST:PORT of the rendezvous, the same on every node"),
+              rdzv: str | None = typer.Option(None, help="HOST:PORT of the rendezvous, the same on every node"),
               rdzv_id: str = typer.Option(DEFAULT_RDZV_ID, help="job name, the same on every node"),
-              local_addr: Optional[str] = typer.Option(None, help="this node's address as the others reach it"),
+              local_addr: str | None = typer.Option(None, help="this node's address as the others reach it"),
               slurm: bool = typer.Option(False, help="take nodes, node rank and rendezvous host from srun's env"),
               port: int = typer.Option(DEFAULT_PORT, help="rendezvous port with --slurm"),
               join_timeout: float = typer.Option(DEFAULT_JOIN_TIMEOUT_S, help="seconds to wait for all nodes"),
               force: bool = typer.Option(False, "--force", "-f", help="train even if the artifact exists")) -> None:
         """Train on this node's share of the ranks (one rank per partition, spread evenly over the nodes)."""
-        from flows.cli import _fail, load_config
-
-        try:
-            cfg = load_config(config, set_, artifacts=artifacts)
-            cluster = cluster_from_options(nnodes, node_rank, rdzv, rdzv_id, local_addr, slurm, port, join_timeout)
-            cluster.nproc_per_node(cfg.num_partitions)   # "3 partitions on 2 nodes" before anything is read
-            store = ArtifactStore(cfg.artifacts)
-            upstream = upstream_manifests(cfg, store)
-            module = STAGES["train"]
-            if cluster.multi_node:
-                typer.echo(f"node {cluster.node_rank}/{cluster.nnodes}: rendezvous {cluster.rdzv_endpoint} "
-                           f"(id {cluster.rdzv_id}), artifacts {store.root}")
-            manifest = module.run(store, cfg.stage_params("train"), upstream, force=force, cluster=cluster,
-                                  log=typer.echo)
-            if manifest is not None:
-                typer.echo("\n" + module.report(manifest).markdown)
-        except GnnpipeError as err:
-            _fail(err)
+        cfg = load_config(config, set_, artifacts=artifacts)
+        cluster = cluster_from_options(nnodes, node_rank, rdzv, rdzv_id, local_addr, slurm, port, join_timeout)
+        cluster.check_fits(cfg.partition.num_partitions)   # "3 partitions on 2 nodes" before anything is read
+        store = ArtifactStore(cfg.artifacts)
+        upstream = upstream_manifests(cfg, store)
+        if cluster.multi_node:
+            typer.echo(f"node {cluster.node_rank}/{cluster.nnodes}: rendezvous {cluster.rdzv_endpoint} "
+                       f"(id {cluster.rdzv_id}), artifacts {store.root}")
+        if not cluster.publishes:
+            train_stage.join(store, cfg.train, upstream, cluster=cluster, force=force, log=typer.echo)
+            return
+        manifest = train_stage.run(store, cfg.train, upstream, force=force, cluster=cluster, log=typer.echo)
+        typer.echo("\n" + train_stage.report(manifest).markdown)

@@ -1,75 +1,60 @@
-"""The pipeline's parameters: one flat, validated model that maps onto each stage's own Params."""
+"""The pipeline's configuration, derived from the stages' own ``Params`` (each parameter is declared once, there).
+
+A config is one section per stage (``download``, ``partition``, ``features``, ``hotness``, ``train``), each that
+stage's Params, plus ``artifacts``, ``until`` and ``force``. Values reach a field by any of these names:
+
+- nested: ``{"train": {"epochs": 3}}`` (YAML/TOML sections) or dotted: ``train.epochs=3``;
+- qualified flat: ``train_epochs=3`` (``<stage>_<field>``; any field);
+- short flat: ``epochs=3``, where the name is unambiguous: a field only one stage declares, a name in
+  ``ALIASES``, or a name in ``SHARED``, which sets that field in each of its stages.
+
+A more specific name wins: shared < short < qualified/dotted/nested. The flow's parameters (``flow_parameters``)
+list each field once, under the shortest name that reaches it alone.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
+from stages.download import stage as download_stage
+from stages.features import stage as features_stage
+from stages.hotness import stage as hotness_stage
+from stages.params import ParamsError, StageParams, field_error
+from stages.partition import stage as partition_stage
+from stages.protocol import Stage
+from stages.train import stage as train_stage
 from storage import InputError
-from stages.download import stage as download
-from stages.features import stage as features
-from stages.hotness import stage as hotness
-from stages.partition import stage as partition
-from stages.train import stage as train
+from storage.store import stage_key
 
-STAGES = {"download": download, "partition": partition, "features": features, "hotness": hotness, "train": train}
-ORDER = tuple(STAGES)
-
-_DL, _PT, _FT, _HT, _TR = download.Params(), partition.Params(), features.Params(), hotness.Params(), train.Params()
+STAGES: dict[str, Stage] = {"download": download_stage, "partition": partition_stage,
+                             "features": features_stage, "hotness": hotness_stage, "train": train_stage}
+ORDER: tuple[str, ...] = tuple(STAGES)
+# one name for one setting that several stages must agree on (the hotness stage pre-samples the training batches)
+SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), "fanouts": ("hotness", "train"),
+                                      "batch_size": ("hotness", "train")}
+# a short name two stages declare, given to the stage a user means by it
+ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
+CONTROL = ("artifacts", "until", "force")
 
 
 class PipelineConfig(BaseModel):
-    """Everything a run needs. Defaults are the embedded synthetic graph on 2 partitions."""
+    """Everything a run needs. Defaults: the embedded synthetic graph on 2 partitions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    artifacts: str = "./artifacts"
-    # download
-    dataset: str = _DL.dataset
-    num_nodes: int = _DL.num_nodes
-    avg_degree: float = _DL.avg_degree
-    num_features: int = _DL.num_features
-    num_classes: int = _DL.num_classes
-    seed: int = _DL.seed
-    split: tuple[float, float, float] = _DL.split
-    path: str | None = None
-    download_dir: str | None = None   # where OGB raw files are cached; not part of any key
-    # partition
-    num_partitions: int = _PT.num_partitions
-    partition_method: Literal["metis", "random"] = _PT.method
-    partition_seed: int = _PT.seed
-    balance_train: bool = _PT.balance_train
-    balance_edges: bool = _PT.balance_edges
-    # features
-    chunk_rows: int | None = _FT.chunk_rows
-    compressor: Literal["lz4", "zstd"] | None = _FT.compressor
-    # hotness (fanouts and batch_size are the training ones)
-    fanouts: tuple[int, ...] = _HT.fanouts
-    batch_size: int = _HT.batch_size
-    hotness_epochs: int = _HT.epochs
-    cache_budget_bytes: int | None = _HT.cache_budget_bytes
-    cache_ratio: float = _HT.cache_ratio
-    # train (one rank per partition; the model has one layer per fanout)
-    model: Literal["sage", "gcn", "gat"] = _TR.model
-    hidden: int = _TR.hidden
-    epochs: int = _TR.epochs
-    lr: float = _TR.lr
-    dropout: float = _TR.dropout
-    cache_policy: Literal["auto", "hotness", "hotness-remote", "degree", "none"] = _TR.cache_policy
-    train_timeout_s: float = _TR.timeout_s
-    host_memory_budget_bytes: int | None = _TR.host_memory_budget_bytes
-    device: Literal["auto", "cpu", "cuda"] = _TR.device
-    # control
-    until: str = ORDER[-1]
-    force: list[str] = Field(default_factory=list)
-
-    @field_validator("num_partitions")
-    @classmethod
-    def _parts(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("num_partitions must be >= 1")
-        return v
+    artifacts: str = Field("./artifacts", description="artifact root: a path or an fsspec URL (s3://...)")
+    until: str = Field(ORDER[-1], description=f"last stage to run ({', '.join(ORDER)})")
+    force: tuple[str, ...] = Field((), description="stages to rerun even if cached (or all)")
+    download: download_stage.Params = Field(default_factory=download_stage.Params)
+    partition: partition_stage.Params = Field(default_factory=partition_stage.Params)
+    features: features_stage.Params = Field(default_factory=features_stage.Params)
+    hotness: hotness_stage.Params = Field(default_factory=hotness_stage.Params)
+    train: train_stage.Params = Field(default_factory=train_stage.Params)
 
     @field_validator("until")
     @classmethod
@@ -78,65 +63,212 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"unknown stage '{v}' (stages: {', '.join(ORDER)})")
         return v
 
-    @field_validator("force")
+    @field_validator("force", mode="before")
     @classmethod
-    def _force(cls, v: list[str]) -> list[str]:
-        bad = [s for s in v if s not in ORDER and s != "all"]
+    def _force(cls, v: Any) -> tuple[str, ...]:
+        names = [v] if isinstance(v, str) else list(v or [])
+        bad = [s for s in names if s not in ORDER and s != "all"]
         if bad:
             raise ValueError(f"unknown stage(s) {', '.join(bad)} in force (stages: {', '.join(ORDER)}, all)")
-        return list(ORDER) if "all" in v else v
+        return ORDER if "all" in names else tuple(names)
 
     @model_validator(mode="after")
-    def _combinations(self) -> "PipelineConfig":
+    def _combinations(self) -> PipelineConfig:
         # what can be told before anything runs; the partition stage re-checks against the real node count
-        if self.dataset == "synthetic" and self.num_partitions > self.num_nodes:
-            raise ValueError(f"{self.num_partitions} partitions of a {self.num_nodes}-node graph: one rank per "
+        dl, pt = self.download, self.partition
+        if dl.dataset == "synthetic" and pt.num_partitions > dl.num_nodes:
+            raise ValueError(f"{pt.num_partitions} partitions of a {dl.num_nodes}-node graph: one rank per "
                              f"partition needs num_partitions <= num_nodes")
-        if self.cache_budget_bytes is not None and self.cache_budget_bytes > 0 and self.cache_policy == "none":
+        if self.hotness.cache_budget_bytes and self.train.cache_policy == "none":
             raise ValueError("cache_budget_bytes is set but cache_policy is 'none': drop one of them")
         return self
 
     def stages(self) -> tuple[str, ...]:
         return ORDER[: ORDER.index(self.until) + 1]
 
-    def stage_params(self, name: str) -> BaseModel:
-        if name == "download":
-            return download.Params(dataset=self.dataset, num_nodes=self.num_nodes, avg_degree=self.avg_degree,
-                                   num_features=self.num_features, num_classes=self.num_classes, seed=self.seed,
-                                   split=self.split, path=self.path)
-        if name == "partition":
-            return partition.Params(num_partitions=self.num_partitions, method=self.partition_method,
-                                    seed=self.partition_seed, balance_train=self.balance_train,
-                                    balance_edges=self.balance_edges)
-        if name == "features":
-            return features.Params(chunk_rows=self.chunk_rows, compressor=self.compressor)
-        if name == "hotness":
-            return hotness.Params(fanouts=self.fanouts, batch_size=self.batch_size, epochs=self.hotness_epochs,
-                                  cache_budget_bytes=self.cache_budget_bytes, cache_ratio=self.cache_ratio,
-                                  seed=self.seed)
-        if name == "train":
-            return train.Params(model=self.model, hidden=self.hidden, num_layers=len(self.fanouts),
-                                fanouts=self.fanouts, batch_size=self.batch_size, epochs=self.epochs, lr=self.lr,
-                                dropout=self.dropout, seed=self.seed, cache_policy=self.cache_policy,
-                                timeout_s=self.train_timeout_s, host_memory_budget_bytes=self.host_memory_budget_bytes,
-                                device=self.device)
-        raise KeyError(name)
+    def stage_params(self, name: str) -> StageParams:
+        params = getattr(self, name)
+        assert isinstance(params, StageParams)
+        return params
 
 
-def make_config(**values: Any) -> PipelineConfig:
-    """Validate ``values``; a bad value becomes a one-line InputError naming the field and what is expected."""
+# ---- names ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Name:
+    """One flat name and the fields it sets; ``rank`` orders precedence (higher wins)."""
+
+    name: str
+    targets: tuple[tuple[str, str], ...]
+    rank: int
+
+    @property
+    def info(self) -> FieldInfo:
+        stage, field = self.targets[0]
+        return STAGES[stage].Params.model_fields[field]
+
+
+def _declared() -> Iterator[tuple[str, str, FieldInfo]]:
+    for stage, module in STAGES.items():
+        for field, info in module.Params.model_fields.items():
+            yield stage, field, info
+
+
+def flat_names() -> dict[str, Name]:
+    """Every flat name a config, ``--set`` or the flow accepts, and the fields it sets."""
+    owners: dict[str, list[str]] = {}
+    for stage, field, _ in _declared():
+        owners.setdefault(field, []).append(stage)
+    names: dict[str, Name] = {}
+    for name, stages in SHARED.items():
+        names[name] = Name(name, tuple((s, name) for s in stages), 0)
+    for name, target in ALIASES.items():
+        names[name] = Name(name, (target,), 1)
+    for field, declaring in owners.items():
+        if len(declaring) == 1 and field not in names:
+            names[field] = Name(field, ((declaring[0], field),), 1)
+    for stage, field, _ in _declared():
+        qualified = f"{stage}_{field}"
+        names.setdefault(qualified, Name(qualified, ((stage, field),), 2))
+    return names
+
+
+def flow_names() -> list[Name]:
+    """The flow's parameters: each field once, by the short name that reaches it alone; a field a SHARED name sets
+    also gets its qualified name (``train_seed``; default None: follow the shared value), and a field with no short
+    name only its qualified one (``hotness_epochs``)."""
+    names = flat_names()
+    alone = {n.targets[0]: n for n in names.values() if n.rank == 1}
+    chosen: dict[str, Name] = {}
+    for stage, field, _ in _declared():
+        if (stage, field) in alone:
+            chosen.setdefault(alone[(stage, field)].name, alone[(stage, field)])
+            continue
+        shared = [names[s] for s in SHARED if (stage, field) in names[s].targets]
+        for name in shared:
+            chosen.setdefault(name.name, name)
+        chosen[f"{stage}_{field}"] = names[f"{stage}_{field}"]
+    return list(chosen.values())
+
+
+def follows_shared(name: str) -> bool:
+    """Whether flat ``name`` is the qualified name of a field that a SHARED name also sets."""
+    return any(name == f"{stage}_{shared}" for shared, stages in SHARED.items() for stage in stages)
+
+
+# ---- building a config -------------------------------------------------------------------------------------------
+def make_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> PipelineConfig:
+    """Validate ``values`` (flat, dotted or nested names, see the module docstring). A bad value becomes a one-line
+    InputError naming the parameter, the value given and the expected form."""
+    given = {**(values or {}), **more}
+    sections, named = _resolve(given)
+    built: dict[str, StageParams] = {}
+    for stage, values in sections.items():
+        try:
+            built[stage] = STAGES[stage].Params(**values)
+        except ParamsError as err:   # said again with the name and the value the user gave
+            if err.field not in err.params.model_fields:
+                raise InputError(f"invalid parameter {stage}.{err.field}: unknown name; {_suggest(str(err.field))}"
+                                 ) from None
+            name, value = named[(stage, err.field)]
+            raise InputError(field_error(err.params, err.error, name, value)) from None
     try:
-        cfg = PipelineConfig(**values)
-        for name in ORDER:  # each stage's own checks, before anything runs
-            cfg.stage_params(name)
-        return cfg
+        return PipelineConfig(**{k: v for k, v in given.items() if k in CONTROL and v is not None}, **built)
     except ValidationError as err:
         first = err.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
         if not first["loc"]:
             raise InputError(f"impossible combination: {msg}") from None
-        field = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"invalid parameter {field}: {msg}") from None
+        raise InputError(f"invalid parameter {'.'.join(str(p) for p in first['loc'])}: {msg}") from None
+
+
+def _resolve(given: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], tuple[str, Any]]]:
+    """Per-stage field values, and the name and value the user gave each field (for error messages)."""
+    flat = flat_names()
+    ranked: dict[tuple[str, str], tuple[int, Any, str]] = {}
+
+    def put(stage: str, field: str, value: Any, rank: int, name: str) -> None:
+        if (stage, field) not in ranked or ranked[(stage, field)][0] <= rank:
+            ranked[(stage, field)] = (rank, value, name)
+
+    for key, value in given.items():
+        if key in CONTROL:
+            continue
+        if key in STAGES and isinstance(value, Mapping):
+            for field, inner in value.items():
+                put(key, str(field), inner, 3, f"{key}.{field}")
+        elif "." in key and key.split(".", 1)[0] in STAGES:
+            stage, field = key.split(".", 1)
+            put(stage, field, value, 3, key)
+        elif key in flat:
+            if value is None and follows_shared(key):
+                continue   # a flow's "follow the shared value"
+            for stage, field in flat[key].targets:
+                put(stage, field, value, flat[key].rank, key)
+        else:
+            raise InputError(f"invalid parameter {key}: unknown name; {_suggest(key)}")
+    sections: dict[str, dict[str, Any]] = {}
+    for (stage, field), (_, value, _) in ranked.items():
+        sections.setdefault(stage, {})[field] = value
+    return sections, {target: (name, value) for target, (_, value, name) in ranked.items()}
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, [*flat_names(), *CONTROL], n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"{hint}`gnnpipe params` lists every parameter"
+
+
+# ---- derived views ----------------------------------------------------------------------------------------------
+def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
+    """Each stage's artifact key for ``cfg``, computed without running anything (the code the flow's cache policy
+    and the store use)."""
+    keys: dict[str, str] = {}
+    for name in cfg.stages():
+        keys[name] = artifact_key(STAGES[name], cfg.stage_params(name), {u: keys[u] for u in STAGES[name].UPSTREAM})
+    return keys
+
+
+def artifact_key(module: Stage, params: StageParams, upstream_keys: Mapping[str, str]) -> str:
+    return stage_key(module.NAME, module.VERSION, params.key_params(), upstream_keys)
+
+
+def flow_parameters(cfg: PipelineConfig) -> dict[str, Any]:
+    """``cfg`` as the flow's keyword arguments (``flow_names``); JSON-able, as Prefect stores them."""
+    out: dict[str, Any] = {"artifacts": cfg.artifacts, "until": cfg.until, "force": list(cfg.force)}
+    dumped = {stage: cfg.stage_params(stage).model_dump(mode="json") for stage in ORDER}
+    for name in flow_names():
+        stage, field = name.targets[0]
+        out[name.name] = dumped[stage][field]
+    return out
+
+
+def flow_signature_defaults() -> dict[str, tuple[Any, Any, str]]:
+    """``name -> (annotation, default, description)`` for the flow's parameters, from the stages' Params."""
+    out: dict[str, tuple[Any, Any, str]] = {}
+    for field in CONTROL:
+        info = PipelineConfig.model_fields[field]
+        default = info.get_default(call_default_factory=True)
+        annotation = _nullable(list[str]) if field == "force" else info.annotation
+        out[field] = (annotation, list(default) if field == "force" else default, info.description or "")
+    for name in flow_names():
+        info = name.info
+        description = info.description or ""
+        if follows_shared(name.name):
+            out[name.name] = (_nullable(info.annotation), None, f"{description} (default: the value of "
+                                                                f"{name.targets[0][1]})")
+        else:
+            default = info.get_default(call_default_factory=True)
+            # a None default filled in by the Params (num_layers) must be a valid flow value too
+            annotation = _nullable(info.annotation) if default is None else info.annotation
+            out[name.name] = (annotation, list(default) if isinstance(default, tuple) else default, description)
+    return out
+
+
+def _nullable(annotation: Any) -> Any:
+    """``annotation | None``, for an annotation computed at run time."""
+    return annotation | None
 
 
 DEFAULTS = PipelineConfig()

@@ -1,14 +1,19 @@
-"""The gnnpipe flow: download → partition → features (→ hotness → train → report), each a cached task.
+"""The gnnpipe flow: download → partition → features → hotness → train, each a cached task.
 
 Before trusting Prefect's cache for a stage, the flow checks that the stage's artifact exists and is valid; if
 not, it refreshes that task's cache so the stage runs again. Reports are published as Prefect artifacts here, in
 the flow, because a cached task does not run its body.
+
+The flow's parameters are not written here: ``pipeline``'s signature (names, types, defaults, and the docstring's
+``Args:`` that the Prefect UI shows) is generated from the stages' Params by ``flows.config.flow_names``, so a new
+stage parameter is a deployment parameter without an edit here.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+import inspect
+from typing import Any, cast
 
 from flows.env import configure_prefect_env
 
@@ -16,16 +21,11 @@ configure_prefect_env()
 
 from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
+from prefect.states import State  # noqa: E402
 
-from flows.config import DEFAULTS, STAGES, PipelineConfig, make_config  # noqa: E402
+from flows.config import STAGES, PipelineConfig, artifact_key, flow_signature_defaults, make_config  # noqa: E402
 from flows.tasks import TASKS, cache_policy, prefect_dir  # noqa: E402
 from storage import ArtifactStore, Manifest  # noqa: E402
-from storage.store import stage_key  # noqa: E402
-
-
-def _ref(manifest: Manifest) -> dict[str, str]:
-    """What a downstream task receives: the upstream's identity, not its (timestamped) manifest."""
-    return {"stage": manifest["stage"], "key": manifest["key"]}
 
 
 def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
@@ -33,20 +33,11 @@ def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
     markdown = report.markdown
     for title, rel in report.images.items():
         # Inline the PNG: the Prefect UI cannot reach files in the artifact store.
-        png = store.read_bytes(name, manifest["key"], rel)
+        png = store.read_bytes(name, manifest.key, rel)
         markdown += f"\n### {title}\n\n![{title}](data:image/png;base64,{base64.b64encode(png).decode()})\n"
     create_table_artifact(key=f"gnnpipe-{name}", table=report.table, description=report.headline)
     create_markdown_artifact(key=f"gnnpipe-{name}-report", markdown=markdown, description=report.headline)
     return report.headline
-
-
-def stage_options(cfg: PipelineConfig, name: str) -> dict[str, Any]:
-    """Keyword arguments for a stage's ``run`` that do not change what it computes (so not in any key)."""
-    if name == "download":
-        return {"download_dir": cfg.download_dir}
-    if name == "train":
-        return STAGES["train"].runtime_options(cfg.stage_params("train"))
-    return {}
 
 
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
@@ -55,71 +46,47 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     store = ArtifactStore(cfg.artifacts)
     store.check_writable()
     results: dict[str, Any] = {}
-    refs: dict[str, dict[str, str]] = {}
+    keys: dict[str, str] = {}
     for name in cfg.stages():
-        module = STAGES[name]
-        key_params = cfg.stage_params(name).key_params()  # type: ignore[attr-defined]
-        upstream = {u: refs[u] for u in module.UPSTREAM}
-        key = stage_key(name, module.VERSION, key_params, upstream)
+        module, params = STAGES[name], cfg.stage_params(name)
+        upstream = {u: keys[u] for u in module.UPSTREAM}
+        key = artifact_key(module, params, upstream)
         forced = name in cfg.force
         valid = store.find(name, key) is not None
-        logger.info("%s: inputs %s → key %s (%s)", name, {u: r["key"] for u, r in upstream.items()} or "-", key,
+        logger.info("%s: inputs %s → key %s (%s)", name, upstream or "-", key,
                     "forced" if forced else "artifact present" if valid else "to build")
         task = TASKS[name].with_options(
-            cache_policy=cache_policy(name, module.VERSION, cfg.artifacts),
+            cache_policy=cache_policy(name, cfg.artifacts),
             result_storage=prefect_dir(cfg.artifacts) / "results",
             refresh_cache=forced or not valid,
         )
-        options = stage_options(cfg, name)
-        state = task(root=store.root, params=key_params, upstream=upstream, force=forced, options=options,
-                     return_state=True)
+        # return_state=True returns the State (Prefect's overloads type the result instead)
+        state = cast("State[Manifest]", task(root=store.root, params=params.model_dump(mode="json"),
+                                             upstream=upstream, force=forced, return_state=True))
         manifest: Manifest = state.result()
-        refs[name] = _ref(manifest)
+        keys[name] = manifest.key
         headline = _publish(store, name, manifest)
-        logger.info("%s [%s] %s: %s", name, state.name, manifest["key"], headline)
-        results[name] = {"state": state.name, "key": manifest["key"], "uri": store.artifact_url(name, manifest["key"]),
-                         "headline": headline, "build_id": manifest["build_id"]}
+        logger.info("%s [%s] %s: %s", name, state.name, manifest.key, headline)
+        results[name] = {"state": state.name, "key": manifest.key, "uri": store.url(name, manifest.key),
+                         "headline": headline, "build_id": manifest.build_id}
     return results
 
 
-@flow(name="gnnpipe", log_prints=True)
-def pipeline(
-    artifacts: str = DEFAULTS.artifacts,
-    dataset: str = DEFAULTS.dataset,
-    num_nodes: int = DEFAULTS.num_nodes,
-    avg_degree: float = DEFAULTS.avg_degree,
-    num_features: int = DEFAULTS.num_features,
-    num_classes: int = DEFAULTS.num_classes,
-    seed: int = DEFAULTS.seed,
-    split: tuple[float, float, float] = DEFAULTS.split,
-    path: str | None = DEFAULTS.path,
-    download_dir: str | None = DEFAULTS.download_dir,
-    num_partitions: int = DEFAULTS.num_partitions,
-    partition_method: str = DEFAULTS.partition_method,
-    partition_seed: int = DEFAULTS.partition_seed,
-    balance_train: bool = DEFAULTS.balance_train,
-    balance_edges: bool = DEFAULTS.balance_edges,
-    chunk_rows: int | None = DEFAULTS.chunk_rows,
-    compressor: str | None = DEFAULTS.compressor,
-    fanouts: list[int] | None = None,
-    batch_size: int = DEFAULTS.batch_size,
-    hotness_epochs: int = DEFAULTS.hotness_epochs,
-    cache_budget_bytes: int | None = DEFAULTS.cache_budget_bytes,
-    cache_ratio: float = DEFAULTS.cache_ratio,
-    model: str = DEFAULTS.model,
-    hidden: int = DEFAULTS.hidden,
-    epochs: int = DEFAULTS.epochs,
-    lr: float = DEFAULTS.lr,
-    dropout: float = DEFAULTS.dropout,
-    cache_policy: str = DEFAULTS.cache_policy,
-    train_timeout_s: float = DEFAULTS.train_timeout_s,
-    host_memory_budget_bytes: int | None = DEFAULTS.host_memory_budget_bytes,
-    device: str = DEFAULTS.device,
-    until: str = DEFAULTS.until,
-    force: list[str] | None = None,
-) -> dict[str, Any]:
-    """Distributed-GNN data pipeline on partitioned graphs. Parameters: see README ("Parameters")."""
-    values = {k: v for k, v in locals().items()}
-    values["force"] = force or []
-    values["fanouts"] = fanouts or list(DEFAULTS.fanouts)
-    return run_pipeline(make_config(**values))
+def _pipeline(**parameters: Any) -> dict[str, Any]:
+    return run_pipeline(make_config(parameters))
+
+
+def _signature() -> tuple[inspect.Signature, str]:
+    params, args = [], []
+    for name, (annotation, default, description) in flow_signature_defaults().items():
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotation))
+        args.append(f"    {name}: {description}")
+    doc = ("Distributed-GNN pipeline on partitioned graphs (download → partition → features → hotness → train).\n\n"
+           "Args:\n" + "\n".join(args))
+    return inspect.Signature(params, return_annotation=dict[str, Any]), doc
+
+
+_pipeline.__signature__, _pipeline.__doc__ = _signature()   # type: ignore[attr-defined]
+_pipeline.__annotations__ = {p.name: p.annotation for p in _pipeline.__signature__.parameters.values()}  # type: ignore[attr-defined]
+pipeline = flow(name="gnnpipe", log_prints=True)(_pipeline)

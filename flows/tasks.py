@@ -1,39 +1,43 @@
-"""One Prefect task per stage, and the cache policy they share.
+"""One Prefect task per stage, and the cache policy they share: Prefect's cache key *is* the artifact's key.
 
-The persisted result of a task is its stage's **manifest** (a small dict), never arrays: the data lives in the
-artifact store. Cache key = task inputs (params + upstream refs, without ``force``/``options``) + the task's
-source + the stage's explicit VERSION (bumped when the stage's helpers change, which TASK_SOURCE cannot see).
+``StageKey`` computes the key with ``flows.config.artifact_key``, the same function ``gnnpipe status`` and the
+store use (``stage_key`` over the stage's ``key_params()`` and its upstream keys), so "Cached" means exactly "the
+store has this key". A task receives the stage's full Params (runtime fields included) and its upstream keys;
+runtime fields are not in ``key_params()``, so raising a timeout does not re-key. A change to a stage's code is
+caught by its VERSION, not by hashing source (docs/design.md §3, tests/test_stage_versions.py).
+
+The persisted result of a task is its stage's manifest (small), never arrays: the data lives in the artifact store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from types import ModuleType
-
 from prefect import Task, task
-from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
+from prefect.cache_policies import CachePolicy
 from prefect.locking.filesystem import FileSystemLockManager
 from prefect.transactions import IsolationLevel
 
-from flows.config import STAGES
+from flows.config import STAGES, artifact_key
+from stages.protocol import Stage
 from storage import ArtifactStore, Manifest
 
 
 @dataclass
-class StageVersion(CachePolicy):
-    """Adds ``<stage>-v<VERSION>`` to the cache key."""
+class StageKey(CachePolicy):
+    """``<stage>-<artifact key>``: the store's content address of what the task would build."""
 
     stage: str = ""
-    version: int = 0
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str:
-        return f"{self.stage}-v{self.version}"
+        module = STAGES[self.stage]
+        return f"{self.stage}-{artifact_key(module, module.Params(**inputs['params']), inputs['upstream'])}"
 
 
 def prefect_dir(root: str) -> Path:
@@ -45,29 +49,23 @@ def prefect_dir(root: str) -> Path:
     return Path(os.environ.get("PREFECT_HOME", ".prefect")) / "gnnpipe-cache" / digest
 
 
-def cache_policy(stage: str, version: int, root: str) -> CachePolicy:
+def cache_policy(stage: str, root: str) -> CachePolicy:
     base = prefect_dir(root)
-    policy = (INPUTS - "force" - "options") + TASK_SOURCE + StageVersion(stage=stage, version=version)
-    return policy.configure(key_storage=base / "cache-keys",
-                            lock_manager=FileSystemLockManager(lock_files_directory=base / "locks"),
-                            isolation_level=IsolationLevel.SERIALIZABLE)
+    return StageKey(stage=stage).configure(key_storage=base / "cache-keys",
+                                           lock_manager=FileSystemLockManager(lock_files_directory=base / "locks"),
+                                           isolation_level=IsolationLevel.SERIALIZABLE)
 
 
-def _upstream(store: ArtifactStore, refs: dict[str, dict[str, str]]) -> dict[str, Manifest]:
-    return {name: store.load(ref["stage"], ref["key"]) for name, ref in refs.items()}
-
-
-def _stage_task(module: ModuleType) -> Task:
+def _stage_task(module: Stage) -> Task[..., Manifest]:
     """The Prefect task of one stage module (``stages/<name>/stage.py``)."""
 
-    def run_stage(root: str, params: dict[str, Any], upstream: dict[str, dict[str, str]], force: bool = False,
-                  options: dict[str, Any] | None = None) -> Manifest:
+    def run_stage(root: str, params: dict[str, Any], upstream: Mapping[str, str], force: bool = False) -> Manifest:
         store = ArtifactStore(root)
-        return module.run(store, module.Params(**params), _upstream(store, upstream), force=force,
-                          **(options or {}))
+        manifests = {name: store.load(name, key) for name, key in upstream.items()}
+        return module.run(store, module.Params(**params), manifests, force=force)
 
     run_stage.__qualname__ = run_stage.__name__ = f"{module.NAME}_stage"
-    return task(run_stage, name=module.NAME, persist_result=True)
+    return task(name=module.NAME, persist_result=True)(run_stage)
 
 
-TASKS: dict[str, Task] = {name: _stage_task(module) for name, module in STAGES.items()}
+TASKS: dict[str, Task[..., Manifest]] = {name: _stage_task(module) for name, module in STAGES.items()}

@@ -1,8 +1,10 @@
 """The artifact store: content-addressed stage directories, manifests, and the on-disk formats.
 
-Stages talk to each other only through this package: a stage reads its upstream artifacts with the readers
-defined here (``storage.graph``, ``storage.partition``, ``storage.features``, ...) and writes its own through a
-:class:`~storage.store.StageWriter`.
+Stages talk to each other only through this package, and only it knows file names and layouts: a stage reads its
+upstream artifacts through the typed handles defined here (``storage.graph.GraphArtifact``,
+``storage.partition.PartitionArtifact``, ``storage.features.FeaturesArtifact``, ``storage.hotness.HotnessArtifact``),
+built from a :class:`~storage.store.Manifest`, and writes its own through a :class:`~storage.store.StageWriter` with
+the format modules' ``write_*`` functions.
 """
 
 from storage.errors import ArtifactError, GnnpipeError, InputError

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import ArtifactStore, Manifest
-from stages.download import stage as download
-from stages.features import stage as features
-from stages.hotness import stage as hotness
-from stages.partition import stage as partition
+from flows.config import STAGES, make_config
 from stages.train import stage as train
+from storage import ArtifactStore, Manifest
 
 # 8 000 nodes, 4 classes: big enough that test accuracy (5 600 test nodes) varies by < 1 point between seeds, small
 # enough that an epoch takes a fraction of a second on one core per rank.
@@ -19,16 +16,26 @@ FANOUTS = (10, 5)
 BATCH_SIZE = 64
 
 
+def build_without_prefect(cfg_values: dict[str, Any]) -> tuple[ArtifactStore, dict[str, Manifest]]:
+    """Run the stages of a pipeline config directly, as the flow's tasks do: (store, manifest per stage)."""
+    cfg = make_config(cfg_values)
+    store = ArtifactStore(cfg.artifacts)
+    manifests: dict[str, Manifest] = {}
+    for name in cfg.stages():
+        module = STAGES[name]
+        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
+                                     progress=False)
+    return store, manifests
+
+
 def build_upstream(store: ArtifactStore, num_partitions: int, graph: dict[str, Any] | None = None,
                    cache_ratio: float = 0.2, chunk_rows: int | None = None) -> dict[str, Manifest]:
-    """download → partition → features → hotness; returns every manifest by stage name."""
-    dl = download.run(store, download.Params(**(graph or GRAPH)), {}, progress=False)
-    pt = partition.run(store, partition.Params(num_partitions=num_partitions), {"download": dl}, progress=False)
-    ft = features.run(store, features.Params(chunk_rows=chunk_rows), {"download": dl, "partition": pt},
-                      progress=False)
-    ht = hotness.run(store, hotness.Params(fanouts=FANOUTS, batch_size=BATCH_SIZE, cache_ratio=cache_ratio),
-                     {"partition": pt, "features": ft}, progress=False)
-    return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
+    """download → partition → features → hotness for the train tests; returns every manifest by stage name."""
+    values = {f"download.{k}": v for k, v in (graph or GRAPH).items()}   # the graph's seed is the dataset's only
+    _, manifests = build_without_prefect({**values, "artifacts": store.root, "num_partitions": num_partitions,
+                                          "chunk_rows": chunk_rows, "fanouts": FANOUTS, "batch_size": BATCH_SIZE,
+                                          "cache_ratio": cache_ratio, "until": "hotness"})
+    return manifests
 
 
 def train_params(**overrides: Any) -> train.Params:

@@ -34,21 +34,6 @@ def tiny(tmp_path: Path) -> dict[str, Any]:
     return {**TINY, "artifacts": str(tmp_path / "artifacts")}
 
 
-def build_without_prefect(cfg_values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """Run the stages of a pipeline config directly (what the flow's tasks do): (store, manifest per stage)."""
-    from flows.config import STAGES, make_config
-    from storage import ArtifactStore
-
-    cfg = make_config(**cfg_values)
-    store = ArtifactStore(cfg.artifacts)
-    manifests: dict[str, Any] = {}
-    for name in cfg.stages():
-        module = STAGES[name]
-        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
-                                     progress=False)
-    return store, manifests
-
-
 def cli_env(api_url: str | None = None) -> dict[str, str]:
     """Environment for a ``gnnpipe`` subprocess: same interpreter, optionally the session's Prefect server."""
     # ARTIFACTS (exported by the Makefile) would override the artifact root of a test's config file

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from flows.cli import load_config, stage_keys
+from flows.config import stage_keys
+from flows.load import load_config
 from storage import InputError
-from tests.conftest import GNNPIPE, REPO, TINY, build_without_prefect, cli_env
+from tests._train_pipeline import build_without_prefect
+from tests.conftest import GNNPIPE, REPO, TINY, cli_env
 
 
 def gnnpipe(*args: str) -> subprocess.CompletedProcess:
@@ -26,7 +28,7 @@ def set_args(values: dict[str, Any]) -> list[str]:
 def built(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     values = {**TINY, "artifacts": str(tmp_path / "art"), "fanouts": [5, 5], "batch_size": 64, "until": "hotness"}
     _, manifests = build_without_prefect(values)
-    return values, {name: m["key"] for name, m in manifests.items()}
+    return values, {name: m.key for name, m in manifests.items()}
 
 
 def test_status_show_and_clean(built):
@@ -62,12 +64,13 @@ def test_config_files_and_set_agree(tmp_path: Path):
 
 
 @pytest.mark.parametrize("content, set_, message", [
-    ("bogus_key: 1\n", [], "invalid parameter bogus_key: Extra inputs are not permitted"),
-    ("num_partitions: many\n", [], "invalid parameter num_partitions: Input should be a valid integer"),
+    ("bogus_key: 1\n", [], "invalid parameter bogus_key: unknown name; `gnnpipe params` lists every parameter"),
+    ("num_partitions: many\n", [], "invalid parameter num_partitions='many': Input should be a valid integer, "
+                                    "unable to parse string as an integer; expected an integer >= 1"),
     ("num_partitions: [1\n", [], "cannot parse"),
     ("- a\n- b\n", [], "must hold a mapping"),
     ("", ["fanouts=[]"], "fanouts is empty"),
-    ("", ["fanouts=[10, -2]"], "invalid fanout -2"),
+    ("", ["fanouts=[10, -2]"], "invalid parameter fanouts=10,-2: invalid fanout -2"),
     ("", ["num_partitions"], "--set expects key=value"),
     ("num_nodes: 100\nnum_partitions: 101\n", [], "impossible combination: 101 partitions of a 100-node graph"),
     ("", ["cache_budget_bytes=1000000", "cache_policy=none"], "impossible combination: cache_budget_bytes is set"),

@@ -27,7 +27,8 @@ import yaml
 from flows.config import STAGES, make_config
 from storage import ArtifactStore
 from tests import _netns
-from tests.conftest import GNNPIPE, MOTO_ENV, REPO, TINY, build_without_prefect, cli_env, moto_server_path
+from tests._train_pipeline import build_without_prefect
+from tests.conftest import GNNPIPE, MOTO_ENV, REPO, TINY, cli_env, moto_server_path
 
 pytestmark = pytest.mark.slow
 CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
@@ -49,7 +50,7 @@ def job(built: Path, tmp_path: Path) -> dict[str, Any]:
     shutil.copytree(built, root)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({**CONFIG, "artifacts": str(root)}))
-    from flows.cli import stage_keys
+    from flows.config import stage_keys
 
     keys = stage_keys(make_config(**{**CONFIG, "artifacts": str(root)}))
     return {"root": root, "cfg": str(cfg), "keys": keys, "key": keys["train"], "store": ArtifactStore(root)}
@@ -85,7 +86,7 @@ def train_on_one_host(job: dict[str, Any]) -> dict[str, Any]:
     single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--force"], cwd=REPO, env=cli_env(),
                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert single.returncode == 0, single.stderr[-3000:]
-    return job["store"].load("train", job["key"])["summary"]
+    return job["store"].load("train", job["key"]).summary
 
 
 def _describe(results: list[subprocess.CompletedProcess]) -> str:
@@ -120,7 +121,7 @@ def _on_host(net: _netns.TwoHosts, i: int, code: str, env: dict[str, str], *args
 @contextmanager
 def shared_directory(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[Root]:
     """Both hosts read the same directory (a shared file system)."""
-    yield Root(str(job["root"]), {}, lambda: job["store"].load("train", job["key"])["summary"])
+    yield Root(str(job["root"]), {}, lambda: job["store"].load("train", job["key"]).summary)
 
 
 _BUILD_ON_S3 = """
@@ -131,13 +132,13 @@ for _ in range(100):   # the server is starting in the background
         s3fs.S3FileSystem().mkdir("gnnpipe-nodes"); break
     except Exception:
         time.sleep(0.2)
-from tests.conftest import build_without_prefect
+from tests._train_pipeline import build_without_prefect
 build_without_prefect(json.loads(sys.argv[1]))
 """
 _TRAIN_SUMMARY = """
 import json, sys
 from storage import ArtifactStore
-print(json.dumps(ArtifactStore(sys.argv[1]).load("train", sys.argv[2])["summary"]))
+print(json.dumps(ArtifactStore(sys.argv[1]).load("train", sys.argv[2]).summary))
 """
 
 
@@ -214,7 +215,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
 
     rerun = run_nodes(commands, [_slurm_env(i) for i in (0, 1)])
     assert [r.returncode for r in rerun] == [0, 0], _describe(rerun)
-    summary = job["store"].load("train", job["key"])["summary"]
+    summary = job["store"].load("train", job["key"]).summary
     assert summary["resumed_from_epoch"] == 0 and summary["nodes"] == 2
     assert len(summary["epochs"]) == CONFIG["epochs"]
     assert not (job["root"] / ".checkpoints" / f"train-{job['key']}").exists(), "both nodes clean up"

@@ -19,18 +19,19 @@ import psutil
 import pytest
 import torch
 
-from storage import ArtifactStore, InputError
-from storage.features import part_store, read_part_features, write_part_features
-from storage.graph import GROUP, read_graph
-from storage.store import stage_key
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
 from stages.features import stage as features
 from stages.hotness import stage as hotness
 from stages.train import stage as train
+from stages.train.checkpoint import list_checkpoints
+from stages.train.faults import FAULT_ENV
 from stages.train.launcher import TrainingError, launch
 from stages.train.model import build_model
 from stages.train.spec import TrainSpec
-from stages.train.worker import FAULT_ENV
+from storage import ArtifactStore, InputError, Manifest
+from storage.features import FeaturesArtifact, write_part_features
+from storage.graph import GraphArtifact
+from storage.store import stage_key
+from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ class Run:
         self.store, self.params, self.upstream = store, params, upstream
         self.manifest = train.run(store, params, upstream, log=lambda line: self.lines.append((time.monotonic(), line)),
                                   **kwargs)
-        key = self.manifest["key"]
+        key = self.manifest.key
         self.metrics = json.loads(store.read_bytes("train", key, METRICS))
         self.state = torch.load(Path(store.url("train", key, MODEL)), weights_only=True)
 
@@ -73,9 +74,9 @@ def reference(art, two) -> Run:
     return Run(art, train_params(), train_upstream(two))
 
 
-def mlp_best_val_accuracy(store: ArtifactStore, download_key: str, seed: int = 0) -> float:
+def mlp_best_val_accuracy(store: ArtifactStore, download: Manifest, seed: int = 0) -> float:
     """A features-only 2-layer MLP, full batch, 200 epochs; its best validation accuracy (generous to it)."""
-    g = read_graph(store.url("download", download_key, GROUP))
+    g = GraphArtifact(store, download).read()
     x, y = torch.from_numpy(g.x), torch.from_numpy(g.y)
     tr, va = torch.from_numpy(g.splits["train"]), torch.from_numpy(g.splits["valid"])
     torch.manual_seed(seed)
@@ -95,8 +96,8 @@ def mlp_best_val_accuracy(store: ArtifactStore, download_key: str, seed: int = 0
 
 
 def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
-    s, m = reference.manifest["summary"], reference.metrics
-    mlp = mlp_best_val_accuracy(reference.store, two["download"]["key"])
+    s, m = reference.manifest.summary, reference.metrics
+    mlp = mlp_best_val_accuracy(reference.store, two["download"])
     assert 0.5 < mlp < 0.65, mlp   # the graph's features alone are informative but weak
     assert s["final_val_acc"] >= 0.75 and s["test_acc"] >= 0.75, s
     assert s["best_val_acc"] >= mlp + 0.15, (s["best_val_acc"], mlp)
@@ -114,27 +115,27 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
 
 
 def test_artifact_files_model_and_report(reference):
-    store, key = reference.store, reference.manifest["key"]
-    assert set(reference.manifest["files"]) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG}
+    store, key = reference.store, reference.manifest.key
+    assert set(reference.manifest.files) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG}
     for png in (CURVES_PNG, HIT_RATE_PNG):
         assert store.read_bytes("train", key, png)[:8] == PNG
     model = build_model("sage", in_channels=16, hidden=32, out_channels=4, num_layers=2, dropout=0.3)
     model.load_state_dict(reference.state)   # sizes from metadata: 16 features, 4 classes
     report = train.report(reference.manifest)
-    assert f"test accuracy {100 * reference.manifest['summary']['test_acc']:.2f} %" in report.headline
+    assert f"test accuracy {100 * reference.manifest.summary['test_acc']:.2f} %" in report.headline
     assert report.images == {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG}
     assert len(report.table) == 8 and "| epoch |" in report.markdown
     assert not checkpoint_dir(store, key).exists(), "checkpoints are removed once the artifact is published"
     again = train.run(store, reference.params, reference.upstream, log=lambda line: None)
-    assert again["build_id"] == reference.manifest["build_id"], "a second run finds the artifact"
+    assert again.build_id == reference.manifest.build_id, "a second run finds the artifact"
 
 
 def test_one_partition_reaches_the_same_test_accuracy(art, one, reference):
     single = Run(art, train_params(), train_upstream(one))
     assert single.metrics["world_size"] == 1
     assert all(e["remote_rows"] == 0 for e in single.metrics["epochs"])
-    gap = abs(single.manifest["summary"]["test_acc"] - reference.manifest["summary"]["test_acc"])
-    assert gap <= 0.02, (single.manifest["summary"]["test_acc"], reference.manifest["summary"]["test_acc"])
+    gap = abs(single.manifest.summary["test_acc"] - reference.manifest.summary["test_acc"])
+    assert gap <= 0.02, (single.manifest.summary["test_acc"], reference.manifest.summary["test_acc"])
 
 
 def test_uneven_train_counts_finish(art):
@@ -144,12 +145,11 @@ def test_uneven_train_counts_finish(art):
 
     def body(writer) -> None:
         for p in range(3):
-            part = read_part_features(art.url("features", up["features"]["key"], part_store(p)))
+            part = FeaturesArtifact(art, up["features"]).part(p)
             splits = {**part.split_lids, "train": part.split_lids["train"][:keep[p]]}
-            write_part_features(writer.file_url(part_store(p)), part=p, start_gid=part.start_gid, x=part.x, y=part.y,
-                                split_lids=splits, num_classes=part.attrs["num_classes"],
-                                chunk_rows=part.attrs["chunk_rows"])
-        writer.summary.update(up["features"]["summary"])
+            write_part_features(writer, part=p, start_gid=part.start_gid, x=part.x, y=part.y, split_lids=splits,
+                                num_classes=part.attrs["num_classes"], chunk_rows=part.attrs["chunk_rows"])
+        writer.summary.update(up["features"].summary)
 
     ft = art.build("features", features.VERSION, {"test": "uneven train nodes"},
                    {"download": up["download"], "partition": up["partition"]}, body)
@@ -163,7 +163,7 @@ def test_uneven_train_counts_finish(art):
     assert [r["train_nodes"] for r in ranks][1:] == [7, 0] and ranks[0]["train_nodes"] > 300
     expected_batches = -(-ranks[0]["train_nodes"] // BATCH_SIZE)
     assert all(e["batches"] == expected_batches for e in run.metrics["epochs"])
-    assert run.manifest["summary"]["final_val_acc"] > 0.6   # rank 0's seeds alone still teach the shared model
+    assert run.manifest.summary["final_val_acc"] > 0.6   # rank 0's seeds alone still teach the shared model
 
 
 def _worker_pids(run_lines: list[tuple[float, str]]) -> list[int]:
@@ -182,10 +182,10 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
     # a second artifact root with the same upstream artifacts: same keys, no train artifact yet
     other = ArtifactStore(tmp_path / "art")
     for stage in train.UPSTREAM:
-        key = reference.upstream[stage]["key"]
+        key = reference.upstream[stage].key
         shutil.copytree(Path(reference.store.url(stage, key)), tmp_path / "art" / stage / key)
     params, upstream = reference.params, reference.upstream
-    key = stage_key(train.NAME, train.VERSION, params.key_params(), upstream)
+    key = stage_key(train.NAME, train.VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
     lines: list[tuple[float, str]] = []
     monkeypatch.setenv(FAULT_ENV, "1:2:3")   # rank 1 SIGKILLs itself before batch 3 of epoch 2
     with pytest.raises(TrainingError, match=r"^training failed: rank 1 was killed by SIGKILL") as err:
@@ -222,8 +222,8 @@ def test_cache_plan_of_another_partitioning_is_an_input_error(art, two, one):
 
 def test_world_size_other_than_partitions_is_an_input_error(art, two, tmp_path):
     """A rank started into a 1-rank world for a 2-partition graph says so, and the launcher repeats it."""
-    spec = TrainSpec(artifacts=art.root, key="manual", partition_key=two["partition"]["key"],
-                     features_key=two["features"]["key"], hotness_key=two["hotness"]["key"], num_partitions=2,
+    spec = TrainSpec(artifacts=art.root, key="manual", partition_key=two["partition"].key,
+                     features_key=two["features"].key, hotness_key=two["hotness"].key, num_partitions=2,
                      params=train_params().model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
                      result_dir=str(tmp_path / "result"))
     spec.save(tmp_path / "spec.json")
@@ -235,15 +235,11 @@ def test_world_size_other_than_partitions_is_an_input_error(art, two, tmp_path):
 
 def test_runtime_settings_travel_outside_the_key(art, two):
     params = train_params(timeout_s=123.0, device="cpu")
-    options = train.runtime_options(params)
-    assert options["runtime"]["timeout_s"] == 123.0 and "hidden" not in options["runtime"]
-    rebuilt = train.Params(**params.key_params())   # what the flow's task gets back: runtime fields at defaults
-    assert rebuilt.timeout_s != 123.0 and rebuilt.key_params() == params.key_params()
-    with pytest.raises(InputError, match="not runtime settings of the train stage: hidden"):
-        train.run(art, rebuilt, train_upstream(two), runtime={"hidden": 8})
-    fresh = train.Params(**train_params(epochs=2).key_params())   # a key with no artifact yet: the job starts
+    assert params.key_params() == train_params().key_params()
+    assert set(params.key_params()).isdisjoint(train.Params.runtime_fields())
+    fresh = train_params(epochs=2, timeout_s=0.5)   # a key with no artifact yet: the job starts, and is stopped
     with pytest.raises(TrainingError, match=r"timed out after 0.5 s"):
-        train.run(art, fresh, train_upstream(two), runtime={"timeout_s": 0.5}, log=lambda line: None)
+        train.run(art, fresh, train_upstream(two), log=lambda line: None)
 
 
 def test_params_validation_and_key():
@@ -253,11 +249,11 @@ def test_params_validation_and_key():
         train.Params(model="gat", hidden=30, gat_heads=4)
     with pytest.raises(InputError, match="fanout"):
         train.Params(num_layers=2, fanouts=(10, 0))
-    assert train.Params(use_cache=False).cache_policy == "none"
-    assert train.Params(cache_policy="none").use_cache is False
-    assert train.Params(use_cache=False).key_params() == train.Params(cache_policy="none").key_params()
     # runtime settings do not re-key: a rerun with a longer timeout resumes the same checkpoints
     assert train.Params(timeout_s=5, threads_per_rank=3).key_params() == train.Params().key_params()
     assert train.Params(cache_policy="degree").key_params() != train.Params().key_params()
-    assert not set(train.RUNTIME_FIELDS) & set(train.Params().key_params())
+    assert not train.Params.runtime_fields() & set(train.Params().key_params())
+    assert train.Params.runtime_fields() == {"timeout_s", "collective_timeout_s", "host_memory_budget_bytes",
+                                             "threads_per_rank", "device"}
+    assert train.Params(fanouts="10,5").num_layers == 2   # the depth follows the fanouts unless given
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

@@ -32,13 +32,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from storage.progress import progress as tqdm
 
+from stages.choices import OGB_DATASETS
 from stages.download.canonical import to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
-
-SUPPORTED = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+from storage.progress import progress as tqdm
 
 
 def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
@@ -47,8 +46,8 @@ def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
     ``directed`` follows OGB: products is undirected (OGB adds the inverse edges), arxiv and papers100M are
     directed citation graphs (u -> v: u cites v) and are kept directed, though many GNN setups symmetrise them.
     """
-    if name not in SUPPORTED:
-        raise InputError(f"unknown OGB dataset '{name}'; supported: {', '.join(SUPPORTED)}")
+    if name not in OGB_DATASETS:
+        raise InputError(f"unknown OGB dataset '{name}'; supported: {', '.join(OGB_DATASETS)}")
     steps = tqdm(total=3, desc=name, unit="step", disable=not progress, leave=False)
     dataset = _open_dataset(name, root)
     steps.update()

@@ -7,43 +7,42 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.graph import GROUP, Graph, write_graph
-from storage.report import Report, markdown_table
+from stages.choices import Dataset
 from stages.meter import measure
+from stages.params import StageParams, runtime
+from storage import ArtifactStore, InputError, Manifest, StageWriter
+from storage.graph import Graph, write_graph
+from storage.report import Report, markdown_table
 
 NAME = "download"
 VERSION = 1
 UPSTREAM: tuple[str, ...] = ()
-OGB_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
-DATASETS = ("synthetic", *OGB_DATASETS, "files")
 
 
-class Params(BaseModel):
-    """What defines the dataset (all of it goes into the artifact key)."""
+class Params(StageParams):
+    """What defines the dataset; ``key_params`` keeps only the fields that matter for the chosen one."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dataset: str = "synthetic"
-    # synthetic
-    num_nodes: int = Field(100_000, ge=2)
-    avg_degree: float = Field(20.0, gt=0)
-    num_features: int = Field(64, ge=1)
-    num_classes: int = Field(16, ge=2)
-    seed: int = 0
-    split: tuple[float, float, float] = (0.08, 0.02, 0.90)
-    # files
-    path: str | None = None
-    fingerprint: str | None = None  # of the files: a changed file is a new dataset
+    dataset: Dataset = Field("synthetic", description="synthetic (no network), an OGB node dataset, or files")
+    num_nodes: int = Field(100_000, ge=2, description="synthetic: nodes")
+    avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
+    num_features: int = Field(64, ge=1, description="synthetic: feature columns")
+    num_classes: int = Field(16, ge=2, description="synthetic: classes")
+    seed: int = Field(0, description="synthetic: generator seed")
+    split: tuple[float, float, float] = Field((0.08, 0.02, 0.90),
+                                              description="synthetic: train, valid, test fractions")
+    path: str | None = Field(None, description="files: directory with edge_index.npy, x.npy, y.npy, ...")
+    fingerprint: str | None = Field(None, description="files: overrides the files' fingerprint in the key "
+                                                      "(default: names, sizes and mtimes)")
+    download_dir: str | None = runtime(None, description="where OGB keeps its raw files (default "
+                                                         "~/.cache/gnnpipe/ogb)")
 
     @model_validator(mode="after")
-    def _check(self) -> "Params":
-        if self.dataset not in DATASETS:
-            raise InputError(f"unknown dataset '{self.dataset}'; choose one of: {', '.join(DATASETS)}")
+    def _check(self) -> Params:
         if self.dataset == "files" and not self.path:
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
         return self
@@ -51,8 +50,8 @@ class Params(BaseModel):
     def key_params(self) -> dict[str, Any]:
         """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download."""
         if self.dataset == "synthetic":
-            return self.model_dump(include={"dataset", "num_nodes", "avg_degree", "num_features", "num_classes",
-                                            "seed", "split"})
+            return self.model_dump(mode="json", include={"dataset", "num_nodes", "avg_degree", "num_features",
+                                                         "num_classes", "seed", "split"})
         if self.dataset == "files":
             path = os.path.abspath(self.path or "")
             return {"dataset": "files", "path": path, "fingerprint": self.fingerprint or files_fingerprint(path)}
@@ -86,15 +85,15 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     return load_ogb(params.dataset, download_dir, progress=progress)
 
 
-def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
-        download_dir: str | None = None, progress: bool = True) -> Manifest:
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
+        progress: bool = True) -> Manifest:
     """Build (or find) the canonical graph for ``params``."""
-    download_dir = download_dir or os.path.join(os.path.expanduser("~"), ".cache", "gnnpipe", "ogb")
+    download_dir = params.download_dir or os.path.join(os.path.expanduser("~"), ".cache", "gnnpipe", "ogb")
 
     def body(writer: StageWriter) -> None:
         with measure() as cost:
             graph = load(params, download_dir=download_dir, progress=progress)
-            attrs = write_graph(writer.file_url(GROUP), graph, progress=progress)
+            attrs = write_graph(writer, graph, progress=progress)
         writer.summary.update(attrs)
         writer.summary.update(cost)
         writer.summary["avg_degree"] = round(graph.num_edges / max(graph.num_nodes, 1), 3)
@@ -105,12 +104,12 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest["summary"]
+    s = manifest.summary
     rows = [{"dataset": s["name"], "source": s["source"], "nodes": s["num_nodes"], "edges": s["num_edges"],
              "avg_degree": s["avg_degree"], "features": s["num_features"], "classes": s["num_classes"],
              "directed": s["directed"], **{f"{k}_nodes": v for k, v in s["split_sizes"].items()},
              "wall_s": s["wall_s"], "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}]
     headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges, {s['num_features']} features, "
                 f"{s['num_classes']} classes")
-    md = f"## download `{manifest['key']}`\n\n{headline}\n\n{markdown_table(rows)}\n"
+    md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     return Report(headline, rows, md)

@@ -7,41 +7,43 @@ Contract: download + partition manifests + params → artifact ``features/<key>/
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
-from storage.progress import progress as tqdm
+from pydantic import Field
 
-from storage import ArtifactStore, Manifest, StageWriter
-from storage.features import part_store, write_part_features
-from storage.graph import GROUP, SPLITS, read_graph
-from storage.partition import BOOK, read_book
-from storage.report import Report, markdown_table
+from stages.choices import Compressor
 from stages.meter import measure
+from stages.params import StageParams
+from storage import ArtifactStore, Manifest, StageWriter
+from storage.features import write_part_features
+from storage.graph import SPLITS, GraphArtifact
+from storage.partition import PartitionArtifact
+from storage.progress import progress as tqdm
+from storage.report import Report, markdown_table
+from storage.zarr_io import chunk_rows_for
 
 NAME = "features"
 VERSION = 1
 UPSTREAM = ("download", "partition")
+# ~16 MiB chunks within [8 192, 65 536] rows: the fastest whole loads measured (benchmarks/RESULTS.md, "Chunk
+# shape and codec"); storage's 64 MiB default suits the download stage's sequentially read arrays.
 DEFAULT_CHUNK_BYTES = 16 << 20
+MAX_CHUNK_ROWS = 65536
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def key_params(self) -> dict[str, Any]:
-        return self.model_dump()
-
-    chunk_rows: int | None = Field(None, ge=1)  # None: ~16 MiB per chunk, clamped to [8 192, 65 536] rows
-    compressor: Literal["lz4", "zstd"] | None = None
+class Params(StageParams):
+    chunk_rows: int | None = Field(None, ge=1, description="rows per Zarr chunk; null: ~16 MiB chunks within "
+                                                            "[8 192, 65 536] rows")
+    compressor: Compressor | None = Field(None, description="Blosc codec for x; null: none (dense floats "
+                                                            "compress ~1.1x, see benchmarks/RESULTS.md)")
 
 
 def default_chunk_rows(num_rows: int, row_bytes: int) -> int:
     """~16 MiB chunks within [8 192, 65 536] rows, evened out so the last chunk is not mostly padding
     (Zarr stores edge chunks at full size)."""
-    target = int(np.clip(DEFAULT_CHUNK_BYTES // max(row_bytes, 1), 8192, 65536))
-    num_chunks = max(1, -(-num_rows // target))
-    return max(1, -(-num_rows // num_chunks))
+    return chunk_rows_for(num_rows, row_bytes, DEFAULT_CHUNK_BYTES, max_rows=MAX_CHUNK_ROWS, even=True)
 
 
 def split_lids_of(splits_orig: dict[str, np.ndarray], gid_of_orig: np.ndarray, lo: int, hi: int
@@ -55,7 +57,7 @@ def split_lids_of(splits_orig: dict[str, np.ndarray], gid_of_orig: np.ndarray, l
     return out
 
 
-def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     download, partition = upstream["download"], upstream["partition"]
 
@@ -64,8 +66,8 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
         with measure() as cost:
             # Rows are gathered per partition from the whole x held once in RAM: one sequential read beats
             # P scattered passes over the chunked source.
-            graph = read_graph(store.url("download", download["key"], GROUP))
-            book = read_book(store.url("partition", partition["key"], BOOK))
+            graph = GraphArtifact(store, download).read()
+            book = PartitionArtifact(store, partition).book()
             x_orig = graph.x
             assert x_orig is not None
             row_bytes = x_orig.dtype.itemsize * x_orig.shape[1]
@@ -75,7 +77,7 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
                 orig_ids = book.orig_of_gid[lo:hi]
                 chunk_rows = params.chunk_rows or default_chunk_rows(hi - lo, row_bytes)
                 attrs = write_part_features(
-                    writer.file_url(part_store(p)), part=p, start_gid=lo, x=x_orig[orig_ids], y=graph.y[orig_ids],
+                    writer, part=p, start_gid=lo, x=x_orig[orig_ids], y=graph.y[orig_ids],
                     split_lids=split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
                     num_classes=graph.num_classes, chunk_rows=chunk_rows, compressor=params.compressor,
                     progress=progress)
@@ -91,11 +93,11 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest["summary"]
+    s = manifest.summary
     rows = [dict(r) for r in s["parts"]]
     codec = "crc32c" if s["compressor"] == "none" else f"{s['compressor']}+crc32c"
     headline = (f"{s['num_partitions']} feature stores, {s['num_features']} × {s['feature_dtype']}, "
                 f"chunks of ≤ {max(r['chunk_rows'] for r in s['parts'])} rows, codec {codec}, "
-                f"{manifest['bytes'] / 2**20:.1f} MiB, {s['wall_s']:.1f} s")
-    md = f"## features `{manifest['key']}`\n\n{headline}\n\n{markdown_table(rows)}\n"
+                f"{manifest.bytes / 2**20:.1f} MiB, {s['wall_s']:.1f} s")
+    md = f"## features `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     return Report(headline, rows, md)

@@ -7,19 +7,21 @@ its hit rate measured on one more, independently drawn epoch, so the reported fi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
-from storage import ArtifactStore, Manifest, StageWriter
-from storage.features import part_store, read_part_features
-from storage.hotness import CachePlan, hot_store, write_plan
-from storage.partition import BOOK, part_name, read_book, read_part
-from storage.report import Report, markdown_table
 from stages.hotness import plan as planning
 from stages.meter import measure
-from stages.runtime.fanouts import validate_fanouts
+from stages.params import Fanouts, StageParams
+from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
+from storage import ArtifactStore, Manifest, StageWriter
+from storage.features import FeaturesArtifact
+from storage.hotness import CURVE_PNG, CachePlan, write_curves, write_plan
+from storage.partition import PartitionArtifact, concat_parts
+from storage.report import Report, markdown_table
 
 if TYPE_CHECKING:
     import torch
@@ -27,27 +29,19 @@ if TYPE_CHECKING:
     from stages.runtime.sampler import NeighborSampler
 
 NAME = "hotness"
-VERSION = 1
+VERSION = 2
 UPSTREAM = ("partition", "features")
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Params(StageParams):
+    fanouts: Fanouts = Field((15, 10, 5), description="neighbours per hop (-1 = all); the training ones")
+    batch_size: int = Field(1024, ge=1, description="seeds per batch; the training one")
+    epochs: int = Field(1, ge=1, description="epochs pre-sampled to count feature-row requests")
+    cache_budget_bytes: int | None = Field(None, ge=0, description="cache bytes per rank; takes precedence "
+                                                                   "over cache_ratio")
+    cache_ratio: float = Field(0.2, ge=0, description="cache rows per rank, as a fraction of its partition")
+    seed: int = Field(0, description="pre-sampling seed")
 
-    fanouts: tuple[int, ...] = (15, 10, 5)   # the training fanouts
-    batch_size: int = Field(1024, ge=1)
-    epochs: int = Field(1, ge=1)
-    cache_budget_bytes: int | None = Field(None, ge=0)  # per rank; takes precedence over cache_ratio
-    cache_ratio: float = Field(0.2, ge=0)               # of the partition's own rows
-    seed: int = 0
-
-    @field_validator("fanouts")
-    @classmethod
-    def _fanouts(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(validate_fanouts(v))
-
-    def key_params(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
@@ -59,8 +53,9 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     from stages.hotness.counting import count_requests
 
     num_nodes = in_degree_gid.shape[0]
-    fit_gen = torch.Generator().manual_seed(params.seed * 1_000_003 + 2 * p)
-    eval_gen = torch.Generator().manual_seed(params.seed * 1_000_003 + 2 * p + 1)
+    # all epochs of partition p from one generator (epoch 0 of its stream); stream ids in stages.runtime.seeds
+    fit_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_FIT))
+    eval_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_EVAL))
     fit = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
                          generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress).numpy()
     held_out = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1, generator=eval_gen,
@@ -87,42 +82,38 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     return plan, row, curve
 
 
-def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
-    partition, features = upstream["partition"], upstream["features"]
-    fs = features["summary"]
-    row_bytes = int(fs["num_features"]) * np.dtype(fs["feature_dtype"]).itemsize
+    partition = PartitionArtifact(store, upstream["partition"])
+    features = FeaturesArtifact(store, upstream["features"])
+    row_bytes = features.row_bytes
 
     def body(writer: StageWriter) -> None:
         # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
         import torch
 
-        from stages.hotness.counting import whole_graph_csr
         from stages.hotness.plot import hit_rate_png
-        from stages.runtime.sampler import NeighborSampler
+        from stages.runtime.sampler import LocalCSR, NeighborSampler
 
         rows: list[dict[str, Any]] = []
         curves: list[dict[str, Any]] = []
         with measure() as cost:
-            book = read_book(store.url("partition", partition["key"], BOOK))
-            parts = [read_part(store.url("partition", partition["key"], part_name(p)))
-                     for p in range(book.num_partitions)]
-            csr = whole_graph_csr(parts)
+            num_parts, bounds = partition.num_partitions, partition.bounds()
+            csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(num_parts)]), start_gid=0)
             in_degree_gid = np.diff(csr.indptr.numpy())
             deg_order = planning.degree_order(in_degree_gid)
             sampler = NeighborSampler(csr, params.fanouts)
-            for p in range(book.num_partitions):
-                lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
-                split = read_part_features(store.url("features", features["key"], part_store(p)), load_x=False)
+            for p in range(num_parts):
+                lo, hi = int(bounds[p]), int(bounds[p + 1])
+                split = features.part(p, load_x=False)
                 train_gid = torch.from_numpy(split.split_lids["train"] + lo)
                 plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, deg_order, lo, hi,
                                                    row_bytes, params, progress)
-                write_plan(writer.file_url(hot_store(p)), plan)
+                write_plan(writer, plan)
                 rows.append(row)
                 curves.append(curve)
-            writer.write_json("curves.json", curves)
-            writer.write_bytes("curve.png", hit_rate_png(curves))
-        writer.summary.update({"num_partitions": book.num_partitions, "parts": rows, "curves": curves,
+            write_curves(writer, curves, hit_rate_png(curves))
+        writer.summary.update({"num_partitions": num_parts, "parts": rows, "curves": curves,
                                "fanouts": list(params.fanouts), "epochs": params.epochs,
                                "budget": rows[0]["budget"] if rows else "", **cost})
 
@@ -130,7 +121,7 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest["summary"]
+    s = manifest.summary
     table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "budget"}
              for r in s["parts"]]
     mean_hit = float(np.mean([r["expected_hit_rate"] for r in s["parts"]])) if s["parts"] else 0.0
@@ -143,7 +134,7 @@ def report(manifest: Manifest) -> Report:
         for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
                                "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
-    md = (f"## hotness `{manifest['key']}`\n\n{headline}\n\nfanouts {s['fanouts']}, {s['epochs']} pre-sampled "
+    md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}, {s['epochs']} pre-sampled "
           f"epoch(s); hit rates measured on an independent epoch.\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
-    return Report(headline, table, md, images={"hit-rate curve": "curve.png"})
+    return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

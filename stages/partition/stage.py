@@ -6,51 +6,50 @@ gid_of_orig) and ``part-<p>.zarr`` (incoming-edge CSR over lids, neighbour gids)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
-from storage.progress import progress as tqdm
+from pydantic import Field
 
-from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.graph import GROUP, read_graph
-from storage.partition import BOOK, part_name, write_book, write_part
-from storage.report import Report, markdown_table
+from stages.choices import PartitionMethod
 from stages.meter import measure
+from stages.params import StageParams
+from storage import ArtifactStore, InputError, Manifest, StageWriter
+from storage.graph import GraphArtifact
+from storage.partition import write_book, write_part
+from storage.progress import progress as tqdm
+from storage.report import Report, markdown_table
 
 NAME = "partition"
 VERSION = 1
 UPSTREAM = ("download",)
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def key_params(self) -> dict[str, Any]:
-        return self.model_dump()
-
-    num_partitions: int = Field(2, ge=1)
-    method: Literal["metis", "random"] = "metis"
-    seed: int = 0
-    balance_train: bool = True   # equal train seeds per rank: uneven counts mean padded (wasted) DDP steps
-    balance_edges: bool = True   # equal sampling work per rank
+class Params(StageParams):
+    num_partitions: int = Field(2, ge=1, description="parts, one training rank each")
+    method: PartitionMethod = Field("metis", description="metis (min edge cut) or random (balanced)")
+    seed: int = Field(0, description="METIS / random assignment seed")
+    balance_train: bool = Field(True, description="equal train nodes per part: uneven counts mean padded "
+                                                  "(wasted) DDP steps")
+    balance_edges: bool = Field(True, description="equal in-edges per part: equal sampling work per rank")
 
 
-def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     from stages.partition.assign import assign_parts
     from stages.partition.relabel import build_part_csr, relabel
     from stages.partition.report import partition_report
 
     download = upstream["download"]
-    num_nodes = int(download["summary"]["num_nodes"])
+    num_nodes = GraphArtifact(store, download).num_nodes
     if params.num_partitions > num_nodes:
         raise InputError(f"num_partitions={params.num_partitions} exceeds the graph's {num_nodes} nodes; "
                          f"choose 1..{num_nodes}")
 
     def body(writer: StageWriter) -> None:
         with measure() as cost:
-            graph = read_graph(store.url("download", download["key"], GROUP), features=False)
+            graph = GraphArtifact(store, download).read(features=False)
             train_mask = np.zeros(graph.num_nodes, dtype=bool)
             train_mask[graph.splits["train"]] = True
             part_of_orig = assign_parts(graph.indptr, graph.indices, train_mask, params.num_partitions,
@@ -60,12 +59,11 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
             stats = partition_report(graph.indptr, graph.indices, part_of_orig, train_mask, params.num_partitions)
             book = relabel(part_of_orig, params.num_partitions)
             del part_of_orig
-            write_book(writer.file_url(BOOK), book, {"num_partitions": params.num_partitions,
-                                                     "method": params.method, "num_nodes": graph.num_nodes,
-                                                     "num_edges": graph.num_edges})
+            write_book(writer, book, {"num_partitions": params.num_partitions, "method": params.method,
+                                      "num_nodes": graph.num_nodes, "num_edges": graph.num_edges})
             parts = range(params.num_partitions)
             for p in tqdm(parts, desc="partition: write parts", disable=not progress, leave=False):
-                write_part(writer.file_url(part_name(p)), build_part_csr(graph.indptr, graph.indices, book, p))
+                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p))
         writer.summary.update(stats)
         writer.summary.update({"num_partitions": params.num_partitions, "method": params.method,
                                "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
@@ -75,7 +73,7 @@ def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, 
 
 
 def report(manifest: Manifest) -> Report:
-    s: dict[str, Any] = manifest["summary"]
+    s: dict[str, Any] = manifest.summary
     rows = [{"partition": p, "nodes": s["nodes"][p], "edges": s["edges"][p], "train_nodes": s["train_nodes"][p],
              "gid_range": f"[{s['bounds'][p]}, {s['bounds'][p + 1]})"} for p in range(s["num_partitions"])]
     imb = s["imbalance"]
@@ -83,6 +81,6 @@ def report(manifest: Manifest) -> Report:
                 f"({100 * s['edge_cut_fraction']:.1f} %), imbalance nodes {imb['nodes']:.3f} / "
                 f"edges {imb['edges']:.3f} / train {imb['train_nodes']:.3f}, {s['wall_s']:.1f} s, "
                 f"peak {s['peak_rss_bytes'] / 2**30:.2f} GiB")
-    md = (f"## partition `{manifest['key']}`\n\n{headline}\n\n{markdown_table(rows)}\n\n"
+    md = (f"## partition `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n\n"
           f"imbalance = max / mean per constraint.\n")
     return Report(headline, rows, md)

@@ -12,27 +12,28 @@ publishes the artifact.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage import ArtifactStore, InputError, Manifest, StageWriter
+from stages.meter import measure
+from stages.train.cluster import Cluster, rank_threads
+from stages.train.params import Params
+from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
+from storage import ArtifactStore, Manifest, StageWriter
+from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.store import stage_key
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
-from stages.meter import measure
-from stages.train.params import RUNTIME_FIELDS, Params
-from stages.train.cluster import Cluster, rank_threads
-from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
+from storage.train import CURVES_PNG, HIT_RATE_PNG, checkpoint_dir, read_result, write_train_artifact
 
 NAME = "train"
 VERSION = 1
 UPSTREAM = ("partition", "features", "hotness")
-__all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "RUNTIME_FIELDS", "run", "report", "runtime_options"]
+__all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "join", "report"]
 
 
 def _default_log() -> Callable[[str], None]:
@@ -48,79 +49,85 @@ def _default_log() -> Callable[[str], None]:
     return logging.getLogger("gnnpipe.train").info
 
 
-def runtime_options(params: Params) -> dict[str, Any]:
-    """``{"runtime": {...}}``: the RUNTIME_FIELDS of ``params``, for a caller that rebuilds Params from
-    ``key_params()`` (the flow's tasks do), to hand back to ``run`` as keyword arguments (Prefect ``options``)."""
-    return {"runtime": params.model_dump(mode="json", include=set(RUNTIME_FIELDS))}
+@dataclass
+class _Job:
+    """This node's share of one training job: where its checkpoints go and how to launch its ranks."""
 
+    store: ArtifactStore
+    params: Params
+    upstream: Mapping[str, Manifest]
+    cluster: Cluster
+    log: Callable[[str], None]
 
-def run(store: ArtifactStore, params: Params, upstream: dict[str, Manifest], *, force: bool = False,
-        progress: bool = True, log: Callable[[str], None] | None = None,
-        runtime: Mapping[str, Any] | None = None, cluster: Cluster | None = None) -> Manifest | None:
-    """Train (or find) the model for ``params`` on these upstream artifacts. ``log`` receives every job line;
-    ``runtime`` overrides RUNTIME_FIELDS of ``params`` (timeouts, memory budget, threads, device).
+    def __post_init__(self) -> None:
+        partition, features, hotness = (self.upstream[name] for name in UPSTREAM)
+        check_lineage(partition, features, hotness)
+        self.num_partitions = PartitionArtifact(self.store, partition).num_partitions
+        # "3 partitions on 2 nodes" fails here, before any launch
+        self.nproc = self.cluster.nproc_per_node(self.num_partitions)
+        self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})
+        self.ckpt_dir = checkpoint_dir(self.store, self.key)
+        if self.cluster.multi_node:   # a shared file system must not mix nodes' files
+            self.ckpt_dir = self.ckpt_dir / f"node-{self.cluster.node_rank}"
 
-    With a multi-node ``cluster`` this runs this node's share of the ranks; node 0 publishes the artifact and
-    returns its manifest, the other nodes return None once the job has finished.
-    """
-    if runtime:
-        unknown = sorted(set(runtime) - set(RUNTIME_FIELDS))
-        if unknown:
-            raise InputError(f"not runtime settings of the train stage: {', '.join(unknown)} "
-                             f"(runtime settings: {', '.join(RUNTIME_FIELDS)})")
-        params = Params(**{**params.model_dump(), **runtime})
-    cluster = cluster or Cluster()
-    partition, features, hotness = upstream["partition"], upstream["features"], upstream["hotness"]
-    check_lineage(partition, features, hotness)
-    num_partitions = int(partition["summary"]["num_partitions"])
-    nproc = cluster.nproc_per_node(num_partitions)   # "3 partitions on 2 nodes" fails here, before any launch
-    key = stage_key(NAME, VERSION, params.key_params(), upstream)
-    ckpt_dir = checkpoint_dir(store, key)
-    if cluster.multi_node:
-        ckpt_dir = ckpt_dir / f"node-{cluster.node_rank}"   # a shared file system must not mix nodes' files
-    log = log or _default_log()
-
-    def train_job() -> tuple[dict[str, Any], Path]:
+    def launch(self) -> Path:
+        """Run the ranks to the end; returns the directory where local rank 0 left model.pt and metrics.json."""
         from stages.train.launcher import launch
 
-        result_dir = ckpt_dir / "result"
+        result_dir = self.ckpt_dir / "result"
         shutil.rmtree(result_dir, ignore_errors=True)   # only this attempt's results are read back
         result_dir.mkdir(parents=True)
-        spec = TrainSpec(artifacts=store.root, key=key, partition_key=partition["key"],
-                         features_key=features["key"], hotness_key=hotness["key"],
-                         num_partitions=num_partitions, params=params.model_dump(mode="json"),
-                         checkpoint_dir=str(ckpt_dir), result_dir=str(result_dir), node_rank=cluster.node_rank,
-                         fingerprint=artifact_fingerprint(store, key, upstream))
-        spec_path = ckpt_dir / "spec.json"
+        spec = TrainSpec(artifacts=self.store.root, key=self.key, partition_key=self.upstream["partition"].key,
+                         features_key=self.upstream["features"].key, hotness_key=self.upstream["hotness"].key,
+                         num_partitions=self.num_partitions, params=self.params.model_dump(mode="json"),
+                         checkpoint_dir=str(self.ckpt_dir), result_dir=str(result_dir),
+                         node_rank=self.cluster.node_rank,
+                         fingerprint=artifact_fingerprint(self.store, self.key, self.upstream))
+        spec_path = self.ckpt_dir / "spec.json"
         spec.save(spec_path)
-        launch(str(spec_path), num_partitions, result_dir=str(result_dir), log=log, timeout_s=params.timeout_s,
-               env={"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, nproc))}, cluster=cluster)
-        return json.loads((result_dir / METRICS).read_text()), result_dir
+        threads = rank_threads(self.params.threads_per_rank, self.nproc)
+        launch(str(spec_path), self.num_partitions, result_dir=str(result_dir), log=self.log,
+               timeout_s=self.params.timeout_s, env={"OMP_NUM_THREADS": str(threads)}, cluster=self.cluster)
+        return result_dir
 
-    if not cluster.publishes:
-        if not force and store.find(NAME, key) is not None:
-            log(f"train/{key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
-            return None
-        train_job()
-        _remove_checkpoints(ckpt_dir, cluster)
-        log(f"node {cluster.node_rank}: the job finished; node 0 publishes train/{key}")
-        return None
+    def remove_checkpoints(self) -> None:
+        _remove_checkpoints(self.ckpt_dir, self.cluster)
+
+
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
+        progress: bool = True, log: Callable[[str], None] | None = None,
+        cluster: Cluster | None = None) -> Manifest:
+    """Train (or find) the model for ``params`` on these upstream artifacts and publish it; ``log`` receives every
+    job line. With a multi-node ``cluster`` this is the publishing node's share (node 0); the others ``join``."""
+    job = _Job(store, params, upstream, cluster or Cluster(), log or _default_log())
+    if not job.cluster.publishes:
+        raise ValueError(f"node {job.cluster.node_rank} does not publish: it joins the job with join()")
 
     def body(writer: StageWriter) -> None:
         from stages.train.plot import curves_png, hit_rate_png
 
         with measure() as cost:
-            metrics, result_dir = train_job()
-            writer.write_bytes(MODEL, (result_dir / MODEL).read_bytes())
-            writer.write_json(METRICS, metrics)
-            writer.write_bytes(CURVES_PNG, curves_png(metrics["epochs"], metrics["test_acc"]))
-            writer.write_bytes(HIT_RATE_PNG, hit_rate_png(metrics["epochs"], metrics["cache_policy"]))
-        writer.summary.update(_summary(metrics, num_partitions, cluster.nnodes))
+            model_bytes, metrics = read_result(job.launch())
+            write_train_artifact(writer, model_bytes, metrics, curves_png(metrics["epochs"], metrics["test_acc"]),
+                                 hit_rate_png(metrics["epochs"], metrics["cache_policy"]))
+        writer.summary.update(_summary(metrics, job.num_partitions, job.cluster.nnodes))
         writer.summary.update(cost)
 
     manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
-    _remove_checkpoints(ckpt_dir, cluster)   # published: nothing left to resume
+    job.remove_checkpoints()   # published: nothing left to resume
     return manifest
+
+
+def join(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, cluster: Cluster,
+         force: bool = False, log: Callable[[str], None] | None = None) -> None:
+    """A non-publishing node's share of a multi-node job: run its ranks to the end; node 0 publishes."""
+    job = _Job(store, params, upstream, cluster, log or _default_log())
+    if not force and store.find(NAME, job.key) is not None:
+        job.log(f"train/{job.key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
+        return
+    job.launch()
+    job.remove_checkpoints()
+    job.log(f"node {cluster.node_rank}: the job finished; node 0 publishes train/{job.key}")
 
 
 def _remove_checkpoints(ckpt_dir: Path, cluster: Cluster) -> None:
@@ -149,7 +156,7 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest["summary"]
+    s = manifest.summary
     m = s["model"]
     nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
     headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test accuracy "
@@ -163,7 +170,7 @@ def report(manifest: Manifest) -> Report:
     ranks = [{k: v for k, v in r.items()} for r in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
-    md = (f"## train `{manifest['key']}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
+    md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
           f"{m['parameters']:,} parameters, {m['in_channels']} features → {m['out_channels']} classes. Accuracies "
           f"are global over ranks (OGB Evaluator acc).{resumed}\n\n### Per epoch\n\n{markdown_table(table)}\n\n"
           f"### Ranks\n\n{markdown_table(ranks)}\n")

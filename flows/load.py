@@ -1,0 +1,48 @@
+"""Where a run's values come from: built-in defaults ← ``--config FILE`` (YAML or TOML) ← ``--set key=value``.
+
+Names are those of ``flows.config`` (flat, dotted or nested sections); ``--set`` values are YAML scalars, and list
+parameters also take ``15,10,5``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.config import PipelineConfig, make_config
+from storage import InputError
+
+
+def load_config(config: Path | None, sets: Sequence[str], **overrides: Any) -> PipelineConfig:
+    """The config of ``config`` (a file, optional), then ``sets``, then ``overrides`` that are not None/empty."""
+    values: dict[str, Any] = {}
+    if config is not None:
+        values.update(read_config_file(config))
+    for item in sets:
+        if "=" not in item:
+            raise InputError(f"--set expects key=value, got '{item}'")
+        key, raw = item.split("=", 1)
+        values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    values.update({k: v for k, v in overrides.items() if v not in (None, [], ())})
+    return make_config(values)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(f"config file {path} not found; pass an existing YAML or TOML file")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text) or {}
+    except (yaml.YAMLError, ValueError) as err:   # tomllib.TOMLDecodeError is a ValueError
+        raise InputError(f"cannot parse {path}: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a mapping of parameter: value")
+    return data

@@ -1,0 +1,23 @@
+"""The enumerations users pick from, each declared once (torch-free); tuples for run-time checks derive from them.
+
+The stages' Params annotate their fields with these ``Literal`` types, so the config, ``--set``, the deployment
+parameters and the README list the same choices as the code that acts on them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Dataset = Literal["synthetic", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M", "files"]
+PartitionMethod = Literal["metis", "random"]
+Compressor = Literal["lz4", "zstd"]
+ModelName = Literal["sage", "gcn", "gat"]
+# auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/cache_policy.py says why)
+CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
+Device = Literal["auto", "cpu", "cuda"]
+
+DATASETS: tuple[str, ...] = get_args(Dataset)
+OGB_DATASETS: tuple[str, ...] = tuple(name for name in DATASETS if name.startswith("ogbn-"))
+PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
+MODELS: tuple[str, ...] = get_args(ModelName)
+CACHE_POLICIES: tuple[str, ...] = tuple(p for p in get_args(CachePolicyName) if p != "auto")   # concrete ones

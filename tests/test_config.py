@@ -1,0 +1,178 @@
+"""One declaration per parameter: every field of every stage's Params is reachable from ``--set`` (flat, qualified
+and dotted names), YAML and TOML files (flat and nested sections) and the flow's parameters (what a deployment
+takes), and the README's table is the one generated from the Params."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import pytest
+
+from flows.config import DEFAULTS, ORDER, SHARED, STAGES, flat_names, flow_names, flow_parameters, make_config
+from flows.load import load_config
+from flows.params_doc import README_BEGIN, README_END, parameter_table
+from storage import InputError
+from tests.conftest import REPO
+
+FIELDS = [(stage, field) for stage in ORDER for field in STAGES[stage].Params.model_fields]
+# values the generic rule below cannot guess (it must be valid together with every other default)
+SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("train", "gat_heads"): 8}
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def other_value(stage: str, field: str) -> Any:
+    """A valid value of the field that differs from its default."""
+    if (stage, field) in SPECIAL:
+        return SPECIAL[(stage, field)]
+    info = STAGES[stage].Params.model_fields[field]
+    default = info.get_default(call_default_factory=True)
+    kind = _strip_optional(info.annotation)
+    if typing.get_origin(kind) is Literal:
+        return next(v for v in typing.get_args(kind) if v != default)
+    if typing.get_origin(kind) is tuple:
+        return tuple(reversed(default)) if len(set(default)) > 1 else tuple(v + 1 for v in default)
+    if kind is bool:
+        return not default
+    if kind is int:
+        return 1000 if default is None else default + 1
+    if kind is float:
+        return 0.25 if not default else default / 2
+    if kind is str:
+        return "/tmp/somewhere"
+    raise AssertionError(f"no test value for {stage}.{field} ({info.annotation}): add one to SPECIAL")
+
+
+def as_text(value: Any) -> str:
+    """How a person types the value after ``--set name=``."""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def get(cfg: Any, stage: str, field: str) -> Any:
+    return getattr(cfg.stage_params(stage), field)
+
+
+def names_of(stage: str, field: str) -> list[str]:
+    return [n.name for n in flat_names().values() if (stage, field) in n.targets]
+
+
+@pytest.mark.parametrize("stage, field", FIELDS, ids=[f"{s}.{f}" for s, f in FIELDS])
+def test_every_field_is_reachable_by_every_route(stage: str, field: str, tmp_path: Path):
+    value = other_value(stage, field)
+    if (stage, field) == ("train", "num_layers"):   # must match len(fanouts): reaching it shows in the check
+        with pytest.raises(InputError, match="num_layers=4 but 3 fanouts"):
+            load_config(None, ["train.num_layers=4"])
+        return
+    routes = {f"--set {stage}.{field}": load_config(None, [f"{stage}.{field}={as_text(value)}"])}
+    for name in names_of(stage, field):
+        routes[f"--set {name}"] = load_config(None, [f"{name}={as_text(value)}"])
+    yaml_value = list(value) if isinstance(value, tuple) else value
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(f"{stage}:\n  {field}: {yaml_value!r}\n".replace("'", '"').replace("True", "true")
+                      .replace("False", "false"))
+    routes["yaml section"] = load_config(nested, [])
+    toml = tmp_path / "c.toml"
+    toml_value = str(yaml_value).lower() if isinstance(value, bool) else repr(yaml_value).replace("'", '"')
+    toml.write_text(f"[{stage}]\n{field} = {toml_value}\n")
+    routes["toml section"] = load_config(toml, [])
+    flat_yaml = tmp_path / "flat.yaml"
+    flat_yaml.write_text(f"{stage}_{field}: {as_text(value)}\n")
+    routes["yaml qualified"] = load_config(flat_yaml, [])
+    for route, cfg in routes.items():
+        assert get(cfg, stage, field) == value, route
+    # the flow (a deployment's parameters): one of its names reaches the field
+    in_flow = [n for n in flow_names() if (stage, field) in n.targets]
+    assert in_flow, f"{stage}.{field} is not a parameter of the flow"
+    params = {**flow_parameters(DEFAULTS), in_flow[-1].name: yaml_value}
+    assert get(make_config(params), stage, field) == value
+
+
+def test_the_flow_signature_and_deployment_schema_list_every_flow_name():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.pipeline import pipeline
+
+    expected = ["artifacts", "until", "force", *(n.name for n in flow_names())]
+    assert list(inspect.signature(pipeline).parameters) == expected
+    schema = parameter_schema(pipeline)
+    assert set(schema.properties) == set(expected)
+    assert "neighbours sampled per hop" in schema.properties["train_fanouts"]["description"]
+    # the flow's defaults are the stages' defaults
+    defaults = {k: p.default for k, p in inspect.signature(pipeline).parameters.items()}
+    assert make_config(defaults) == DEFAULTS
+    assert make_config(flow_parameters(DEFAULTS)) == DEFAULTS
+
+
+def test_shared_names_set_every_stage_and_a_qualified_name_overrides_one():
+    cfg = make_config(seed=3, fanouts="10,5", batch_size=64, hotness_seed=9)
+    assert (cfg.download.seed, cfg.hotness.seed, cfg.train.seed, cfg.partition.seed) == (3, 9, 3, 0)
+    assert cfg.hotness.fanouts == cfg.train.fanouts == (10, 5) and cfg.train.num_layers == 2
+    assert cfg.hotness.batch_size == cfg.train.batch_size == 64
+    for name, stages in SHARED.items():
+        defaults = {getattr(STAGES[s].Params(), name) for s in stages}
+        assert len(defaults) == 1, f"shared name {name} has different defaults in {stages}"
+    # flow-style None for a qualified override means "follow the shared value"
+    assert make_config(seed=5, train_seed=None).train.seed == 5
+    # epochs means the training epochs; the hotness stage's is hotness_epochs
+    assert make_config(epochs=2, hotness_epochs=3).train.epochs == 2
+    assert make_config(epochs=2, hotness_epochs=3).hotness.epochs == 3
+
+
+@pytest.mark.parametrize("text", ["15,10,5", "[15,10,5]", "[15, 10, 5]", " 15, 10,5 "])
+def test_lists_accept_commas_with_or_without_brackets(text: str):
+    assert load_config(None, [f"fanouts={text}"]).train.fanouts == (15, 10, 5)
+    assert load_config(None, ["split=0.5,0.25,0.25"]).download.split == (0.5, 0.25, 0.25)
+    assert load_config(None, ["fanouts=5"]).train.fanouts == (5,)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("fanouts=15,abc", "invalid parameter fanouts='15,abc': Input should be a valid integer, unable to parse "
+                       "string as an integer; expected a list of integers, e.g. 15,10,5 or [15,10,5]"),
+    ("fanouts=0", "invalid parameter fanouts=0: invalid fanout 0: each hop needs a positive number of neighbours, "
+                  "or -1 for all of them; expected a list of integers"),
+    ("fanouts=-2", "invalid parameter fanouts=-2: invalid fanout -2"),
+    ("train.fanouts=10,0", "invalid parameter train.fanouts='10,0': invalid fanout 0"),
+    ("model=gnn", "invalid parameter model='gnn': unknown value; expected one of sage, gcn, gat"),
+    ("weight_decay=-1", "invalid parameter weight_decay=-1: Input should be greater than or equal to 0; expected "
+                        "a number >= 0"),
+    ("train.epoch=3", "invalid parameter train.epoch: unknown name; did you mean epochs?"),
+    ("epoch=3", "invalid parameter epoch: unknown name; did you mean epochs"),
+])
+def test_a_bad_value_names_the_parameter_the_value_and_the_expected_form(setting: str, message: str):
+    with pytest.raises(InputError) as err:
+        load_config(None, [setting])
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def test_enumerations_are_declared_once():
+    from stages import choices
+    from stages.partition import assign
+    from stages.train import cache_policy, model
+
+    assert model.MODELS == typing.get_args(choices.ModelName)
+    assert assign.PARTITION_METHODS == typing.get_args(choices.PartitionMethod)
+    assert set(cache_policy.CACHE_POLICIES) | {"auto"} == set(typing.get_args(choices.CachePolicyName))
+    assert STAGES["download"].Params.model_fields["dataset"].annotation is choices.Dataset
+
+
+def test_readme_parameter_table_is_generated_from_the_params():
+    readme = (REPO / "README.md").read_text()
+    assert README_BEGIN in readme and README_END in readme, "README lost its parameter table markers"
+    table = readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip()
+    assert table == parameter_table(markdown=True).strip(), (
+        "README's parameter table is stale: paste the output of `gnnpipe params --markdown` between the markers")
+    for stage, field in FIELDS:
+        assert f"`{stage}.{field}`" in table

@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED = 1
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: help venv pipeline stage train status test clean clean-venv bench bench-peer server-up server-down deploy \
+.PHONY: help venv pipeline stage train status test lint params clean clean-venv bench bench-peer server-up server-down deploy \
 	worker-up worker-down run-deployment
 
 help:
@@ -30,6 +30,8 @@ help:
 	@echo "make train ARGS='--nnodes 2 --node-rank 0 --rdzv HOST:29400'   this machine's share of a multi-node job"
 	@echo "make status              each stage's key, cache state and summary"
 	@echo "make test                run the test suite"
+	@echo "make lint                ruff (style, import order) and mypy (types, the stage protocol)"
+	@echo "make params              every parameter: names, stage, default, meaning"
 	@echo "make clean               delete $(ARTIFACTS) and the Prefect cache records"
 	@echo "make server-up deploy worker-up run-deployment ARGS='-p num_partitions=4'   run through a Prefect deployment"
 	@echo "make worker-down server-down                                              stop them (by PID)"
@@ -60,6 +62,13 @@ status: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+params: $(STAMP)
+	$(BIN)/gnnpipe params
 
 # Products-scale benchmarks (minutes each; figures recorded in benchmarks/RESULTS.md).
 BENCH_GRAPH ?= benchmarks/work/products_pipeline.npz

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from storage.errors import GnnpipeError, InputError
 from stages.train.cluster import Cluster
+from storage.errors import GnnpipeError, InputError
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 10.0

@@ -99,8 +99,9 @@ def main() -> None:
         two = _two_nodes(net, cfg_path)
         crossed = net.rx_bytes(0) + net.rx_bytes(1)
     two_hosts = _figures(store.load("train", key).summary, two)
-    print(json.dumps({"bench": "multinode", "num_nodes": cfg.num_nodes, "num_partitions": cfg.num_partitions,
-                      "epochs": cfg.epochs, "link_rate": args.rate or "unlimited veth",
+    print(json.dumps({"bench": "multinode", "num_nodes": cfg.download.num_nodes,
+                      "num_partitions": cfg.partition.num_partitions, "epochs": cfg.train.epochs,
+                      "link_rate": args.rate or "unlimited veth",
                       "one_host": one_host, "two_hosts": two_hosts, "veth_mib": round(crossed / 2**20, 1),
                       "epoch_time_ratio": round(two_hosts["mean_epoch_s"] / one_host["mean_epoch_s"], 3)}))
 

@@ -77,10 +77,9 @@ def load_graph(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
             Path(args.graph).parent.mkdir(parents=True, exist_ok=True)
             np.savez(args.graph, indptr=indptr, indices=indices, bounds=bounds)
         return indptr, indices
-    generate_synthetic = None
     if args.generator == "pipeline":   # the download stage's generator, so the graph matches the pipeline's
         from stages.download.synthetic import generate_synthetic
-    if generate_synthetic is not None:
+
         graph = generate_synthetic(num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=1,
                                    num_classes=47, seed=args.seed)   # products has 47 classes; features unused
         indptr, indices = graph.indptr.astype(np.int64), graph.indices.astype(np.int64)

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from flows import cli_ops, cli_train
-from flows.config import ORDER, STAGES, PipelineConfig, stage_keys
+from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
 from flows.load import load_config
 from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError, InputError
@@ -25,7 +25,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 def _run(cfg: PipelineConfig) -> None:
     store = ArtifactStore(cfg.artifacts)
     store.check_writable()  # fail before a Prefect server is started for nothing
-    from flows.config import flow_parameters
+    for note in cfg.notes():
+        typer.echo(f"note: {note}", err=True)
     from flows.pipeline import pipeline  # imports prefect: only when a run needs it
 
     results = pipeline(**flow_parameters(cfg))

@@ -1,4 +1,7 @@
-"""``gnnpipe server|worker|deploy``: the Prefect server, a process worker and the deployments of prefect.yaml."""
+"""``gnnpipe server|worker|deploy``: the Prefect server, a process worker and the deployments of prefect.yaml.
+
+User errors are raised as :class:`~storage.GnnpipeError`; ``flows.cli.main`` prints them as one line.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +17,6 @@ from storage import GnnpipeError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _fail(err: BaseException) -> None:
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(2)
-
-
 def _url(port: int) -> str:
     return os.environ.get("PREFECT_API_URL") or services.api_url(services.DEFAULT_HOST, port)
 
@@ -29,12 +27,9 @@ worker_app = typer.Typer(help="A process worker for the gnnpipe-local pool.", no
 
 @server_app.command("up")
 def server_up(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT")) -> None:
-    try:
-        url = services.server_up(services.DEFAULT_HOST, port)
-        typer.echo(f"Prefect server at {url} (UI: {url.removesuffix('/api')}), log {services.log_file('server')}")
-        typer.echo(f"export PREFECT_API_URL={url}")
-    except GnnpipeError as err:
-        _fail(err)
+    url = services.server_up(services.DEFAULT_HOST, port)
+    typer.echo(f"Prefect server at {url} (UI: {url.removesuffix('/api')}), log {services.log_file('server')}")
+    typer.echo(f"export PREFECT_API_URL={url}")
 
 
 @server_app.command("down")
@@ -45,11 +40,8 @@ def server_down() -> None:
 @worker_app.command("up")
 def worker_up(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT"),
               pool: str = typer.Option(services.POOL)) -> None:
-    try:
-        pid = services.worker_up(_url(port), pool)
-        typer.echo(f"worker pid {pid} polling pool {pool}, log {services.log_file('worker')}")
-    except GnnpipeError as err:
-        _fail(err)
+    pid = services.worker_up(_url(port), pool)
+    typer.echo(f"worker pid {pid} polling pool {pool}, log {services.log_file('worker')}")
 
 
 @worker_app.command("down")
@@ -60,14 +52,11 @@ def worker_down() -> None:
 def deploy(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT")) -> None:
     """Register every deployment of prefect.yaml (gnnpipe/default, gnnpipe/ogbn-products, ...)."""
     env = {**os.environ, "PREFECT_API_URL": _url(port)}
-    try:
-        services.ensure_pool(env["PREFECT_API_URL"])
-    except GnnpipeError as err:
-        _fail(err)
+    services.ensure_pool(env["PREFECT_API_URL"])
     proc = subprocess.run([services.prefect_exe(), "--no-prompt", "deploy", "--all"], cwd=REPO, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        _fail(GnnpipeError(f"prefect deploy failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]}"))
+        raise GnnpipeError(f"prefect deploy failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]}")
     typer.echo("deployed: " + ", ".join(ln.split("'")[1] for ln in proc.stdout.splitlines()
                                          if "Deployment '" in ln and "successfully created" in ln))
 

@@ -14,7 +14,7 @@ list each field once, under the shortest name that reaches it alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from stages.download import stage as download_stage
 from stages.features import stage as features_stage
 from stages.hotness import stage as hotness_stage
-from stages.params import ParamsError, StageParams, field_error
+from stages.params import ParamsError, StageParams, field_error, is_sequence, show_value
 from stages.partition import stage as partition_stage
 from stages.protocol import Stage
 from stages.train import stage as train_stage
@@ -85,6 +85,17 @@ class PipelineConfig(BaseModel):
 
     def stages(self) -> tuple[str, ...]:
         return ORDER[: ORDER.index(self.until) + 1]
+
+    def notes(self) -> list[str]:
+        """Settings that are valid but probably not meant: a SHARED field set apart in one of its stages (say, the
+        hotness plan fitted to other fanouts than training draws)."""
+        out = []
+        for name, stages in SHARED.items():
+            values = {stage: getattr(self.stage_params(stage), name) for stage in stages}
+            if len(set(values.values())) > 1:
+                per_stage = ", ".join(f"{s}: {show_value(v)}" for s, v in values.items())
+                out.append(f"{name} differs between stages ({per_stage}); set `{name}` once unless that is meant")
+        return out
 
     def stage_params(self, name: str) -> StageParams:
         params = getattr(self, name)
@@ -156,11 +167,13 @@ def follows_shared(name: str) -> bool:
 
 
 # ---- building a config -------------------------------------------------------------------------------------------
-def make_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> PipelineConfig:
-    """Validate ``values`` (flat, dotted or nested names, see the module docstring). A bad value becomes a one-line
-    InputError naming the parameter, the value given and the expected form."""
-    given = {**(values or {}), **more}
-    sections, named = _resolve(given)
+def make_config(*layers: Mapping[str, Any], **more: Any) -> PipelineConfig:
+    """Validate the values of ``layers`` (flat, dotted or nested names, see the module docstring), each overriding
+    the ones before it whatever names they use (a config file, then ``--set``, then options), and ``more`` last.
+    A bad value becomes a one-line InputError naming the parameter, the value given and the expected form."""
+    layers = (*layers, more)
+    given = {k: v for layer in layers for k, v in layer.items() if k in CONTROL}
+    sections, named = _resolve(layers)
     built: dict[str, StageParams] = {}
     for stage, values in sections.items():
         try:
@@ -169,7 +182,8 @@ def make_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> Pipe
             if err.field not in err.params.model_fields:
                 raise InputError(f"invalid parameter {stage}.{err.field}: unknown name; {_suggest(str(err.field))}"
                                  ) from None
-            name, value = named[(stage, err.field)]
+            # a field the user did not name (num_layers, derived from fanouts) is said as stage.field
+            name, value = named.get((stage, err.field), (f"{stage}.{err.field}", err.error.get("input")))
             raise InputError(field_error(err.params, err.error, name, value)) from None
     try:
         return PipelineConfig(**{k: v for k, v in given.items() if k in CONTROL and v is not None}, **built)
@@ -181,31 +195,34 @@ def make_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> Pipe
         raise InputError(f"invalid parameter {'.'.join(str(p) for p in first['loc'])}: {msg}") from None
 
 
-def _resolve(given: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], tuple[str, Any]]]:
-    """Per-stage field values, and the name and value the user gave each field (for error messages)."""
+def _resolve(layers: Sequence[Mapping[str, Any]]
+             ) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], tuple[str, Any]]]:
+    """Per-stage field values, and the name and value the user gave each field (for error messages). A later layer
+    wins; within a layer, the more specific name."""
     flat = flat_names()
-    ranked: dict[tuple[str, str], tuple[int, Any, str]] = {}
+    ranked: dict[tuple[str, str], tuple[tuple[int, int], Any, str]] = {}
 
-    def put(stage: str, field: str, value: Any, rank: int, name: str) -> None:
+    def put(stage: str, field: str, value: Any, rank: tuple[int, int], name: str) -> None:
         if (stage, field) not in ranked or ranked[(stage, field)][0] <= rank:
             ranked[(stage, field)] = (rank, value, name)
 
-    for key, value in given.items():
-        if key in CONTROL:
-            continue
-        if key in STAGES and isinstance(value, Mapping):
-            for field, inner in value.items():
-                put(key, str(field), inner, 3, f"{key}.{field}")
-        elif "." in key and key.split(".", 1)[0] in STAGES:
-            stage, field = key.split(".", 1)
-            put(stage, field, value, 3, key)
-        elif key in flat:
-            if value is None and follows_shared(key):
-                continue   # a flow's "follow the shared value"
-            for stage, field in flat[key].targets:
-                put(stage, field, value, flat[key].rank, key)
-        else:
-            raise InputError(f"invalid parameter {key}: unknown name; {_suggest(key)}")
+    for layer, given in enumerate(layers):
+        for key, value in given.items():
+            if key in CONTROL:
+                continue
+            if key in STAGES and isinstance(value, Mapping):
+                for field, inner in value.items():
+                    put(key, str(field), inner, (layer, 3), f"{key}.{field}")
+            elif "." in key and key.split(".", 1)[0] in STAGES:
+                stage, field = key.split(".", 1)
+                put(stage, field, value, (layer, 3), key)
+            elif key in flat:
+                if value is None and follows_shared(key):
+                    continue   # a flow's "follow the shared value"
+                for stage, field in flat[key].targets:
+                    put(stage, field, value, (layer, flat[key].rank), key)
+            else:
+                raise InputError(f"invalid parameter {key}: unknown name; {_suggest(key)}")
     sections: dict[str, dict[str, Any]] = {}
     for (stage, field), (_, value, _) in ranked.items():
         sections.setdefault(stage, {})[field] = value
@@ -222,8 +239,8 @@ def _suggest(key: str) -> str:
 
 # ---- derived views ----------------------------------------------------------------------------------------------
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
-    """Each stage's artifact key for ``cfg``, computed without running anything (the code the flow's cache policy
-    and the store use)."""
+    """Each stage's artifact key for ``cfg``, computed without running anything (``artifact_key``, as the flow's
+    cache policy does)."""
     keys: dict[str, str] = {}
     for name in cfg.stages():
         keys[name] = artifact_key(STAGES[name], cfg.stage_params(name), {u: keys[u] for u in STAGES[name].UPSTREAM})
@@ -231,6 +248,8 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
 
 
 def artifact_key(module: Stage, params: StageParams, upstream_keys: Mapping[str, str]) -> str:
+    """``storage.store.stage_key`` of a stage module and its Params: what ``ArtifactStore.build`` computes when the
+    stage runs, and what Prefect's cache policy and ``gnnpipe status`` compute beforehand."""
     return stage_key(module.NAME, module.VERSION, params.key_params(), upstream_keys)
 
 
@@ -262,6 +281,8 @@ def flow_signature_defaults() -> dict[str, tuple[Any, Any, str]]:
             default = info.get_default(call_default_factory=True)
             # a None default filled in by the Params (num_layers) must be a valid flow value too
             annotation = _nullable(info.annotation) if default is None else info.annotation
+            if is_sequence(info):   # `prefect deployment run -p fanouts=15,10,5`, as on the command line
+                annotation = annotation | str
             out[name.name] = (annotation, list(default) if isinstance(default, tuple) else default, description)
     return out
 

@@ -18,16 +18,15 @@ from storage import InputError
 
 def load_config(config: Path | None, sets: Sequence[str], **overrides: Any) -> PipelineConfig:
     """The config of ``config`` (a file, optional), then ``sets``, then ``overrides`` that are not None/empty."""
-    values: dict[str, Any] = {}
-    if config is not None:
-        values.update(read_config_file(config))
+    from_file = read_config_file(config) if config is not None else {}
+    from_sets: dict[str, Any] = {}
     for item in sets:
         if "=" not in item:
             raise InputError(f"--set expects key=value, got '{item}'")
         key, raw = item.split("=", 1)
-        values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-    values.update({k: v for k, v in overrides.items() if v not in (None, [], ())})
-    return make_config(values)
+        from_sets[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    # each source overrides the one before, whatever names the two use (train_epochs in the file, epochs in --set)
+    return make_config(from_file, from_sets, {k: v for k, v in overrides.items() if v not in (None, [], ())})
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """One Prefect task per stage, and the cache policy they share: Prefect's cache key *is* the artifact's key.
 
-``StageKey`` computes the key with ``flows.config.artifact_key``, the same function ``gnnpipe status`` and the
-store use (``stage_key`` over the stage's ``key_params()`` and its upstream keys), so "Cached" means exactly "the
-store has this key". A task receives the stage's full Params (runtime fields included) and its upstream keys;
-runtime fields are not in ``key_params()``, so raising a timeout does not re-key. A change to a stage's code is
-caught by its VERSION, not by hashing source (docs/design.md §3, tests/test_stage_versions.py).
+``StageKey`` computes the key with ``flows.config.artifact_key``, as ``gnnpipe status`` does: the store's
+``stage_key`` over the stage's ``key_params()`` and its upstream keys, which ``ArtifactStore.build`` computes when
+the stage runs, so "Cached" means exactly "the store has this key". A task receives the stage's full Params
+(runtime fields included) and its upstream keys; runtime fields are not in ``key_params()``, so raising a timeout
+does not re-key. A change to a stage's code is caught by its VERSION, not by hashing source (docs/design.md §3,
+tests/test_stage_versions.py).
 
 The persisted result of a task is its stage's manifest (small), never arrays: the data lives in the artifact store.
 """

@@ -1,4 +1,4 @@
-"""The base of every stage's ``Params``: the one place a parameter is declared (docs/design.md §3).
+"""The base of every stage's ``Params``: the one place a parameter is declared (docs/design.md §2).
 
 A field's name, type, default, bounds and ``description`` are written once, on its stage's Params. The pipeline
 config (flows/config.py), the flow's deployment parameters, ``--set``, YAML/TOML files and the README's parameter
@@ -26,17 +26,18 @@ from stages.runtime.fanouts import validate_fanouts
 from storage.errors import InputError
 
 _RUNTIME = "runtime"
+FORM = "form"   # json_schema_extra key: how a value looks, in words, where the annotation cannot say (expected_form)
 
 
 def _fanouts(value: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(validate_fanouts(value))
-    except InputError as err:   # as a ValueError, pydantic names the field
-        raise ValueError(str(err)) from None
+    return tuple(validate_fanouts(value))   # a ValueError, which pydantic reports against the field
 
 
 Fanouts = Annotated[tuple[int, ...], AfterValidator(_fanouts)]
 """Neighbours sampled per hop, outermost first (a positive count, or -1 for all)."""
+
+Seed = Annotated[int, Field(ge=0)]
+"""A random seed: numpy's SeedSequence (stages/runtime/seeds.py) and default_rng take only non-negative ones."""
 
 
 def runtime(default: Any, *, description: str, **constraints: Any) -> Any:
@@ -99,10 +100,20 @@ def field_error(params: type[BaseModel], error: Any, name: str | None = None, va
     return f"invalid parameter {name or loc[0]}={show_value(shown)}: {msg}; expected {expected_form(info)}"
 
 
-def show_value(value: Any) -> str:
+def as_typed(value: Any) -> str:
+    """A value as a person types it after ``--set name=``: ``15,10,5``, ``true``, ``null``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return repr(value) if isinstance(value, str) else str(value)
+        return ",".join(as_typed(v) for v in value) or "[]"
+    return str(value)
+
+
+def show_value(value: Any) -> str:
+    """``as_typed``, with text quoted: an error shows ``fanouts='15,abc'`` (text that did not parse)."""
+    return repr(value) if isinstance(value, str) else as_typed(value)
 
 
 def as_list(value: Any) -> Any:
@@ -145,7 +156,10 @@ def expected_form(info: FieldInfo) -> str:
     optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(annotation)
     inner = _unwrap_optional(annotation)
     origin, args = typing.get_origin(inner), typing.get_args(inner)
-    if origin is Literal:
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get(FORM), str):   # a field that words its own form
+        form = str(extra[FORM])
+    elif origin is Literal:
         form = "one of " + ", ".join(str(a) for a in args)
     elif origin in (tuple, list):
         item = args[0] if args else Any

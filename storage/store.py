@@ -128,9 +128,9 @@ class ArtifactStore:
             return None
 
     def validate(self, data: Any, stage: str | None = None, key: str | None = None) -> Manifest:
-        """Parse a manifest (a :class:`Manifest` or its JSON dict) and check that every file it lists exists with
-        its recorded size; returns the parsed manifest."""
-        manifest = data if isinstance(data, Manifest) else _parse(data, stage, key, self)
+        """Parse a manifest's JSON and check that every file it lists exists with its recorded size; returns the
+        parsed manifest."""
+        manifest = _parse(data, stage, key, self)
         stage, key = manifest.stage, manifest.key
         sizes = self._sizes(stage, key)
         for rel, size in manifest.files.items():

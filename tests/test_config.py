@@ -20,7 +20,9 @@ from tests.conftest import REPO
 
 FIELDS = [(stage, field) for stage in ORDER for field in STAGES[stage].Params.model_fields]
 # values the generic rule below cannot guess (it must be valid together with every other default)
-SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("train", "gat_heads"): 8}
+SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("train", "gat_heads"): 8,
+                                       ("train", "model"): "gcn", ("train", "model_kwargs"): {"aggr": "max"},
+                                       ("train", "loss"): "examples.custom_model:smoothed_cross_entropy"}
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -85,6 +87,8 @@ def test_every_field_is_reachable_by_every_route(stage: str, field: str, tmp_pat
     routes["yaml section"] = load_config(nested, [])
     toml = tmp_path / "c.toml"
     toml_value = str(yaml_value).lower() if isinstance(value, bool) else repr(yaml_value).replace("'", '"')
+    if isinstance(value, dict):   # an inline table
+        toml_value = "{" + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + "}"
     toml.write_text(f"[{stage}]\n{field} = {toml_value}\n")
     routes["toml section"] = load_config(toml, [])
     flat_yaml = tmp_path / "flat.yaml"
@@ -144,7 +148,8 @@ def test_lists_accept_commas_with_or_without_brackets(text: str):
                   "or -1 for all of them; expected a list of integers"),
     ("fanouts=-2", "invalid parameter fanouts=-2: invalid fanout -2"),
     ("train.fanouts=10,0", "invalid parameter train.fanouts='10,0': invalid fanout 0"),
-    ("model=gnn", "invalid parameter model='gnn': unknown value; expected one of sage, gcn, gat"),
+    ("model=gnn", "invalid parameter model='gnn': unknown model; expected sage, gcn, gat, or an import path "
+                  "package.module:factory"),
     ("weight_decay=-1", "invalid parameter weight_decay=-1: Input should be greater than or equal to 0; expected "
                         "a number >= 0"),
     ("train.epoch=3", "invalid parameter train.epoch: unknown name; did you mean epochs?"),
@@ -176,3 +181,61 @@ def test_readme_parameter_table_is_generated_from_the_params():
         "README's parameter table is stale: paste the output of `gnnpipe params --markdown` between the markers")
     for stage, field in FIELDS:
         assert f"`{stage}.{field}`" in table
+
+
+def test_set_overrides_the_config_file_whatever_names_either_uses(tmp_path: Path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("train_epochs: 3\ntrain:\n  seed: 7\nhotness:\n  epochs: 2\n")
+    cfg = load_config(cfg_file, ["epochs=5", "seed=2"])
+    assert (cfg.train.epochs, cfg.train.seed, cfg.download.seed) == (5, 2, 2)
+    assert cfg.hotness.epochs == 2   # nothing in --set names it
+    assert load_config(cfg_file, []).train.epochs == 3
+    # within one source the more specific name wins, in any order
+    assert make_config({"train.seed": 4, "seed": 1}).train.seed == 4
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("train.fanouts=[]", "invalid parameter train.fanouts=[]: fanouts is empty"),
+    ("train_fanouts=[]", "invalid parameter train_fanouts=[]: fanouts is empty"),
+    ("seed=-1", "invalid parameter seed=-1: Input should be greater than or equal to 0"),
+    ("hotness_seed=-3", "invalid parameter hotness_seed=-3: Input should be greater than or equal to 0"),
+    ("partition.seed=-1", "invalid parameter partition.seed=-1"),
+])
+def test_bad_values_the_old_config_let_through_are_one_line_errors(setting: str, message: str):
+    with pytest.raises(InputError) as err:
+        load_config(None, [setting])
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_shared_name_set_apart_in_one_stage_is_noted():
+    assert make_config().notes() == []
+    notes = make_config(train_fanouts="10,5").notes()
+    assert notes == ["fanouts differs between stages (hotness: 15,10,5, train: 10,5); set `fanouts` once unless that "
+                     "is meant"]
+
+
+# The flow's parameter names are what deployments and scripts pass (`prefect deployment run -p NAME=...`): a new
+# stage field must not silently rename one (a short name that two stages declare is no longer short).
+FLOW_NAMES = {
+    "artifacts", "until", "force", "dataset", "num_nodes", "avg_degree", "num_features", "num_classes", "seed",
+    "download_seed", "split", "path", "fingerprint", "download_dir", "num_partitions", "method", "partition_seed",
+    "balance_train", "balance_edges", "chunk_rows", "compressor", "fanouts", "hotness_fanouts", "batch_size",
+    "hotness_batch_size", "hotness_epochs", "cache_budget_bytes", "cache_ratio", "hotness_seed", "model", "hidden",
+    "train_fanouts", "train_batch_size", "epochs", "lr", "weight_decay", "dropout", "gat_heads", "train_seed",
+    "cache_policy", "timeout_s", "collective_timeout_s", "host_memory_budget_bytes", "threads_per_rank", "device",
+}
+
+
+def test_flow_parameter_names_stay_stable():
+    from flows.pipeline import pipeline
+
+    names = set(inspect.signature(pipeline).parameters)
+    assert FLOW_NAMES <= names, f"flow parameters renamed or gone: {sorted(FLOW_NAMES - names)}"
+
+
+def test_deployment_parameters_take_lists_as_text():
+    from flows.pipeline import pipeline
+
+    checked = pipeline.validate_parameters({"fanouts": "15,10,5", "split": "0.5,0.25,0.25", "train_fanouts": None})
+    cfg = make_config(checked)
+    assert cfg.train.fanouts == cfg.hotness.fanouts == (15, 10, 5) and cfg.download.split == (0.5, 0.25, 0.25)

@@ -11,7 +11,6 @@ from scipy import stats
 
 from stages.runtime.relabel import make_node_map, unique_first_occurrence
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches, sample_neighbors
-from storage.errors import InputError
 from tests._sampler_graphs import NUM_NODES, check_batch, edge_keys, expected_counts, power_law_graph
 
 HUB_GID = 3
@@ -101,13 +100,13 @@ def test_empty_targets_and_isolated_nodes(csr):
 
 
 @pytest.mark.parametrize("fanouts", [[], [0], [-2], [15, 0, 5], [10, -3]])
-def test_invalid_fanouts_are_input_errors(csr, fanouts):
-    with pytest.raises(InputError, match="fanout"):
+def test_invalid_fanouts_are_rejected(csr, fanouts):
+    with pytest.raises(ValueError, match="fanout"):
         NeighborSampler(csr, fanouts)
 
 
 def test_invalid_kernel_fanout_and_duplicate_seeds(csr):
-    with pytest.raises(InputError, match="fanout"):
+    with pytest.raises(ValueError, match="fanout"):
         sample_neighbors(csr, torch.arange(3), 0)
     with pytest.raises(ValueError, match="unique"):
         NeighborSampler(csr, [5]).sample(torch.tensor([1, 2, 1]))

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from stages.hotness import plan as planning
 from stages.meter import measure
-from stages.params import Fanouts, StageParams
+from stages.params import Fanouts, Seed, StageParams
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.features import FeaturesArtifact
@@ -40,7 +40,7 @@ class Params(StageParams):
     cache_budget_bytes: int | None = Field(None, ge=0, description="cache bytes per rank; takes precedence "
                                                                    "over cache_ratio")
     cache_ratio: float = Field(0.2, ge=0, description="cache rows per rank, as a fraction of its partition")
-    seed: int = Field(0, description="pre-sampling seed")
+    seed: Seed = Field(0, description="pre-sampling seed")
 
 
 

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from stages.choices import PartitionMethod
 from stages.meter import measure
-from stages.params import StageParams
+from stages.params import Seed, StageParams
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import GraphArtifact
 from storage.partition import write_book, write_part
@@ -29,7 +29,7 @@ UPSTREAM = ("download",)
 class Params(StageParams):
     num_partitions: int = Field(2, ge=1, description="parts, one training rank each")
     method: PartitionMethod = Field("metis", description="metis (min edge cut) or random (balanced)")
-    seed: int = Field(0, description="METIS / random assignment seed")
+    seed: Seed = Field(0, description="METIS / random assignment seed")
     balance_train: bool = Field(True, description="equal train nodes per part: uneven counts mean padded "
                                                   "(wasted) DDP steps")
     balance_edges: bool = Field(True, description="equal in-edges per part: equal sampling work per rank")

@@ -3,7 +3,7 @@
 Mechanism only: *which* gids to cache is the cache policy's business (``stages.train.cache_policy``: the hotness
 plan, a degree ranking, or nothing); ``DistFeatures.build_cache`` fetches the rows. The cache keeps its gids sorted
 and answers a lookup with ``searchsorted``: memory proportional to the cache, no per-node table over all N gids
-(docs/design.md §5), and the same torch ops on CPU and CUDA.
+(docs/design.md §4), and the same torch ops on CPU and CUDA.
 """
 
 from __future__ import annotations

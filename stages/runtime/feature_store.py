@@ -3,8 +3,8 @@
 ID space: rows are **lids** of the partition (row ``lid`` is gid ``start_gid + lid``).
 
 - ``InMemoryFeatureStore``: the whole ``x`` read once (chunk by chunk) into a host tensor, pinned when CUDA is the
-  training device so host→device copies are DMA. Gathers use ``torch.index_select`` (docs/design.md §5: ~5× numpy
-  fancy indexing, and 40-400× per-batch Zarr indexing).
+  training device so host→device copies are DMA. Gathers use ``torch.index_select`` (~5× numpy fancy
+  indexing, and 40-400× per-batch Zarr indexing: benchmarks/RESULTS.md, "Chunk shape and codec").
 - ``ZarrFeatureStore``: for a partition above the memory budget. A gather sorts the requested lids, groups them by
   row chunk and reads each touched chunk once, as one contiguous slice (Zarr decodes whole chunks anyway, and the
   crc32c codec still checks every chunk read). Slow, but bounded memory; the device cache holds the hot rows.

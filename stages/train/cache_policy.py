@@ -17,7 +17,7 @@ import numpy as np
 
 from stages.choices import CACHE_POLICIES
 from stages.hotness.plan import degree_order
-from storage.errors import InputError
+from storage.errors import ArtifactError
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
 
@@ -34,12 +34,12 @@ def cache_gids(policy: str, *, partition: PartitionArtifact, hotness: HotnessArt
     """The gids rank ``rank`` caches under ``policy`` (int64; hot first for ``hotness``)."""
     if policy == "none":
         return np.empty(0, dtype=np.int64)
-    if policy not in CACHE_POLICIES:
-        raise InputError(f"unknown cache policy {policy!r}; choose one of {', '.join(CACHE_POLICIES)}")
+    if policy not in CACHE_POLICIES:   # the Params' Literal took user input; this is a caller's bug
+        raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(CACHE_POLICIES)}")
     plan = hotness.plan(rank)
     if plan.part != rank:
-        raise InputError(f"the cache plan stored for partition {rank} belongs to partition {plan.part}; rebuild the "
-                         f"hotness stage")
+        raise ArtifactError(f"the cache plan stored for partition {rank} belongs to partition {plan.part}; rebuild "
+                            f"the hotness stage with --force hotness")
     if policy == "hotness":
         return plan.plan_gid.astype(np.int64, copy=False)
     budget_rows = int(plan.plan_gid.shape[0])

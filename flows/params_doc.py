@@ -24,7 +24,7 @@ def rows() -> list[dict[str, str]]:
     for field in CONTROL:
         info = PipelineConfig.model_fields[field]
         out.append({"name": field, "stage": "-", "value": expected_form(info) if field != "force" else
-                    "stage names or all", "default": as_typed(info.getas_typed(call_default_factory=True)),
+                    "stage names or all", "default": as_typed(info.get_default(call_default_factory=True)),
                     "meaning": info.description or ""})
     for stage in ORDER:
         params = STAGES[stage].Params
@@ -35,7 +35,7 @@ def rows() -> list[dict[str, str]]:
             if stage in SHARED.get(field, ()):
                 note += f" (`{field}` sets it in {', '.join(SHARED[field])})"
             out.append({"name": " / ".join(f"`{n}`" for n in names), "stage": stage, "value": expected_form(info),
-                        "default": as_typed(info.getas_typed(call_default_factory=True)),
+                        "default": as_typed(info.get_default(call_default_factory=True)),
                         "meaning": (info.description or "") + note})
     return out
 

@@ -11,7 +11,16 @@ from typing import Literal, get_args
 Dataset = Literal["synthetic", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M", "files"]
 PartitionMethod = Literal["metis", "random"]
 Compressor = Literal["lz4", "zstd"]
+# the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept (stages/features/dtypes.py)
+FeatureDtype = Literal["auto", "float32", "float16"]
+# the features stage's row normalisation of x (stages/features/normalize.py)
+FeatureNorm = Literal["none", "l1"]
+# built-in models and losses; train.model and train.loss also take an import path (stages/train/plugins.py)
 ModelName = Literal["sage", "gcn", "gat"]
+LossName = Literal["cross_entropy"]
+LrSchedule = Literal["none", "cosine", "step"]
+# the dtype of the model's matrix products (stages/train/model.py: seed_logits autocasts them to bfloat16)
+Precision = Literal["float32", "bfloat16"]
 # auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/cache_policy.py says why)
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -20,4 +29,5 @@ DATASETS: tuple[str, ...] = get_args(Dataset)
 OGB_DATASETS: tuple[str, ...] = tuple(name for name in DATASETS if name.startswith("ogbn-"))
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 MODELS: tuple[str, ...] = get_args(ModelName)
+LOSSES: tuple[str, ...] = get_args(LossName)
 CACHE_POLICIES: tuple[str, ...] = tuple(p for p in get_args(CachePolicyName) if p != "auto")   # concrete ones

@@ -2,9 +2,11 @@
 
 ID space: rows are **lids** of partition p (row i is gid ``start_gid + i``).
 
-- ``x`` [n_p, F] (the dataset's dtype), row-chunked, crc32c-checked; ``y`` int64 [n_p] (-1 = unlabelled).
+- ``x`` [n_p, F] in the storage dtype (float32, float16, bool, int8 or uint8: the features stage's ``dtype``; the
+  trainer casts rows to float32 on its device), row-chunked, crc32c-checked; ``y`` int64 [n_p] (-1 = unlabelled).
 - ``split/train``, ``split/valid``, ``split/test``: sorted int64 lids of p's nodes in each split.
-- attrs: part, start_gid, num_nodes, num_features, num_classes, chunk_rows, compressor.
+- attrs: part, start_gid, num_nodes, num_features, feature_dtype (the stored one), num_classes, chunk_rows,
+  compressor.
 
 A partition's store is self-contained, so a training node fetches only its own partition's files.
 """
@@ -82,6 +84,7 @@ class FeaturesArtifact(ArtifactHandle):
 
     @property
     def feature_dtype(self) -> np.dtype:
+        """The stored dtype of ``x`` (``source_dtype`` in the summary is the dataset's)."""
         return np.dtype(self.manifest.summary["feature_dtype"])
 
     @property
@@ -90,7 +93,7 @@ class FeaturesArtifact(ArtifactHandle):
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one feature row."""
+        """Bytes of one stored feature row (what the cache budget and the exchange pay)."""
         return self.num_features * self.feature_dtype.itemsize
 
     def x(self, p: int) -> zarr.Array:

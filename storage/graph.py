@@ -5,7 +5,7 @@ ID space: everything here is in **orig** ids (as the dataset numbers its nodes).
 - ``indptr`` int64 [N+1], ``indices`` int64 [E]: CSR of *incoming* edges: ``indices[indptr[v]:indptr[v+1]]`` are
   the sources u of the edges u -> v (messages flow u -> v). Undirected graphs are stored symmetrised; self-loops and
   duplicate edges are removed; each row is sorted.
-- ``x`` [N, F] (dtype kept), ``y`` int64 [N] (-1 = unlabelled).
+- ``x`` [N, F] (the dataset's dtype, every value finite), ``y`` int64 [N] (-1 = unlabelled).
 - ``split/train``, ``split/valid``, ``split/test``: int64 orig ids (OGB's split names).
 - attrs: name, source, num_nodes, num_edges, num_features, num_classes, directed, split sizes.
 """

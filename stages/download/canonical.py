@@ -1,7 +1,8 @@
-"""Edge lists → the canonical CSR of incoming edges (see ``storage.graph``).
+"""Edge lists → the canonical CSR of incoming edges (see ``storage.graph``), and the features' finiteness.
 
-Every source (synthetic, OGB, files) goes through :func:`to_csr_incoming`, so the invariants of ``graph.zarr``
-(symmetrised if undirected, no self-loops, no duplicates, rows sorted by source) are established in one place.
+Every source (synthetic, OGB, files) goes through :func:`to_csr_incoming` and :func:`check_finite`, so the
+invariants of ``graph.zarr`` (symmetrised if undirected, no self-loops, no duplicates, rows sorted by source; every
+feature finite) are established in one place.
 
 Memory matters more than elegance here: at ogbn-products scale the symmetrised edge list has ~124 M entries, so
 every temporary of that length costs ~1 GB. Each (dst, src) pair is encoded as one int64 key ``dst * N + src``:
@@ -20,6 +21,10 @@ from storage.errors import InputError
 
 # Cap on int64 keys: dst * N + src must not overflow, i.e. N**2 < 2**63 (N up to ~3 * 10**9 nodes).
 _MAX_NODES = 3_037_000_499
+# The finite check reads x in blocks of ~16 MiB, so its boolean temporary stays at 4 MiB for a float32 x that may be
+# a memory map larger than RAM; at this size the whole products-scale x (2.4 M x 100 float32, 0.98 GB) is checked in
+# 0.06 s (benchmarks/bench_feature_checks.py, figures in benchmarks/RESULTS.md).
+FINITE_CHECK_BYTES = 16 << 20
 
 
 def to_csr_incoming(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
@@ -94,3 +99,35 @@ def _drop_duplicates_sorted(keys: np.ndarray) -> np.ndarray:
     np.logical_not(dup, out=keep[1:])
     del dup
     return keys[keep]
+
+
+def first_non_finite(x: np.ndarray, *, block_rows: int | None = None) -> tuple[int, int] | None:
+    """``(row, column)`` of the first NaN or ±Inf of ``x`` [N, F] in row-major order, or None if all are finite.
+
+    Bool and integer arrays are finite by type (no read). ``x`` is read in blocks of ``block_rows`` rows (default
+    ~``FINITE_CHECK_BYTES``): ``np.isfinite(block).all()`` per block, the position located only in the bad block.
+    """
+    if x.dtype.kind != "f" or x.size == 0:
+        return None
+    row_bytes = max(x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64)), 1)
+    rows = block_rows or max(1, FINITE_CHECK_BYTES // row_bytes)
+    for lo in range(0, x.shape[0], rows):
+        block = np.asarray(x[lo:lo + rows])
+        finite = np.isfinite(block)
+        if not finite.all():
+            row, col = np.unravel_index(int(np.argmin(finite)), finite.shape)[:2]   # argmin: the first False
+            return lo + int(row), int(col)
+    return None
+
+
+def check_finite(x: np.ndarray, subject: str) -> None:
+    """Refuse features with NaN/±Inf in one line naming ``subject`` (e.g. ``x.npy in /data/g``), the first bad row
+    (= node id) and column: a NaN feature trains to ``loss nan`` and a NaN model several stages later."""
+    found = first_non_finite(x)
+    if found is None:
+        return
+    row, col = found
+    value = float(x[row, col])
+    kind = "NaN" if np.isnan(value) else ("-Inf" if value < 0 else "Inf")
+    raise InputError(f"{subject} has {kind} at row {row}, column {col} (the first non-finite value); features must "
+                     "be finite: replace or impute them (e.g. numpy.nan_to_num) and save again")

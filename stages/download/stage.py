@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from stages.choices import Dataset
+from stages.download.canonical import check_finite
 from stages.meter import measure
-from stages.params import StageParams, runtime
+from stages.params import Seed, StageParams, runtime
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
@@ -32,7 +33,7 @@ class Params(StageParams):
     avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
     num_features: int = Field(64, ge=1, description="synthetic: feature columns")
     num_classes: int = Field(16, ge=2, description="synthetic: classes")
-    seed: int = Field(0, description="synthetic: generator seed")
+    seed: Seed = Field(0, description="synthetic: generator seed")
     split: tuple[float, float, float] = Field((0.08, 0.02, 0.90),
                                               description="synthetic: train, valid, test fractions")
     path: str | None = Field(None, description="files: directory with edge_index.npy, x.npy, y.npy, ...")
@@ -71,18 +72,23 @@ def files_fingerprint(directory: str) -> str:
 
 
 def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
-    if params.dataset == "synthetic":
-        from stages.download.synthetic import generate_synthetic
-
-        return generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
-                                  params.seed, split=params.split, progress=progress)
+    """The dataset as a validated ``Graph``: every source refuses non-finite features (``check_finite``)."""
     if params.dataset == "files":
         from stages.download.files_source import load_files
 
-        return load_files(os.path.abspath(params.path or ""))
-    from stages.download.ogb_source import load_ogb
+        return load_files(os.path.abspath(params.path or ""))   # names x.npy in its own finite check
+    if params.dataset == "synthetic":
+        from stages.download.synthetic import generate_synthetic
 
-    return load_ogb(params.dataset, download_dir, progress=progress)
+        graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
+                                   params.seed, split=params.split, progress=progress)
+    else:
+        from stages.download.ogb_source import load_ogb
+
+        graph = load_ogb(params.dataset, download_dir, progress=progress)
+    assert graph.x is not None
+    check_finite(graph.x, f"the features (x) of dataset {params.dataset}")
+    return graph
 
 
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,

@@ -2,7 +2,8 @@
 
 Contract: download + partition manifests + params → artifact ``features/<key>/part-<p>.zarr`` (format in
 ``storage.features``). Row chunks with no compressor and a crc32c codec: chosen by measurement
-(benchmarks/bench_features.py, figures in benchmarks/RESULTS.md).
+(benchmarks/bench_features.py, figures in benchmarks/RESULTS.md). ``x`` is stored in the dtype ``dtype`` picks
+(``stages.features.dtypes``: float64 and wide integers as float32, float16 and 1-byte bool/int kept).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from stages.choices import Compressor
+from stages.choices import Compressor, FeatureDtype, FeatureNorm
+from stages.features.dtypes import storage_dtype, to_storage
+from stages.features.normalize import normalize_rows, normalized_dtype
 from stages.meter import measure
 from stages.params import StageParams
 from storage import ArtifactStore, Manifest, StageWriter
@@ -25,7 +28,8 @@ from storage.report import Report, markdown_table
 from storage.zarr_io import chunk_rows_for
 
 NAME = "features"
-VERSION = 1
+VERSION = 2   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);
+#   rows l1-normalised on request (features.normalize)
 UPSTREAM = ("download", "partition")
 # ~16 MiB chunks within [8 192, 65 536] rows: the fastest whole loads measured (benchmarks/RESULTS.md, "Chunk
 # shape and codec"); storage's 64 MiB default suits the download stage's sequentially read arrays.
@@ -38,6 +42,11 @@ class Params(StageParams):
                                                             "[8 192, 65 536] rows")
     compressor: Compressor | None = Field(None, description="Blosc codec for x; null: none (dense floats "
                                                             "compress ~1.1x, see benchmarks/RESULTS.md)")
+    dtype: FeatureDtype = Field("auto", description="stored dtype of x; auto: float32, but float16, bool, int8 and "
+                                                    "uint8 are kept (rows reach the model as float32)")
+    normalize: FeatureNorm = Field("none", description="l1: divide each row of x by the sum of its absolute values "
+                                                       "(GCN's preprocessing of bag-of-words rows; stored as float32 "
+                                                       "under dtype auto); none: x as given")
 
 
 def default_chunk_rows(num_rows: int, row_bytes: int) -> int:
@@ -70,14 +79,17 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             book = PartitionArtifact(store, partition).book()
             x_orig = graph.x
             assert x_orig is not None
-            row_bytes = x_orig.dtype.itemsize * x_orig.shape[1]
+            dtype = storage_dtype(normalized_dtype(x_orig.dtype, params.normalize), params.dtype)
+            row_bytes = dtype.itemsize * x_orig.shape[1]   # the stored row: sizes the chunks
             parts = range(book.num_partitions)
             for p in tqdm(parts, desc="features: write parts", disable=not progress, leave=False):
                 lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
                 orig_ids = book.orig_of_gid[lo:hi]
                 chunk_rows = params.chunk_rows or default_chunk_rows(hi - lo, row_bytes)
                 attrs = write_part_features(
-                    writer, part=p, start_gid=lo, x=x_orig[orig_ids], y=graph.y[orig_ids],
+                    writer, part=p, start_gid=lo,
+                    x=to_storage(normalize_rows(x_orig[orig_ids], params.normalize), dtype, orig_ids),
+                    y=graph.y[orig_ids],
                     split_lids=split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
                     num_classes=graph.num_classes, chunk_rows=chunk_rows, compressor=params.compressor,
                     progress=progress)
@@ -85,9 +97,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                                  **attrs["split_sizes"]})
         writer.summary.update({
             "num_partitions": book.num_partitions, "num_features": int(x_orig.shape[1]),
-            "feature_dtype": str(x_orig.dtype), "num_classes": graph.num_classes,
-            "compressor": params.compressor or "none", "parts": per_part,
-            "bytes_features": int(x_orig.nbytes), **cost})
+            "feature_dtype": dtype.name, "source_dtype": x_orig.dtype.name, "num_classes": graph.num_classes,
+            "normalize": params.normalize, "compressor": params.compressor or "none", "parts": per_part,
+            "bytes_features": row_bytes * int(x_orig.shape[0]), **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -96,7 +108,10 @@ def report(manifest: Manifest) -> Report:
     s = manifest.summary
     rows = [dict(r) for r in s["parts"]]
     codec = "crc32c" if s["compressor"] == "none" else f"{s['compressor']}+crc32c"
-    headline = (f"{s['num_partitions']} feature stores, {s['num_features']} × {s['feature_dtype']}, "
+    source = s.get("source_dtype", s["feature_dtype"])   # artifacts written before the dtype parameter lack it
+    stored = s["feature_dtype"] if source == s["feature_dtype"] else f"{s['feature_dtype']} (from {source})"
+    norm = f", rows {s['normalize']}-normalised" if s.get("normalize", "none") != "none" else ""
+    headline = (f"{s['num_partitions']} feature stores, {s['num_features']} × {stored}{norm}, "
                 f"chunks of ≤ {max(r['chunk_rows'] for r in s['parts'])} rows, codec {codec}, "
                 f"{manifest.bytes / 2**20:.1f} MiB, {s['wall_s']:.1f} s")
     md = f"## features `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"

@@ -33,14 +33,14 @@ sys.path.insert(0, str(REPO))
 from stages.choices import CACHE_POLICIES  # noqa: E402 - after the repo is on sys.path
 
 
-def _time_batches(model, optimizer, seed_batches, sample, gather, label_of, device, args) -> dict:
+def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args) -> dict:
     """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches."""
     from stages.train.loop import train_epoch
 
     batches = iter(seed_batches)
-    train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, label_of,
+    train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, task,
                 num_real_batches=args.warmup, device=device)
-    sums = train_epoch(model, optimizer, itertools.islice(batches, args.max_batches), sample, gather, label_of,
+    sums = train_epoch(model, optimizer, itertools.islice(batches, args.max_batches), sample, gather, task,
                        num_real_batches=args.max_batches, device=device)
     if sums.batches == 0:
         raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
@@ -88,7 +88,7 @@ def rank_main(args: argparse.Namespace) -> None:
         seeds = loader.train_batches()
         data.features.reset_counters()
         timing = _time_batches(trainer.ddp, trainer.optimizer, seeds, loader.sample, loader.gather_rows,
-                               loader.label_of, device, args)
+                               trainer.task, device, args)
         c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
         sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"]],
                             dtype=torch.float64)
@@ -119,6 +119,7 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
 
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
     from stages.train.model import build_model
+    from stages.train.tasks import NodeClassification
     from storage import ArtifactStore
     from storage.features import FeaturesArtifact
     from storage.partition import PartitionArtifact, concat_parts
@@ -142,7 +143,7 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     seeds = iter_seed_batches(train_gid, args.batch_size, generator=gen)
     timing = _time_batches(model, optimizer, seeds, sampler.sample, lambda n_id: x.index_select(0, n_id),
-                           lambda s: y.index_select(0, s), torch.device("cpu"), args)
+                           NodeClassification(lambda s: y.index_select(0, s)), torch.device("cpu"), args)
     batches_per_epoch = math.ceil(train_gid.numel() / args.batch_size)
     s_per_batch = timing["wall_s"] / timing["batches"]
     return {"threads": args.threads, "batches_per_epoch": batches_per_epoch, "s_per_batch": round(s_per_batch, 4),
@@ -173,12 +174,12 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
     from stages.train.spec import TrainSpec
 
-    params = Params(hidden=args.hidden, num_layers=len(args.fanouts), fanouts=tuple(args.fanouts),
+    params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts),
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
     with tempfile.TemporaryDirectory() as tmp:
         spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
                          features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
-                         num_partitions=2, params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
+                         params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
         spec.save(Path(tmp, "spec.json"))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
                str(Path(__file__).resolve()), "--rank-worker", "--spec", str(Path(tmp, "spec.json")),

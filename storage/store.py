@@ -151,6 +151,11 @@ class ArtifactStore:
             return {}
         return {p[len(base) + 1:]: int(info["size"]) for p, info in listing.items() if info.get("type") == "file"}
 
+    def manifest_digest(self, stage: str, key: str) -> str:
+        """SHA-256 (16 hex digits) of the artifact's manifest file, which records its build id and every file's size:
+        two builds of one key differ, a byte-for-byte copy of a build does not."""
+        return hashlib.sha256(self.read_bytes(stage, key, MANIFEST)).hexdigest()[:16]
+
     def read_bytes(self, stage: str, key: str, rel: str) -> bytes:
         """A small file of an artifact (a PNG, a json report)."""
         try:

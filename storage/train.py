@@ -2,23 +2,32 @@
 
 Artifact ``train/<key>/``:
 
-- ``model.pt``: ``torch.save`` of the trained model's ``state_dict`` (PyG BasicGNN keys: ``convs.<i>.…``).
-- ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc", "best_val_acc", "best_epoch", "world_size",
-  "model", "cache", ...}``; accuracies are global (all ranks' correct / total, OGB Evaluator ``acc``).
-- ``curves.png`` (loss and accuracy per epoch), ``hit_rate.png`` (feature-cache hit rate per epoch).
+- ``model.pt``: ``torch.save`` of the ``state_dict`` of the best-validation epoch's model (the model's own keys;
+  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``).
+- ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc" (the published model's: the best validation
+  epoch's), "test_acc_last" (the last epoch's model), "best_val_acc", "best_epoch", "last_epoch" (0-based),
+  "final_val_acc", "stopped_early", "task": {"name", "evaluator"}, "recipe": {"loss", "lr", "weight_decay",
+  "lr_schedule", "patience"}, "model": {"kind", "kwargs", sizes, "whole_batch", "parameters"}, "world_size",
+  "ranks", "cache_policy", ...}``; metrics are global (all ranks' sums, e.g. correct / total, OGB Evaluator
+  ``acc``); per-epoch keys: ``stages.train.stats.EpochStats``.
+- ``curves.png`` (loss and accuracy per epoch, the best epoch marked), ``hit_rate.png`` (feature-cache hit rate
+  per epoch).
 
-Checkpoints (format, atomic save and resume agreement in ``stages.train.checkpoint``) live outside the
-content-addressed artifact (``<artifacts root>/.checkpoints/train-<key>/``) because an artifact only exists once
-complete, while checkpoints must survive a killed run so that its next attempt resumes.
+The job directory (``job_dir``), outside the content-addressed artifact because an artifact only exists once
+complete, while checkpoints must survive a killed run so that its next attempt resumes::
 
-Result directory: the job's local rank 0 writes ``model.pt`` and ``metrics.json`` (the artifact's formats) into
-a local directory (``write_result``), from which the stage copies them into the artifact (``read_result``).
+    <artifacts root>/.checkpoints/train-<key>/[node-<n>/]   (a temp dir for object-store roots)
+        spec.json                the job spec the ranks read (``stages.train.spec.TrainSpec``)
+        ckpt-<epoch>.pt          checkpoints (contents, atomic save and resume agreement: ``stages.train.checkpoint``)
+        result/model.pt, result/metrics.json   the job's results (``write_result``), copied into the artifact
+        result/error-<rank>.json                a failed rank's one-line error, for the launcher to name it
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import uuid
 from pathlib import Path
@@ -55,11 +64,52 @@ def read_result(result_dir: str | os.PathLike[str]) -> tuple[bytes, dict[str, An
 
 
 def checkpoint_dir(store: ArtifactStore, key: str) -> Path:
-    """Where the checkpoints of train artifact ``key`` live: beside the artifacts when they are local, else in the
-    local temp dir (the launcher runs the ranks on this machine; rank 0 writes, the others get it broadcast)."""
+    """Where the job of train artifact ``key`` keeps its files: beside the artifacts when they are local, else in
+    the local temp dir (the launcher runs the ranks on this machine; each node's local rank 0 writes)."""
     if store.is_local:
         return Path(store.base) / ".checkpoints" / f"train-{key}"
     return Path(tempfile.gettempdir()) / "gnnpipe-checkpoints" / f"train-{key}"
+
+
+def job_dir(store: ArtifactStore, key: str, node_rank: int | None = None) -> Path:
+    """This node's job directory: ``checkpoint_dir``, and a ``node-<n>`` below it for a multi-node job (a shared
+    file system must not mix nodes' files)."""
+    base = checkpoint_dir(store, key)
+    return base if node_rank is None else base / f"node-{node_rank}"
+
+
+def spec_path(job: Path) -> Path:
+    return job / "spec.json"
+
+
+def result_dir(job: Path) -> Path:
+    return job / "result"
+
+
+def error_path(results: str | os.PathLike[str], rank: int) -> Path:
+    return Path(results) / f"error-{rank}.json"
+
+
+def error_paths(results: str | os.PathLike[str]) -> list[Path]:
+    return sorted(Path(results).glob("error-*.json"))
+
+
+_CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+def checkpoint_path(directory: str | os.PathLike[str], epoch: int) -> Path:
+    """The checkpoint taken after ``epoch`` (0-based, completed)."""
+    return Path(directory) / f"ckpt-{epoch:05d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of the complete checkpoints in ``directory``, oldest first (a file being written has a
+    temporary name, see ``atomic_write_bytes``)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _CKPT.match(name))]
+    return sorted(found)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

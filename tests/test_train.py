@@ -22,7 +22,6 @@ import torch
 from stages.features import stage as features
 from stages.hotness import stage as hotness
 from stages.train import stage as train
-from stages.train.checkpoint import list_checkpoints
 from stages.train.faults import FAULT_ENV
 from stages.train.launcher import TrainingError, launch
 from stages.train.model import build_model
@@ -31,7 +30,7 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
 from storage.store import stage_key
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir
+from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
@@ -223,7 +222,7 @@ def test_cache_plan_of_another_partitioning_is_an_input_error(art, two, one):
 def test_world_size_other_than_partitions_is_an_input_error(art, two, tmp_path):
     """A rank started into a 1-rank world for a 2-partition graph says so, and the launcher repeats it."""
     spec = TrainSpec(artifacts=art.root, key="manual", partition_key=two["partition"].key,
-                     features_key=two["features"].key, hotness_key=two["hotness"].key, num_partitions=2,
+                     features_key=two["features"].key, hotness_key=two["hotness"].key,
                      params=train_params().model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
                      result_dir=str(tmp_path / "result"))
     spec.save(tmp_path / "spec.json")
@@ -243,17 +242,17 @@ def test_runtime_settings_travel_outside_the_key(art, two):
 
 
 def test_params_validation_and_key():
-    with pytest.raises(InputError, match="num_layers=3 but 2 fanouts"):
+    with pytest.raises(InputError, match="invalid parameter num_layers: unknown name"):   # derived: len(fanouts)
         train.Params(num_layers=3, fanouts=(10, 5))
     with pytest.raises(InputError, match="multiple of gat_heads"):
         train.Params(model="gat", hidden=30, gat_heads=4)
     with pytest.raises(InputError, match="fanout"):
-        train.Params(num_layers=2, fanouts=(10, 0))
+        train.Params(fanouts=(10, 0))
     # runtime settings do not re-key: a rerun with a longer timeout resumes the same checkpoints
     assert train.Params(timeout_s=5, threads_per_rank=3).key_params() == train.Params().key_params()
     assert train.Params(cache_policy="degree").key_params() != train.Params().key_params()
     assert not train.Params.runtime_fields() & set(train.Params().key_params())
     assert train.Params.runtime_fields() == {"timeout_s", "collective_timeout_s", "host_memory_budget_bytes",
                                              "threads_per_rank", "device"}
-    assert train.Params(fanouts="10,5").num_layers == 2   # the depth follows the fanouts unless given
+    assert train.Params(fanouts="10,5").num_layers == 2   # the depth is the number of fanouts
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

@@ -8,9 +8,11 @@ import torch
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.runtime.seeds import stream_seed
-from stages.train.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-from stages.train.loop import ogb_accuracy_counts, predict, train_epoch
+from stages.train.checkpoint import load_latest_checkpoint, save_checkpoint
+from stages.train.loop import eval_sums, train_epoch
 from stages.train.model import MODELS, build_model, seed_logits
+from stages.train.tasks import NodeClassification, ogb_accuracy_counts
+from storage.train import list_checkpoints
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
@@ -55,7 +57,9 @@ def test_models_on_sampled_batches_and_empty_ones(kind, one_torch_thread):
         assert all(p.grad is not None for p in model.parameters()), kind
 
 
-def test_trimmed_forward_equals_the_full_forward(one_torch_thread):
+def test_block_forward_equals_the_full_forward(one_torch_thread):
+    """The block path (layer by layer on bipartite blocks) against the model's own whole-batch forward; every
+    built-in, fanout and training-mode gradient: tests/test_blocks.py."""
     csr, x, _ = community_graph()
     sampler = NeighborSampler(csr, [4, 4], generator=torch.Generator().manual_seed(1))
     model = build_model("sage", in_channels=3, hidden=8, out_channels=3, num_layers=2, dropout=0.0).eval()
@@ -73,16 +77,15 @@ def test_loop_learns_in_one_process(one_torch_thread):
     train_gid, test_gid = torch.arange(0, 300), torch.arange(300, 600)
     gen = torch.Generator().manual_seed(0)
     calls = []
+    task = NodeClassification(lambda s: y[s])
     for _ in range(10):
         sums = train_epoch(model, opt, iter_seed_batches(train_gid, 50, generator=gen), sampler.sample,
-                           lambda n_id: x[n_id], lambda s: y[s], num_real_batches=5, device=torch.device("cpu"),
+                           lambda n_id: x[n_id], task, num_real_batches=5, device=torch.device("cpu"),
                            on_batch=calls.append)
     assert sums.batches == 6 and sums.seeds == 250, "metrics count only the real batches"
-    assert calls[:6] == list(range(6))
-    seed_gid, y_pred = predict(model, [test_gid[:150], torch.empty(0, dtype=torch.long), test_gid[150:]],
-                               sampler.sample, lambda n_id: x[n_id], torch.device("cpu"))
-    assert torch.equal(seed_gid, test_gid)
-    correct, total = ogb_accuracy_counts({"y_true": y[seed_gid][:, None], "y_pred": y_pred[:, None]})
+    assert calls[:6] == list(range(6)) and sums.metric_sums[1] == 250
+    correct, total = eval_sums(model, [test_gid[:150], torch.empty(0, dtype=torch.long), test_gid[150:]],
+                               sampler.sample, lambda n_id: x[n_id], task)
     features_only = float((x[test_gid].argmax(1) == y[test_gid]).float().mean())   # the Bayes rule: 0.54
     assert total == 300 and correct / total > features_only + 0.2, (correct / total, features_only)  # 0.82
 

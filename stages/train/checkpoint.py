@@ -1,11 +1,13 @@
 """A training run's checkpoints: atomic save, list and load, and the ranks' agreement on which one to resume.
 
-Files: ``<checkpoint dir>/ckpt-<epoch>.pt`` (``storage.train.checkpoint_dir`` says where that directory is), each
-written to a temporary name and ``os.replace``d into place, so a killed writer never leaves a truncated checkpoint
-under a valid name; the ``KEEP_CHECKPOINTS`` newest are kept. Contents (``torch.save`` of a dict)::
+Files: one per checkpoint in the job directory (names and place: ``storage.train``), each written to a temporary
+name and ``os.replace``d into place, so a killed writer never leaves a truncated checkpoint under a valid name; the
+``KEEP_CHECKPOINTS`` newest are kept. Contents (``torch.save`` of a dict)::
 
     {"key": train artifact key, "epoch": last completed epoch (0-based), "model": state_dict,
-     "optimizer": state_dict, "rng": [every global rank's RNG states, by rank], "history": [per-epoch metrics]}
+     "optimizer": state_dict, "scheduler": the LR scheduler's state_dict or None,
+     "best": {"epoch", "val", "state": the best-validation weights (CPU)} (stages.train.recipe.BestModel),
+     "rng": [every global rank's RNG states, by rank], "history": [per-epoch metrics]}
 
 Each node's local rank 0 writes to its own directory (no shared file system needed), and torchrun may hand a node
 other global ranks on the next attempt (c10d orders nodes by address): ``resume_state`` makes the ranks agree on
@@ -15,37 +17,25 @@ the newest checkpoint any node holds and broadcasts it.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from storage.train import atomic_write_bytes, torch_bytes
+from storage.train import atomic_write_bytes, checkpoint_path, list_checkpoints, torch_bytes
 
 KEEP_CHECKPOINTS = 2
-_CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
 def save_checkpoint(directory: str | os.PathLike[str], epoch: int, state: dict[str, Any],
                     keep: int = KEEP_CHECKPOINTS) -> Path:
     """Write ``state`` as the checkpoint after ``epoch`` (0-based, completed) and drop all but the ``keep`` newest."""
-    directory = Path(directory)
-    path = directory / f"ckpt-{epoch:05d}.pt"
+    path = checkpoint_path(directory, epoch)
     atomic_write_bytes(path, torch_bytes(state))
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
-
-
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """``(epoch, path)`` of the complete checkpoints in ``directory``, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _CKPT.match(name))]
-    return sorted(found)
 
 
 def load_latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

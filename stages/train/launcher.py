@@ -34,6 +34,7 @@ import psutil
 
 from stages.train.cluster import Cluster
 from storage.errors import GnnpipeError, InputError
+from storage.train import error_paths
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 10.0
@@ -189,7 +190,7 @@ def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, objec
     import json
 
     errors = {}
-    for path in Path(result_dir).glob("error-*.json"):
+    for path in error_paths(result_dir):
         try:
             record = json.loads(path.read_text())
             errors[int(record["rank"])] = record

@@ -19,9 +19,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
 
+from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
-from stages.train.loop import GatherRows, LabelOf, Sample
+from stages.train.loop import LabelOf
 from stages.train.rank_data import RankData
 
 
@@ -32,11 +34,32 @@ class NodeLoader:
                  sampler_gen: torch.Generator) -> None:
         self.split_gid, self.batch_size, self.shuffle_gen = data.split_gid, batch_size, shuffle_gen
         self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen)
-        self.sample: Sample = self.sampler.sample            # seed gids -> Data (n_id gids, seeds first)
-        self.gather_rows: GatherRows = data.features.gather  # n_id gids -> feature rows on the device
+        self.degrees = data.degrees
+        # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
+        # as the attachment is a collective
+        self.attach_degrees = False
+        self.features = data.features                        # rows in the store's dtype, on the device
         self.label_of: LabelOf = data.label_of               # seed gids -> labels on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
         self.num_real_train_batches = math.ceil(self.split_gid["train"].numel() / batch_size)
+
+    def sample(self, seed_gid: Tensor) -> Data:
+        """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
+        ``batch.deg`` when ``attach_degrees``. A collective."""
+        batch = self.sampler.sample(seed_gid)
+        if self.attach_degrees:
+            if self.degrees is None:
+                raise ValueError("this rank's data has no degree path (RankData.degrees)")
+            with_degrees(batch, self.degrees)
+        return batch
+
+    def gather_rows(self, n_id: Tensor) -> Tensor:
+        """``n_id`` gids -> float32 feature rows on the device (the ``GatherRows`` of ``stages.train.loop``).
+
+        Rows are cached and exchanged in the store's dtype (float16 or 1-byte bool/int: half or a quarter of
+        float32's bytes, ``stages.features.dtypes``) and cast here, once, after the exchange; no copy for float32.
+        """
+        return self.features.gather(n_id).to(torch.float32)
 
     def train_batches(self) -> Iterator[Tensor]:
         """One epoch of this rank's shuffled train seed gids, ``equal_batch_count`` batches (padding last)."""
@@ -47,3 +70,10 @@ class NodeLoader:
         seed_gid, bs = self.split_gid[split], self.batch_size
         total = equal_batch_count(seed_gid.numel(), bs)
         return [seed_gid[b * bs:(b + 1) * bs] for b in range(total)]
+
+
+def with_degrees(batch: Data, degrees: DistFeatures) -> Data:
+    """Attach ``batch.deg``: the true in-degree + 1 of each ``n_id`` position, float32 on the training device, own
+    nodes' from this rank's CSR and remote ones' from their owners (``rank_data.degree_path``). A collective."""
+    batch.deg = degrees.gather(batch.n_id).view(-1)
+    return batch

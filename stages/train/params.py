@@ -4,28 +4,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from stages.choices import CachePolicyName, Device, ModelName
-from stages.params import Fanouts, StageParams, as_list, runtime
+from stages.choices import LOSSES, MODELS, CachePolicyName, Device, LrSchedule, Precision
+from stages.params import FORM, Fanouts, Seed, StageParams, runtime
+from stages.train.plugin_code import source_digest
+from stages.train.plugins import check_ref, is_import_path
 from storage.errors import InputError
 
 
 class Params(StageParams):
-    model: ModelName = Field("sage", description="GraphSAGE (mean), GCN or GAT, PyG's BasicGNN models")
+    model: str = Field("sage", description="sage (GraphSAGE, mean), gcn, gat, or a factory package.module:name "
+                                           "called with in_channels, hidden, out_channels, num_layers, dropout and "
+                                           "model_kwargs (README: plug-in models and losses)",
+                       json_schema_extra={FORM: f"{', '.join(MODELS)}, or an import path package.module:factory"})
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for the model's "
+                                                                           "factory or built-in constructor",
+                                         json_schema_extra={FORM: "a mapping, e.g. {aggr: max}"})
+    loss: str = Field("cross_entropy", description="cross_entropy, or a function package.module:name (logits, y) -> "
+                                                   "the batch's mean loss",
+                      json_schema_extra={FORM: f"{', '.join(LOSSES)}, or an import path package.module:function"})
     hidden: int = Field(256, ge=1, description="hidden channels per layer")
-    # None is filled in before validation (_layers_follow_fanouts), so the validated value is always an int; the
-    # ignore lets the declared default be None while callers still see ``int``
-    num_layers: int = Field(None, ge=1, description="layers; default: one per fanout (it must equal "  # type: ignore[assignment]
-                                                    "len(fanouts): each layer aggregates one hop)")
-    fanouts: Fanouts = Field((15, 10, 5), description="neighbours sampled per hop (-1 = all)")
+    fanouts: Fanouts = Field((15, 10, 5), description="neighbours sampled per hop (-1 = all); the model has one "
+                                                      "layer per hop")
     batch_size: int = Field(1024, ge=1, description="seed nodes per batch and rank")
     epochs: int = Field(10, ge=1, description="training epochs")
     lr: float = Field(0.003, gt=0, description="Adam learning rate")
     weight_decay: float = Field(0.0, ge=0, description="Adam weight decay (L2)")
+    lr_schedule: LrSchedule = Field("none", description="per epoch: none, cosine (from lr to 0 over epochs), step "
+                                                        "(lr times lr_gamma every lr_step_epochs)")
+    lr_step_epochs: int = Field(30, ge=1, description="step schedule: epochs between two decays")
+    lr_gamma: float = Field(0.1, gt=0, le=1, description="step schedule: the factor of each decay")
+    patience: int | None = Field(None, ge=1, description="early stopping: stop after this many epochs without a "
+                                                         "better validation accuracy; null: train every epoch")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout between layers")
+    precision: Precision = Field("float32", description="the model's matrix products: bfloat16 autocasts them "
+                                                        "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
+                                                        "accuracy on the default graph); weights stay float32")
     gat_heads: int = Field(4, ge=1, description="GAT attention heads (hidden must be a multiple)")
-    seed: int = Field(0, ge=0, description="weights, shuffling, sampling and dropout streams")
+    seed: Seed = Field(0, description="weights, shuffling, sampling and dropout streams")
     cache_policy: CachePolicyName = Field("auto", description="which rows each rank caches on its device "
                                                               "(auto: hotness on GPU, hotness-remote on CPU)")
     timeout_s: float = runtime(24 * 3600.0, gt=0, description="whole job; then every rank is stopped")
@@ -37,22 +54,35 @@ class Params(StageParams):
                                                                    "CPUs / its ranks")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _layers_follow_fanouts(cls, data: Any) -> Any:
-        # one declaration: the depth is the number of sampled hops unless the user says otherwise
-        if isinstance(data, dict) and data.get("num_layers") is None:
-            fanouts = as_list(data.get("fanouts", cls.model_fields["fanouts"].default))
-            if isinstance(fanouts, (list, tuple)):
-                data = {**data, "num_layers": len(fanouts)}
-        return data
+    @property
+    def num_layers(self) -> int:
+        """The model's depth: each layer aggregates one sampled hop, so it is the number of fanouts (a parameter of
+        its own could only ever take this value)."""
+        return len(self.fanouts)
 
+    @field_validator("model")
+    @classmethod
+    def _model_is_known(cls, value: str) -> str:
+        return check_ref(value, MODELS, "model")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_is_known(cls, value: str) -> str:
+        return check_ref(value, LOSSES, "loss")
+
+    def key_params(self) -> dict[str, Any]:
+        """The fields that define the artifact, plus a digest of plug-in code (an edit retrains,
+        ``stages.train.plugin_code``); the step schedule's settings only when that schedule is used."""
+        out = super().key_params()
+        if self.lr_schedule != "step":
+            del out["lr_step_epochs"], out["lr_gamma"]
+        for field in ("model", "loss"):
+            if is_import_path(out[field]):
+                out[f"{field}_code"] = source_digest(out[field])
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> Params:
-        if self.num_layers != len(self.fanouts):
-            raise InputError(f"num_layers={self.num_layers} but {len(self.fanouts)} fanouts {list(self.fanouts)}: "
-                             f"each layer aggregates one sampled hop, give one fanout per layer")
         if self.model == "gat" and self.hidden % self.gat_heads:
             raise InputError(f"hidden={self.hidden} must be a multiple of gat_heads={self.gat_heads} "
                              f"(GAT concatenates its heads)")

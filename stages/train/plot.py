@@ -19,9 +19,12 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def curves_png(epochs: list[dict[str, Any]], test_acc: float) -> bytes:
-    """Training loss (left axis) and train/validation accuracy (right axis) per epoch; the test accuracy as a line."""
+def curves_png(metrics: dict[str, Any]) -> bytes:
+    """Training loss (left axis) and train/validation accuracy (right axis) per epoch, from ``metrics.json``; the
+    best validation epoch marked, with the test accuracy of its model and of the last epoch's."""
+    epochs = metrics["epochs"]
     x = [e["epoch"] + 1 for e in epochs]
+    best, last = metrics["best_epoch"] + 1, metrics["last_epoch"] + 1
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     ax.plot(x, [e["loss"] for e in epochs], "-o", color="C3", ms=3, label="train loss")
     ax.set_xlabel("epoch")
@@ -29,12 +32,16 @@ def curves_png(epochs: list[dict[str, Any]], test_acc: float) -> bytes:
     acc = ax.twinx()
     acc.plot(x, [100 * e["train_acc"] for e in epochs], "-o", color="C0", ms=3, label="train acc")
     acc.plot(x, [100 * e["val_acc"] for e in epochs], "-s", color="C2", ms=3, label="val acc")
-    acc.axhline(100 * test_acc, color="C2", ls="--", alpha=0.6, label=f"test acc {100 * test_acc:.1f} %")
+    acc.axvline(best, color="C2", ls=":", alpha=0.7, label=f"best val: epoch {best}")
+    acc.plot([best], [100 * metrics["test_acc"]], "*", color="C1", ms=11,
+             label=f"test acc at best {100 * metrics['test_acc']:.1f} %")
+    acc.plot([last], [100 * metrics["test_acc_last"]], "x", color="C7", ms=8, mew=2,
+             label=f"test acc, last epoch {100 * metrics['test_acc_last']:.1f} %")
     acc.set_ylabel("accuracy (%)")
     acc.set_ylim(0, 100)
     lines = ax.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + acc.get_legend_handles_labels()[1]
-    ax.legend(lines, labels, fontsize=8, loc="center right")
+    ax.legend(lines, labels, fontsize=7, loc="center right")
     ax.grid(True, alpha=0.3)
     ax.set_title("Training curves (global over ranks)")
     return _png(fig)

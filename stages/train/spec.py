@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.errors import InputError
-from storage.store import MANIFEST, ArtifactStore, Manifest, library_versions
+from storage.store import ArtifactStore, Manifest, library_versions
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -26,10 +26,9 @@ class TrainSpec:
     key: str                       # the train artifact's key: checkpoints of another key are never resumed
     partition_key: str
     features_key: str
-    hotness_key: str
-    num_partitions: int
+    hotness_key: str               # (the number of partitions, one rank each, is the partition book's bounds)
     params: dict[str, Any]         # stages.train.stage.Params, all fields (runtime ones included)
-    checkpoint_dir: str            # local directory; rank 0 writes, every rank gets the state broadcast
+    checkpoint_dir: str            # local directory; each node's local rank 0 writes (stages.train.checkpoint)
     result_dir: str                # local rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
     node_rank: int = 0             # this node (the user's --node-rank / SLURM_NODEID); 0 publishes the artifact
     fingerprint: dict[str, str] = field(default_factory=dict)   # artifact_fingerprint(): equal on every node
@@ -76,33 +75,38 @@ def check_world_size(world_size: int, num_partitions: int) -> None:
                          f"partition; launch {num_partitions} ranks or repartition into {world_size}")
 
 
-def code_digest(root: Path = _REPO) -> str:
-    """A digest of the Python sources that run a training job (``storage/`` and ``stages/``): nodes on other
-    commits could compute different things under the same keys, or disagree on a collective's protocol."""
+def code_digest(root: Path = _REPO, extra: Sequence[Path] = ()) -> str:
+    """A digest of the Python sources that run a training job (``storage/`` and ``stages/``, and ``extra``: the
+    plug-in model's and loss's files, ``stages.train.plugins.plugin_files``): nodes on other commits, or with other
+    plug-in code, could compute different things under the same keys, or disagree on a collective's protocol."""
     h = hashlib.sha256()
     for path in sorted(p for pkg in ("storage", "stages") for p in (root / pkg).rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in extra:   # by name only: the same plug-in may live in another directory on another node
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
-def runtime_fingerprint() -> str:
-    """The code and the libraries whose versions must match across nodes (gloo/NCCL speak torch's protocol)."""
+def runtime_fingerprint(extra: Sequence[Path] = ()) -> str:
+    """The code (``extra``: plug-in files) and the libraries whose versions must match across nodes (gloo/NCCL
+    speak torch's protocol)."""
     versions = library_versions()
-    return f"code {code_digest()}, torch {versions.get('torch', '?')}, python {versions['python']}"
+    return f"code {code_digest(extra=extra)}, torch {versions.get('torch', '?')}, python {versions['python']}"
 
 
-def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping[str, Manifest]) -> dict[str, str]:
+def artifact_fingerprint(store: ArtifactStore, train_key: str, upstream: Mapping[str, Manifest],
+                         code_files: Sequence[Path] = ()) -> dict[str, str]:
     """What a node trains on and with: the train key, per input artifact ``<key> build <digest>``, and the code
-    and library versions (``runtime_fingerprint``).
+    (``code_files``: the plug-ins') and library versions (``runtime_fingerprint``).
 
     The digest is the SHA-256 of the manifest file, which records the build's id, its files and their sizes. Two
     builds of the same key (say, partitioned separately on two machines, where METIS may cut differently) have
     different digests; a byte-for-byte copy of one build has the same one. Chunk contents are guarded by their
     crc32c on every read.
     """
-    out = {"train": train_key, "runtime": runtime_fingerprint()}
+    out = {"train": train_key, "runtime": runtime_fingerprint(code_files)}
     for name, manifest in sorted(upstream.items()):
-        digest = hashlib.sha256(store.read_bytes(name, manifest.key, MANIFEST)).hexdigest()[:16]
+        digest = store.manifest_digest(name, manifest.key)
         out[name] = f"{manifest.key} build {digest}"
     return out
 

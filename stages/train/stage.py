@@ -1,13 +1,14 @@
 """Train stage: DDP training of a GNN on the partitioned graph, one torchrun rank per partition.
 
-Contract: partition + features + hotness manifests + params → artifact ``train/<key>/`` with ``model.pt``,
-``metrics.json``, ``curves.png`` and ``hit_rate.png`` (format in ``storage.train``). The job runs in a torchrun
-subprocess (``stages.train.launcher``); checkpoints live in ``<artifacts>/.checkpoints/train-<key>/`` so that a
-killed or timed-out attempt resumes on the next one, and are removed once the artifact is published.
+Contract: partition + features + hotness manifests + params → artifact ``train/<key>/`` with ``model.pt`` (the
+best-validation epoch's weights), ``metrics.json``, ``curves.png`` and ``hit_rate.png`` (format in
+``storage.train``). The job runs in a torchrun subprocess (``stages.train.launcher``); checkpoints live in
+``<artifacts>/.checkpoints/train-<key>/`` so that a killed or timed-out attempt resumes on the next one, and are
+removed once the artifact is published.
 
-Across machines (``cluster``, from ``gnnpipe train --nnodes/--rdzv`` or Slurm) every node runs this with the
-same params: each launches its share of the ranks, keeps its checkpoints under ``node-<n>/``, and node 0
-publishes the artifact.
+Across machines (``cluster``, from ``gnnpipe train --nnodes/--rdzv`` or Slurm) every node runs with the same
+params: node 0 calls ``run`` and publishes the artifact, the others call ``join``; each launches its share of the
+ranks and keeps its checkpoints under ``node-<n>/``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from typing import Any
 from stages.meter import measure
 from stages.train.cluster import Cluster, rank_threads
 from stages.train.params import Params
+from stages.train.plugin_code import plugin_files
+from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.store import stage_key
-from storage.train import CURVES_PNG, HIT_RATE_PNG, checkpoint_dir, read_result, write_train_artifact
+from storage.train import CURVES_PNG, HIT_RATE_PNG, job_dir, read_result, result_dir, spec_path, write_train_artifact
 
 NAME = "train"
-VERSION = 1
+VERSION = 2   # 2: the published model and test accuracy are the best-validation epoch's
 UPSTREAM = ("partition", "features", "hotness")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "join", "report"]
 
@@ -66,29 +69,29 @@ class _Job:
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
         self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})
-        self.ckpt_dir = checkpoint_dir(self.store, self.key)
-        if self.cluster.multi_node:   # a shared file system must not mix nodes' files
-            self.ckpt_dir = self.ckpt_dir / f"node-{self.cluster.node_rank}"
+        self.ckpt_dir = job_dir(self.store, self.key, self.cluster.node_rank if self.cluster.multi_node else None)
 
     def launch(self) -> Path:
         """Run the ranks to the end; returns the directory where local rank 0 left model.pt and metrics.json."""
         from stages.train.launcher import launch
 
-        result_dir = self.ckpt_dir / "result"
-        shutil.rmtree(result_dir, ignore_errors=True)   # only this attempt's results are read back
-        result_dir.mkdir(parents=True)
+        results = result_dir(self.ckpt_dir)
+        shutil.rmtree(results, ignore_errors=True)   # only this attempt's results are read back
+        results.mkdir(parents=True)
         spec = TrainSpec(artifacts=self.store.root, key=self.key, partition_key=self.upstream["partition"].key,
                          features_key=self.upstream["features"].key, hotness_key=self.upstream["hotness"].key,
-                         num_partitions=self.num_partitions, params=self.params.model_dump(mode="json"),
-                         checkpoint_dir=str(self.ckpt_dir), result_dir=str(result_dir),
+                         params=self.params.model_dump(mode="json"),
+                         checkpoint_dir=str(self.ckpt_dir), result_dir=str(results),
                          node_rank=self.cluster.node_rank,
-                         fingerprint=artifact_fingerprint(self.store, self.key, self.upstream))
-        spec_path = self.ckpt_dir / "spec.json"
-        spec.save(spec_path)
+                         fingerprint=artifact_fingerprint(self.store, self.key, self.upstream,
+                                                          plugin_files([self.params.model, self.params.loss])))
+        spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
-        launch(str(spec_path), self.num_partitions, result_dir=str(result_dir), log=self.log,
-               timeout_s=self.params.timeout_s, env={"OMP_NUM_THREADS": str(threads)}, cluster=self.cluster)
-        return result_dir
+        # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins)
+        env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath()}
+        launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,
+               timeout_s=self.params.timeout_s, env=env, cluster=self.cluster)
+        return results
 
     def remove_checkpoints(self) -> None:
         _remove_checkpoints(self.ckpt_dir, self.cluster)
@@ -108,7 +111,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
         with measure() as cost:
             model_bytes, metrics = read_result(job.launch())
-            write_train_artifact(writer, model_bytes, metrics, curves_png(metrics["epochs"], metrics["test_acc"]),
+            write_train_artifact(writer, model_bytes, metrics, curves_png(metrics),
                                  hit_rate_png(metrics["epochs"], metrics["cache_policy"]))
         writer.summary.update(_summary(metrics, job.num_partitions, job.cluster.nnodes))
         writer.summary.update(cost)
@@ -143,8 +146,10 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
     epochs = metrics["epochs"]
     table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()} for e in epochs]
     n = max(len(epochs), 1)
-    return {"test_acc": metrics["test_acc"], "best_val_acc": metrics["best_val_acc"],
-            "best_epoch": metrics["best_epoch"], "final_val_acc": metrics["final_val_acc"],
+    return {"test_acc": metrics["test_acc"], "test_acc_last": metrics["test_acc_last"],
+            "best_val_acc": metrics["best_val_acc"], "best_epoch": metrics["best_epoch"],
+            "last_epoch": metrics["last_epoch"], "final_val_acc": metrics["final_val_acc"],
+            "stopped_early": metrics["stopped_early"], "task": metrics["task"], "recipe": metrics["recipe"],
             "num_partitions": num_partitions, "world_size": metrics["world_size"], "nodes": nnodes,
             "model": metrics["model"],
             "cache_policy": metrics["cache_policy"], "device": metrics["device"], "backend": metrics["backend"],
@@ -157,21 +162,28 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
 
 def report(manifest: Manifest) -> Report:
     s = manifest.summary
-    m = s["model"]
+    m, r = s["model"], s["recipe"]
     nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
+    stop = f", stopped early (patience {r['patience']})" if s["stopped_early"] else ""
     headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test accuracy "
-                f"{100 * s['test_acc']:.2f} % (best val {100 * s['best_val_acc']:.2f} % at epoch "
-                f"{s['best_epoch'] + 1}), {len(s['epochs'])} epochs, {s['mean_epoch_s']:.2f} s/epoch, cache "
-                f"{s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
+                f"{100 * s['test_acc']:.2f} % at the best validation epoch {s['best_epoch'] + 1} (val "
+                f"{100 * s['best_val_acc']:.2f} %); last epoch {s['last_epoch'] + 1}: test "
+                f"{100 * s['test_acc_last']:.2f} % | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
+                f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
                 f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
-    cols = ("epoch", "loss", "train_acc", "val_acc", "epoch_s", "sampled_edges_per_s", "hit_rate", "cached_rows",
-            "local_rows", "remote_rows", "remote_bytes")
+    cols = ("epoch", "loss", "train_acc", "val_acc", "lr", "epoch_s", "sampled_edges_per_s", "hit_rate",
+            "cached_rows", "local_rows", "remote_rows", "remote_bytes")
     table = [{**{c: e[c] for c in cols}, "epoch": e["epoch"] + 1} for e in s["epochs"]]   # 1-based, as logged
-    ranks = [{k: v for k, v in r.items()} for r in s["ranks"]]
+    ranks = [{k: v for k, v in rank.items()} for rank in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
+    path = (" It does not follow the block protocol: each batch ran whole, every layer over every sampled node."
+            if m["whole_batch"] else "")
     md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
-          f"{m['parameters']:,} parameters, {m['in_channels']} features → {m['out_channels']} classes. Accuracies "
-          f"are global over ranks (OGB Evaluator acc).{resumed}\n\n### Per epoch\n\n{markdown_table(table)}\n\n"
+          f"{m['parameters']:,} parameters, {m['in_channels']} features → {m['out_channels']} classes.{path} "
+          f"Task: {s['task']['name']}, {s['task']['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
+          f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
+          f"{r['patience']}. The published model is the best validation epoch's; \"last epoch\" is the model after "
+          f"the last epoch trained.{resumed}\n\n### Per epoch\n\n{markdown_table(table)}\n\n"
           f"### Ranks\n\n{markdown_table(ranks)}\n")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,9 +27,10 @@ class EpochStats:
     and report (``stages.train.stage``) and the figures (``stages.train.plot``) read. Every value is global."""
 
     epoch: int                   # 0-based
-    loss: float                  # mean cross-entropy over all ranks' real (non-padding) train seeds
-    train_acc: float             # over the same seeds, in train mode (dropout on)
-    val_acc: float               # global validation accuracy after the epoch (OGB Evaluator acc)
+    loss: float                  # mean loss (the task's) over all ranks' real (non-padding) train seeds
+    train_acc: float             # the task's metric (accuracy) over the same seeds, in train mode (dropout on)
+    val_acc: float               # global validation metric after the epoch (OGB Evaluator acc); selects the model
+    lr: float                    # the learning rate of this epoch (lr_schedule)
     epoch_s: float               # the slowest rank's training pass
     eval_s: float                # the slowest rank's validation pass
     batches: int                 # per rank, padding included (equal on every rank)
@@ -43,19 +45,20 @@ class EpochStats:
     remote_bytes: int
 
     @classmethod
-    def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *, val_acc: float, eval_s: float,
-               row_bytes: int) -> EpochStats:
+    def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *,
+               metric: Callable[[Sequence[float]], float], val_acc: float, eval_s: float, row_bytes: int,
+               lr: float) -> EpochStats:
         """The global record from this rank's ``sums`` (``loop.train_epoch``) and feature ``traffic`` of the epoch.
 
-        A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``val_acc`` is global
-        already; ``batches`` is equal on every rank and taken as is.
+        A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``metric``: the task's,
+        from the summed ``sums.metric_sums``; ``val_acc`` is global already; ``batches`` is equal on every rank.
         """
-        loss_sum, correct, seeds, edges, req, hits, local, remote, remote_bytes = all_reduce_f64(
-            [sums.loss_sum, sums.correct, sums.seeds, sums.sampled_edges, traffic.requested_rows,
-             traffic.cache_hits, traffic.local_rows, traffic.remote_rows, traffic.remote_bytes])
+        loss_sum, seeds, edges, req, hits, local, remote, remote_bytes, *metric_sums = all_reduce_f64(
+            [sums.loss_sum, sums.seeds, sums.sampled_edges, traffic.requested_rows, traffic.cache_hits,
+             traffic.local_rows, traffic.remote_rows, traffic.remote_bytes, *sums.metric_sums])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
-        return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=correct / max(seeds, 1), val_acc=val_acc,
-                   epoch_s=epoch_s, eval_s=eval_s, batches=sums.batches,
+        return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=metric(metric_sums), val_acc=val_acc,
+                   lr=lr, epoch_s=epoch_s, eval_s=eval_s, batches=sums.batches,
                    sampled_edges_per_s=edges / max(epoch_s, 1e-9), hit_rate=hits / max(req, 1),
                    requested_rows=int(req), cached_rows=int(hits), local_rows=int(local), remote_rows=int(remote),
                    cached_bytes=int(hits) * row_bytes, local_bytes=int(local) * row_bytes,

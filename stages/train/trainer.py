@@ -1,14 +1,18 @@
-"""The trainer room: one rank's model, DDP wrapper, optimiser, random streams and history, and the run itself.
+"""The trainer room: one rank's task, model, DDP wrapper, optimiser and recipe, random streams and history, and the
+run itself.
 
-``fit`` resumes from the newest checkpoint any node holds, trains the remaining epochs on the rank's own train
-nodes in equal-count batches (``loader``), all-reduces each epoch's metrics (``stats``), checkpoints every epoch
-and finishes with the test pass. Every metric is global and DDP keeps the weights equal, so the result is the same
-on every rank. Determinism (per-epoch reseeding of every stream) is ``rng``'s contract; the checkpoint's contents
-are ``state_dict()`` plus the run's key (``checkpoint``).
+``fit`` resumes from the newest checkpoint any node holds, trains the remaining epochs on the rank's own seeds in
+equal-count batches (``loader``), all-reduces each epoch's metrics (``stats``), keeps the best-validation weights and
+stops early (``recipe``), checkpoints every epoch, and finishes with the test passes of the last and the best model.
+What is learnt comes from the ``Task`` (``tasks``: seeds, labels, loss, metric); the model and the loss may be
+plug-ins (``plugins``); a NaN or Inf loss stops every rank (``guard``). Every metric is global and DDP keeps the
+weights equal, so the result is the same on every rank. Determinism (per-epoch reseeding of every stream) is
+``rng``'s contract; the checkpoint's contents are ``state_dict()`` plus the run's key (``checkpoint``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,14 +22,18 @@ import torch.distributed as dist
 
 from stages.runtime.dist_features import FeatureCounters
 from stages.train.checkpoint import resume_state, save_checkpoint
+from stages.train.guard import loss_check
 from stages.train.loader import NodeLoader
-from stages.train.loop import EpochSums, OnBatch, ogb_accuracy_counts, predict, train_epoch
-from stages.train.model import build_model
+from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
+from stages.train.model import is_block_model, needs_degrees
 from stages.train.params import Params
+from stages.train.plugins import make_loss, make_model
 from stages.train.rank_data import RankData
+from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
 from stages.train.stats import EpochStats, all_reduce_f64
+from stages.train.tasks import NodeClassification
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
 
@@ -39,55 +47,85 @@ class Trainer:
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook
         self.rng = RngStreams(params.seed, data.rank, data.device)
-        self.loader = NodeLoader(data, params.fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
+        self.task = NodeClassification(data.label_of, data.split_gid, loss_fn=make_loss(params.loss),
+                                       loss_name=params.loss, precision=params.precision)
+        # the loader batches the task's seeds
+        seeds = dataclasses.replace(data, split_gid={split: self.task.seeds(split) for split in data.split_gid})
+        self.loader = NodeLoader(seeds, params.fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
-        self.model = build_model(params.model, in_channels=data.num_features, hidden=params.hidden,
-                                 out_channels=data.num_classes, num_layers=params.num_layers,
-                                 dropout=params.dropout, heads=params.gat_heads).to(data.device)
+        self.model = make_model(params.model, params.model_kwargs, in_channels=data.num_features,
+                                hidden=params.hidden, out_channels=data.num_classes, num_layers=params.num_layers,
+                                dropout=params.dropout, heads=params.gat_heads).to(data.device)
+        self.whole_batch = not is_block_model(self.model)
+        self.loader.attach_degrees = needs_degrees(self.model)   # GCN's true degrees travel with each batch
+        if self.whole_batch and self.rank == 0:
+            print(f"model {params.model} does not follow the block protocol (stages.train.model): each batch runs "
+                  f"whole, every layer over every sampled node", flush=True)
         self.ddp = torch.nn.parallel.DistributedDataParallel(
             self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
         self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=params.lr, weight_decay=params.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, params)
+        self.best = BestModel(params.patience)
         self.history: list[dict[str, Any]] = []   # EpochStats.as_dict() of every completed epoch
         self.epoch = -1                            # the last completed epoch
 
     def fit(self) -> dict[str, Any]:
-        """Train (resuming from the newest checkpoint), test, and return ``metrics.json`` (equal on every rank)."""
+        """Train (resuming from the newest checkpoint) until the last epoch or early stopping, test the last and the
+        best-validation model, and return ``metrics.json`` (equal on every rank). The model is left holding the
+        best-validation weights: the ones to publish."""
         resumed_from = self.resume()
         ranks: list[Any] = [None] * self.world
         dist.all_gather_object(ranks, self.data.setup)
-        for epoch in range(self.epoch + 1, self.params.epochs):
+        while self.epoch + 1 < self.params.epochs and not self.best.should_stop(self.epoch):
+            epoch = self.epoch + 1
             self.rng.seed_epoch(epoch)
+            lr = float(self.optimizer.param_groups[0]["lr"])
             sums, traffic = self.train_epoch(epoch)
             eval_start = time.perf_counter()
             val_acc = self.evaluate("valid")
-            stats = EpochStats.reduce(epoch, sums, traffic, val_acc=val_acc, eval_s=time.perf_counter() - eval_start,
-                                      row_bytes=self.data.features.store.row_bytes)
+            stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
+                                      eval_s=time.perf_counter() - eval_start,
+                                      row_bytes=self.data.features.store.row_bytes, lr=lr)
+            improved = self.best.update(epoch, val_acc, self.model)
+            if self.scheduler is not None:
+                self.scheduler.step()
             self.history.append(stats.as_dict())
             self.epoch = epoch
             self.save_checkpoint()
             if self.rank == 0:
-                print(stats.log_line(self.params.epochs), flush=True)
-        self.rng.seed_epoch(self.params.epochs)   # the test pass draws its own reproducible stream
-        return self.metrics(self.evaluate("test"), resumed_from, ranks)
+                print(stats.log_line(self.params.epochs) + (" | best" if improved else ""), flush=True)
+        stopped_early = self.epoch + 1 < self.params.epochs
+        if stopped_early and self.rank == 0:
+            print(f"early stop after epoch {self.epoch + 1}: no better validation accuracy for {self.params.patience} "
+                  f"epochs (best: epoch {self.best.epoch + 1})", flush=True)
+        test_last = self.test()
+        test_best = test_last
+        if self.best.epoch != self.epoch and self.best.state is not None:
+            self.model.load_state_dict(self.best.state)
+            test_best = self.test()
+        return self.metrics(test_best, test_last, stopped_early, resumed_from, ranks)
 
     def train_epoch(self, epoch: int) -> tuple[EpochSums, FeatureCounters]:
         """One pass over this rank's train batches: the loop's sums and the feature traffic of the epoch."""
         self.data.features.reset_counters()
         hook = self.batch_hook(self.rank, epoch) if self.batch_hook is not None else None
         sums = train_epoch(self.ddp, self.optimizer, self.loader.train_batches(), self.loader.sample,
-                           self.loader.gather_rows, self.loader.label_of,
-                           num_real_batches=self.loader.num_real_train_batches, device=self.device, on_batch=hook)
+                           self.loader.gather_rows, self.task, num_real_batches=self.loader.num_real_train_batches,
+                           device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch))
         return sums, self.data.features.reset_counters()
 
     def evaluate(self, split: str) -> float:
-        """Global accuracy on ``split`` (a collective: all ranks' correct / total)."""
-        seed_gid, y_pred = predict(self.model, self.loader.eval_batches(split), self.loader.sample,
-                                   self.loader.gather_rows, self.device)
-        local_correct, local_total = ogb_accuracy_counts({"y_true": self.loader.label_of(seed_gid)[:, None],
-                                                          "y_pred": y_pred[:, None]})
-        correct, total = all_reduce_f64([local_correct, local_total])
-        return correct / total if total else 0.0
+        """The task's global metric on ``split`` (a collective: all ranks' sums)."""
+        local = eval_sums(self.model, self.loader.eval_batches(split), self.loader.sample, self.loader.gather_rows,
+                          self.task)
+        return self.task.metric(all_reduce_f64(local))
+
+    def test(self) -> float:
+        """The test metric of the model as it is; every test pass draws the same stream (seeded as epoch
+        ``epochs``), so the last and the best model are tested on the same sampled neighbourhoods."""
+        self.rng.seed_epoch(self.params.epochs)
+        return self.evaluate("test")
 
     # ---- state ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -96,11 +134,15 @@ class Trainer:
         rng: list[Any] = [None] * self.world
         dist.all_gather_object(rng, self.rng.state_dict())
         return {"epoch": self.epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rng": rng, "history": self.history}
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "best": self.best.state_dict(), "rng": rng, "history": self.history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.best.load_state_dict(state["best"])
         self.rng.load_state_dict(state["rng"][self.rank])
         self.history, self.epoch = state["history"], int(state["epoch"])
 
@@ -120,14 +162,19 @@ class Trainer:
         if self.local_rank == 0:
             save_checkpoint(self.spec.checkpoint_dir, self.epoch, {"key": self.spec.key, **state})
 
-    def metrics(self, test_acc: float, resumed_from: int | None, ranks: list[Any]) -> dict[str, Any]:
+    def metrics(self, test_acc: float, test_acc_last: float, stopped_early: bool, resumed_from: int | None,
+                ranks: list[Any]) -> dict[str, Any]:
         """``metrics.json`` (format in ``storage.train``); ``ranks``: every rank's ``RankData.setup``."""
         params, history = self.params, self.history
-        best = max(history, key=lambda h: h["val_acc"]) if history else {"val_acc": 0.0, "epoch": -1}
-        return {"epochs": history, "test_acc": test_acc, "best_val_acc": best["val_acc"],
-                "best_epoch": best["epoch"], "final_val_acc": history[-1]["val_acc"] if history else 0.0,
+        return {"epochs": history, "test_acc": test_acc, "test_acc_last": test_acc_last,
+                "best_val_acc": self.best.val, "best_epoch": self.best.epoch, "last_epoch": self.epoch,
+                "final_val_acc": history[-1]["val_acc"], "stopped_early": stopped_early,
+                "task": {"name": self.task.name, "evaluator": self.task.evaluator},
+                "recipe": {"loss": params.loss, "lr": params.lr, "weight_decay": params.weight_decay,
+                           "lr_schedule": params.lr_schedule, "patience": params.patience},
                 "world_size": self.world, "resumed_from_epoch": resumed_from, "ranks": ranks,
-                "model": {"kind": params.model, "in_channels": self.data.num_features, "hidden": params.hidden,
-                          "out_channels": self.data.num_classes, "num_layers": params.num_layers,
+                "model": {"kind": params.model, "kwargs": params.model_kwargs, "in_channels": self.data.num_features,
+                          "hidden": params.hidden, "out_channels": self.data.num_classes,
+                          "num_layers": params.num_layers, "whole_batch": self.whole_batch,
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend()}

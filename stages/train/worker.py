@@ -28,12 +28,14 @@ import torch.distributed as dist
 
 from stages.train.cluster import rank_threads
 from stages.train.faults import fault_hook
+from stages.train.guard import PeerStoppedError
+from stages.train.host_memory import keep_freed_memory
 from stages.train.params import Params
 from stages.train.rank_data import RankData
 from stages.train.spec import TrainSpec, check_same_artifacts
 from stages.train.trainer import Trainer
 from storage import GnnpipeError, InputError
-from storage.train import atomic_write_bytes, write_result
+from storage.train import atomic_write_bytes, error_path, write_result
 
 
 class LinePrefixer:
@@ -75,6 +77,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
+    keep_freed_memory()   # a batch's big tensors reuse the last batch's pages (stages/train/host_memory.py)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.collective_timeout_s))
     check_same_inputs(spec, rank, world)
@@ -103,7 +106,7 @@ def write_error(spec_path: str, rank: int, err: BaseException) -> None:
         result_dir = json.loads(Path(spec_path).read_text())["result_dir"]
         record = {"rank": rank, "type": type(err).__name__, "user_error": isinstance(err, GnnpipeError),
                   "message": str(err).splitlines()[0] if str(err) else type(err).__name__}
-        atomic_write_bytes(Path(result_dir) / f"error-{rank}.json", json.dumps(record).encode())
+        atomic_write_bytes(error_path(result_dir, rank), json.dumps(record).encode())
     except Exception:  # noqa: BLE001 - the log line is what matters; the file only helps the launcher
         pass
 
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         write_error(args.spec, rank, err)
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    except PeerStoppedError as err:   # the rank that caused it says why, in one line; this one only records it
+        write_error(args.spec, rank, err)
+        return 1
     except BaseException as err:  # noqa: BLE001 - report every crash with the rank's prefix, then fail
         traceback.print_exc()
         write_error(args.spec, rank, err)

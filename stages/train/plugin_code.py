@@ -1,0 +1,92 @@
+"""A plug-in's identity: the digest of its code that joins the train artifact's key (``Params.key_params``) and the
+nodes' code fingerprint (``stages.train.spec.code_digest``).
+
+It covers the plug-in's module and the modules it imports from beside it (its package, or its directory), as ASTs:
+comments and formatting do not count, code does, so an edit retrains. Names, not paths, enter the digest, so the
+same code has the same key on any machine and in any directory. gnnpipe's own packages are left out (their changes
+are caught by the stage's VERSION, docs/design.md §3), and so are installed libraries outside the plug-in's package
+(pin their versions yourself). Torch-free: it reads files and never imports the plug-in.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from stages.train.plugins import is_import_path, module_origin
+from storage.errors import InputError
+
+GNNPIPE_PACKAGES = ("stages", "storage", "flows")
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Modules ``path`` (module ``module``) imports, relative ones resolved; names that may be modules included."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)] if package else []
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            if base:
+                found.add(base)
+            found |= {f"{base}.{alias.name}".lstrip(".") for alias in node.names}
+    return found
+
+
+def source_files(module: str) -> dict[str, Path]:
+    """Module name -> file of ``module`` and of what it imports from beside it (see the module docstring)."""
+    origin = module_origin(module)
+    if origin is None:
+        raise InputError(f"plug-in module {module} not found on the Python path")
+    if origin.suffix != ".py":
+        return {module: origin}   # a compiled module: its bytes
+    parts = module.split(".")
+    root = origin.parents[len(parts) - (0 if origin.name == "__init__.py" else 1)]
+    own_package_only = root.name in ("site-packages", "dist-packages")
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        pieces = name.split(".")
+        if pieces[0] in GNNPIPE_PACKAGES or (own_package_only and pieces[0] != parts[0]):
+            continue
+        for i in range(1, len(pieces) + 1):   # importing a.b.c runs a/__init__ and a/b/__init__ too
+            prefix = ".".join(pieces[:i])
+            path = _module_file(root, prefix)
+            if path is None or prefix in seen:
+                continue
+            seen[prefix] = path
+            try:
+                todo.extend(_imports(path, prefix))
+            except SyntaxError as err:
+                raise InputError(f"plug-in source {path}: {err}") from None
+    return dict(sorted(seen.items()))
+
+
+def source_digest(ref: str) -> str:
+    """A digest of the code behind import path ``ref``: equal on any machine with the same code, wherever it is."""
+    h = hashlib.sha256()
+    for name, path in source_files(ref.split(":")[0]).items():
+        body = ast.dump(ast.parse(path.read_text())) if path.suffix == ".py" else path.read_bytes().hex()
+        h.update(name.encode() + b"\0" + body.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def plugin_files(refs: Sequence[str]) -> list[Path]:
+    """The source files of those of ``refs`` that are import paths (built-in names have none)."""
+    files = {p for ref in refs if is_import_path(ref) for p in source_files(ref.split(":")[0]).values()}
+    return sorted(files)

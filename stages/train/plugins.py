@@ -1,0 +1,124 @@
+"""Plug-in models and losses: ``model`` and ``loss`` are a built-in name or an import path ``package.module:name``.
+
+Where a plug-in is found: the Python path of the process that runs gnnpipe (``PYTHONPATH``, installed packages),
+plus the directory gnnpipe is run from and the gnnpipe checkout (``examples.custom_model:build``). The ranks run
+from the checkout; the stage hands them the same path (``rank_pythonpath``), so what validates here imports there.
+
+The plug-in's code is part of the train artifact's key (``stages.train.plugin_code``).
+
+Torch-free at import: ``Params`` validates with ``check_ref`` in milliseconds (the module is found, not imported).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stages.choices import LOSSES, MODELS
+from storage.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def is_import_path(value: str) -> bool:
+    return bool(IMPORT_PATH.match(value))
+
+
+def _on_path() -> None:
+    """Plug-ins are also looked up in the current directory and the checkout (appended: never shadowing an installed
+    package)."""
+    for directory in (os.getcwd(), str(REPO)):
+        if directory not in sys.path:
+            sys.path.append(directory)
+
+
+def rank_pythonpath() -> str:
+    """``PYTHONPATH`` for the ranks (which run from the checkout): this process's, made absolute, and its cwd."""
+    entries = [os.getcwd(), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return os.pathsep.join(dict.fromkeys(os.path.abspath(p) for p in entries))
+
+
+def module_origin(module: str) -> Path | None:
+    """The file ``module`` would load from, without importing it (its parent packages' ``__init__`` do run)."""
+    _on_path()
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - a parent package's __init__ is the user's code: say what it raised
+        raise ValueError(f"importing the package of {module} failed: {type(err).__name__}: {err}") from None
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return None
+    return Path(spec.origin)
+
+
+def check_ref(value: str, builtins: Sequence[str], what: str) -> str:
+    """``value`` if it is a built-in name or an import path whose module is found; else ValueError (one line, which
+    the Params turn into ``invalid parameter ...``)."""
+    if value in builtins:
+        return value
+    if not is_import_path(value):
+        raise ValueError(f"unknown {what}")
+    module = value.split(":")[0]
+    if module_origin(module) is None:
+        raise ValueError(f"module {module} not found on the Python path, in the current directory or in the "
+                         f"gnnpipe checkout (set PYTHONPATH, or run gnnpipe from the directory that holds it)")
+    return value
+
+
+def load(ref: str, what: str) -> Any:
+    """The object import path ``ref`` names; a failing import is one InputError line."""
+    module_name, _, attr = ref.partition(":")
+    _on_path()
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - the user's module: whatever it raises, say it on one line
+        raise InputError(f"{what} {ref}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+    if not hasattr(module, attr):
+        raise InputError(f"{what} {ref}: module {module_name} ({module.__file__}) has no {attr!r}")
+    return getattr(module, attr)
+
+
+def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int, hidden: int, out_channels: int,
+               num_layers: int, dropout: float, heads: int) -> torch.nn.Module:
+    """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``."""
+    import torch
+
+    from stages.train.model import build_model
+
+    sizes: dict[str, Any] = {"in_channels": in_channels, "hidden": hidden, "out_channels": out_channels,
+                             "num_layers": num_layers, "dropout": dropout}
+    if ref in MODELS:
+        model = build_model(ref, **sizes, heads=heads, **model_kwargs)
+    else:
+        factory = load(ref, "model")
+        try:
+            model = factory(**sizes, **model_kwargs)
+        except TypeError as err:   # most often a size or a model_kwargs entry the factory does not take
+            raise InputError(f"model {ref}: calling it with {', '.join([*sizes, *model_kwargs])} failed: {err} "
+                             f"(a factory takes the sizes as keywords, plus model_kwargs)") from None
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model {ref} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def make_loss(ref: str) -> Callable[[Any, Any], Any]:
+    """The loss function ``(logits, y) -> 0-d tensor`` named by ``ref``."""
+    import torch.nn.functional as F
+
+    if ref in LOSSES:
+        return {"cross_entropy": F.cross_entropy}[ref]
+    fn = load(ref, "loss")
+    if not callable(fn):
+        raise InputError(f"loss {ref} is a {type(fn).__name__}, not a function (logits, y) -> tensor")
+    return fn

@@ -1,0 +1,343 @@
+"""Per-layer (block) computation: equal to PyG's models on the whole sampled batch, GCN with the true degrees equal
+to full-graph GCN (one process and 2 gloo ranks), the sampled GCN unbiased, the fused ReLU + dropout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+
+from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.train.blocks import _keep_mask, make_blocks, relu_dropout
+from stages.train.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
+from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, worker
+from tests._sampler_graphs import NUM_NODES, power_law_graph
+from tests._spawn import spawn_ranks
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+PYG = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT}
+SIZES = {"in_channels": 5, "hidden": 8, "out_channels": 3, "dropout": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def messy_graph(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The sampler tests' power-law graph plus self loops and repeated edges, which PyG's layers treat specially
+    (GCN and GAT drop self loops and add their own; repeats count twice)."""
+    indptr, indices = power_law_graph()
+    dst_gid = np.repeat(np.arange(NUM_NODES), np.diff(indptr))
+    rng = np.random.default_rng(seed)
+    loops = rng.choice(NUM_NODES, 50, replace=False)
+    repeats = rng.choice(indices.shape[0], 200, replace=False)
+    src_gid = np.concatenate([indices, loops, indices[repeats]])
+    dst_gid = np.concatenate([dst_gid, loops, dst_gid[repeats]])
+    order = np.argsort(dst_gid, kind="stable")
+    return np.concatenate([[0], np.cumsum(np.bincount(dst_gid, minlength=NUM_NODES))]), src_gid[order]
+
+
+def features(seed: int = 0) -> torch.Tensor:
+    return torch.randn(NUM_NODES, SIZES["in_channels"], generator=torch.Generator().manual_seed(seed))
+
+
+def pyg_twin(kind: str, model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+    """PyG's own model class with the block model's weights: its state_dict keys load as they are."""
+    extra = {"heads": 4} if kind == "gat" else {}
+    twin = PYG[kind](SIZES["in_channels"], SIZES["hidden"], num_layers, SIZES["out_channels"],
+                     dropout=model.dropout.p, **extra)
+    twin.load_state_dict(model.state_dict(), strict=True)
+    return twin
+
+
+@pytest.mark.parametrize("fanouts", [[4, 3], [-1, -1], [3, -1, 2], [2]])
+@pytest.mark.parametrize("kind", MODELS)
+def test_blocks_equal_pyg_on_the_whole_sampled_batch(kind, fanouts):
+    csr, x = LocalCSR.from_numpy(*messy_graph()), features()
+    sampler = NeighborSampler(csr, fanouts, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = build_model(kind, **SIZES, num_layers=len(fanouts)).eval()
+    twin = pyg_twin(kind, model, len(fanouts)).eval()
+    assert is_block_model(model) and not is_block_model(twin)
+    for seed_gid in (torch.arange(0, NUM_NODES, 37), torch.tensor([3])):
+        batch = sampler.sample(seed_gid)
+        with torch.no_grad():
+            whole = twin(x[batch.n_id], batch.edge_index)[:batch.batch_size]
+            assert torch.allclose(seed_logits(model, x[batch.n_id], batch), whole, atol=1e-5), (kind, fanouts)
+            assert torch.equal(seed_logits(twin, x[batch.n_id], batch), whole), "a plain PyG model runs whole"
+
+
+@pytest.mark.parametrize(("kind", "kwargs", "blocks"), [
+    ("sage", {"aggr": "max"}, True), ("sage", {"norm": "batch_norm", "act": "elu"}, True),
+    ("gat", {"act_first": True, "act": "tanh"}, True), ("sage", {"jk": "cat"}, False),
+    ("gcn", {"improved": True}, False), ("gcn", {"norm": "layer_norm"}, False)])   # PyG's LayerNorm: whole batch
+def test_built_ins_with_model_kwargs_equal_pyg(kind, kwargs, blocks):
+    """``model_kwargs`` reach PyG's constructor; what the block path cannot compute runs whole (PyG's forward)."""
+    csr, x = LocalCSR.from_numpy(*messy_graph()), features()
+    batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(6)).sample(torch.arange(0, 900, 9))
+    torch.manual_seed(0)
+    model = build_model(kind, **SIZES, num_layers=2, **kwargs).eval()
+    assert is_block_model(model) == blocks
+    with torch.no_grad():
+        whole = model(x[batch.n_id], batch.edge_index)[:batch.batch_size]
+        assert torch.allclose(seed_logits(model, x[batch.n_id], batch), whole, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_block_gradients_equal_the_whole_batch(kind):
+    csr, x = LocalCSR.from_numpy(*messy_graph()), features()
+    batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(2)).sample(torch.arange(0, 900, 9))
+    torch.manual_seed(0)
+    model = build_model(kind, **{**SIZES, "dropout": 0.0}, num_layers=2).train()
+    twin = pyg_twin(kind, model, 2).train()
+    seed_logits(model, x[batch.n_id], batch).square().sum().backward()
+    twin(x[batch.n_id], batch.edge_index)[:batch.batch_size].square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), (kind, name)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_dropout_scale_reaches_outputs_and_gradients(kind, monkeypatch):
+    """With every unit kept, training-mode dropout (p = 0.5) is ``2 * relu``: the block path, which applies the
+    1 / (1 - p) inside the next layer's GEMM, must equal PyG's model with that activation, gradients included."""
+    monkeypatch.setattr("stages.train.blocks._keep_mask", lambda h, p: torch.ones_like(h))
+    csr, x = LocalCSR.from_numpy(*messy_graph()), features()
+    batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(7)).sample(torch.arange(0, 900, 9))
+    torch.manual_seed(0)
+    model = build_model(kind, **SIZES, num_layers=2).train()
+    extra = {"heads": 4} if kind == "gat" else {}
+    twin = PYG[kind](SIZES["in_channels"], SIZES["hidden"], 2, SIZES["out_channels"], dropout=0.0,
+                     act=lambda t: 2 * torch.relu(t), **extra)
+    twin.load_state_dict(model.state_dict())
+    for m in (model, twin):                       # GAT's attention dropout draws its own masks
+        for conv in m.convs:
+            if kind == "gat":
+                conv.dropout = 0.0
+    out = seed_logits(model, x[batch.n_id], batch)
+    ref = twin(x[batch.n_id], batch.edge_index)[:batch.batch_size]
+    assert torch.allclose(out, ref, atol=1e-5)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4, rtol=1e-4), (kind, name)
+
+
+def test_targets_out_of_order_give_the_same_blocks():
+    """The distributed sampler groups each hop's edges by owner rank, not by target: blocks sort them."""
+    csr, x = LocalCSR.from_numpy(*messy_graph()), features()
+    batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(3)).sample(torch.arange(0, 900, 9))
+    shuffled = batch.clone()
+    ends = np.cumsum([0, *batch.num_sampled_edges])
+    perm = torch.cat([lo + torch.randperm(hi - lo, generator=torch.Generator().manual_seed(4))
+                      for lo, hi in zip(ends[:-1], ends[1:])])
+    shuffled.edge_index = batch.edge_index[:, perm]
+    for kind in MODELS:
+        torch.manual_seed(0)
+        model = build_model(kind, **SIZES, num_layers=2).eval()
+        with torch.no_grad():
+            assert torch.allclose(seed_logits(model, x[batch.n_id], shuffled),
+                                  seed_logits(model, x[batch.n_id], batch), atol=1e-5), kind
+
+
+def test_block_sizes_follow_the_hops():
+    csr = LocalCSR.from_numpy(*power_law_graph())
+    batch = NeighborSampler(csr, [5, 3, 2], generator=torch.Generator().manual_seed(0)).sample(torch.arange(20))
+    nodes, edges = np.cumsum(batch.num_sampled_nodes), np.cumsum(batch.num_sampled_edges)
+    blocks = make_blocks(batch, 3)
+    assert [(b.num_dst, b.num_src, b.num_edges) for b in blocks] == \
+        [(nodes[2], nodes[3], edges[2]), (nodes[1], nodes[2], edges[1]), (nodes[0], nodes[1], edges[0])]
+    assert all(int(b.edge_index[0].max()) < b.num_src and int(b.edge_index[1].max()) < b.num_dst for b in blocks)
+    assert make_blocks(batch, 2)[0].num_src == nodes[2], "a shallower model uses the first hops"
+    with pytest.raises(ValueError, match="needs 1 to 3 sampled hops"):
+        make_blocks(batch, 4)
+
+
+def graph_edge_index(indptr: np.ndarray, indices: np.ndarray) -> torch.Tensor:
+    dst_gid = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
+    return torch.from_numpy(np.stack([indices, dst_gid]))
+
+
+def true_degrees(indptr: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.diff(indptr) + 1).float()
+
+
+def full_graph_gcn(model: torch.nn.Module, num_layers: int, x: torch.Tensor) -> torch.Tensor:
+    """PyG's GCN on the whole graph (its own degrees), the block model's weights."""
+    twin = pyg_twin("gcn", model, num_layers).eval()
+    with torch.no_grad():
+        return twin(x, graph_edge_index(*power_law_graph()))
+
+
+def test_gcn_with_true_degrees_and_every_neighbour_is_full_graph_gcn():
+    indptr, indices = power_law_graph()
+    x, deg = features(), true_degrees(indptr)
+    sampler = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [-1, -1], generator=torch.Generator())
+    torch.manual_seed(0)
+    model = build_model("gcn", **SIZES, num_layers=2).eval()
+    assert needs_degrees(model) and not needs_degrees(build_model("sage", **SIZES, num_layers=2))
+    full = full_graph_gcn(model, 2, x)
+    seed_gid = torch.tensor([3, 10, 500, 1200, NUM_NODES - 1])   # the hub, ordinary nodes, an isolated one
+    batch = sampler.sample(seed_gid)
+    with torch.no_grad():
+        subgraph = seed_logits(model, x[batch.n_id], batch)
+        batch.deg = deg[batch.n_id]
+        sampled = seed_logits(model, x[batch.n_id], batch)
+    assert torch.allclose(sampled, full[seed_gid], atol=1e-5)
+    assert not torch.allclose(subgraph, full[seed_gid], atol=1e-3), "the subgraph's degrees are not GCN's"
+
+
+def test_sampled_gcn_is_an_unbiased_estimate_of_the_full_aggregation():
+    """One linear GCN layer: the mean over many sampled batches (fanout 3) converges to full-graph GCN."""
+    indptr, indices = power_law_graph()
+    x, deg = features(), true_degrees(indptr)
+    sampler = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [3], generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    model = build_model("gcn", **SIZES, num_layers=1).eval()
+    seed_gid = torch.nonzero(deg > 6).view(-1)[:5]   # gid 3 (the hub, degree 301) and ordinary ones above 5
+    assert 3 in seed_gid.tolist()
+    full = full_graph_gcn(model, 1, x)[seed_gid]
+    true_runs, subgraph_runs = [], []
+    with torch.no_grad():
+        for _ in range(600):
+            batch = sampler.sample(seed_gid)
+            subgraph_runs.append(seed_logits(model, x[batch.n_id], batch))
+            true_runs.append(seed_logits(model, x[batch.n_id], with_deg(batch, deg)))
+    for runs, unbiased in ((torch.stack(true_runs), True), (torch.stack(subgraph_runs), False)):
+        z = (runs.mean(0) - full).abs() / (runs.std(0) / len(runs) ** 0.5 + 1e-6)
+        assert bool((z < 4.5).all()) == unbiased, (unbiased, z)
+
+
+def with_deg(batch, deg):
+    batch.deg = deg[batch.n_id]
+    return batch
+
+
+def test_gcn_with_true_degrees_through_the_distributed_sampler(tmp_path):
+    """2 gloo ranks, fanout -1: remote nodes' degrees come from their owners; outputs are full-graph GCN's."""
+    x = features()
+    torch.manual_seed(0)
+    model = build_model("gcn", **GCN_SIZES).eval()
+    full = full_graph_gcn(model, GCN_SIZES["num_layers"], x)
+    deg = true_degrees(power_law_graph()[0])
+    ranks = spawn_ranks(worker, (model.state_dict(), x), tmp_path, WORLD_SIZE, TIMEOUT_S)
+    for rank, out in enumerate(ranks):
+        assert len(out) == len(seeds_of(rank))
+        for seed_gid, n_id, batch_deg, logits in out:
+            assert torch.equal(batch_deg, deg[n_id]), "every position's true degree, remote ones included"
+            assert torch.allclose(logits, full[seed_gid], atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_relu_dropout_keeps_one_minus_p_and_passes_gradients_where_kept(p):
+    torch.manual_seed(0)
+    keep = _keep_mask(torch.empty(1000, 400), p)
+    assert set(keep.unique().tolist()) == {0.0, 1.0}
+    assert abs(float(keep.mean()) - (1 - p)) < 0.005                 # 400 k draws: std 0.0008
+    h = torch.randn(300, 50, requires_grad=True)
+    z, scale = relu_dropout(h.clone(), p, training=True)
+    assert scale == pytest.approx(1 / (1 - p))
+    kept = z != 0
+    assert torch.equal(z[kept], h.detach()[kept]) and bool((h.detach()[kept] > 0).all())
+    assert abs(float(kept.sum()) / float((h > 0).sum()) - (1 - p)) < 0.05   # of the ~7 500 positive entries
+    z.sum().backward()
+    assert torch.equal(h.grad, kept.float())
+    z_eval, scale_eval = relu_dropout(h, p, training=False)
+    assert scale_eval == 1.0 and torch.equal(z_eval, torch.relu(h))
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A 1-rank gloo group in this process: the trainer's DDP and the loader's exchanges without spawning."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def one_rank_data():
+    """A ``RankData`` holding the whole power-law graph (one partition), built without artifacts."""
+    from stages.runtime.dist_features import DistFeatures
+    from stages.runtime.feature_store import InMemoryFeatureStore
+    from stages.train.rank_data import RankData, degree_path
+
+    indptr, indices = power_law_graph()
+    csr, bounds, cpu = LocalCSR.from_numpy(indptr, indices), np.array([0, NUM_NODES]), torch.device("cpu")
+    return RankData(rank=0, world=1, device=cpu, bounds=bounds, csr=csr,
+                    features=DistFeatures(InMemoryFeatureStore(features()), bounds), y_of_lid=torch.zeros(
+                        NUM_NODES, dtype=torch.long), split_gid={s: torch.arange(NUM_NODES) for s in
+                                                                 ("train", "valid", "test")},
+                    num_features=SIZES["in_channels"], num_classes=SIZES["out_channels"], cache_policy="none",
+                    setup={}, degrees=degree_path(csr, bounds, cpu))
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_trainer_sends_true_degrees_to_the_models_that_need_them(one_rank_group, tmp_path, kind):
+    from stages.train.params import Params
+    from stages.train.spec import TrainSpec
+    from stages.train.trainer import Trainer
+
+    spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
+                     params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
+    trainer = Trainer(spec, Params(model=kind, hidden=8, fanouts=(-1, -1)), one_rank_data())
+    seed_gid = torch.tensor([3, 10, 500, NUM_NODES - 1])
+    batch = trainer.loader.sample(seed_gid)
+    assert hasattr(batch, "deg") == (kind == "gcn")
+    if kind == "gcn":
+        assert torch.equal(batch.deg, true_degrees(power_law_graph()[0])[batch.n_id])
+        model = trainer.model.eval()
+        with torch.no_grad():
+            logits = seed_logits(model, trainer.loader.gather_rows(batch.n_id), batch)
+        assert torch.allclose(logits, full_graph_gcn(model, 2, features())[seed_gid], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
+    csr, x = LocalCSR.from_numpy(*power_law_graph()), features()
+    batch = NeighborSampler(csr, [5, 3], generator=torch.Generator().manual_seed(0)).sample(torch.arange(0, 900, 9))
+    torch.manual_seed(0)
+    model = build_model(kind, **SIZES, num_layers=2).train()
+    with torch.no_grad():
+        full = seed_logits(model.eval(), x[batch.n_id], batch)
+        half = seed_logits(model, x[batch.n_id], batch, precision="bfloat16")
+    assert half.dtype == torch.float32 and not torch.equal(half, full), "the products ran in bfloat16"
+    assert torch.allclose(half, full, atol=0.05 * float(full.abs().max())), kind
+    seed_logits(model.train(), x[batch.n_id], batch, precision="bfloat16").sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+_FAULTS = """
+import resource, torch
+from stages.train.host_memory import keep_freed_memory, set_malloc_thresholds
+
+def faults_of_two_allocations():
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        torch.ones(154_000, 256)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+assert set_malloc_thresholds(32 << 20, 64 << 20)   # glibc's largest defaults
+print(faults_of_two_allocations())
+assert keep_freed_memory()
+print(faults_of_two_allocations())
+"""
+
+
+def test_freed_memory_is_kept_for_the_next_batch():
+    """After ``keep_freed_memory`` a freed 158 MB tensor's pages serve the next one without page faults. In a fresh
+    process: malloc's thresholds are process-wide, and what earlier tests allocated changes the heap they act on."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-c", _FAULTS], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    default_faults, kept_faults = (int(line) for line in out.stdout.split())
+    assert default_faults > 30_000   # one fault per 4 KiB page: 38 k
+    assert kept_faults < 1_000

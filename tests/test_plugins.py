@@ -1,0 +1,199 @@
+"""Plug-in models and losses, the Task seam, the recipe's pieces and the loss check, in one process (or two ranks).
+
+The end-to-end runs (the example trained through the pipeline, a NaN loss failing the job) are in test_recipe.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.config import make_config, stage_keys
+from stages.train.params import Params
+from stages.train.plugin_code import plugin_files, source_digest
+from stages.train.plugins import make_loss, make_model
+from stages.train.recipe import BestModel, make_scheduler
+from stages.train.spec import code_digest
+from stages.train.tasks import NodeClassification
+from storage import InputError
+from tests._spawn import spawn_ranks
+from tests.conftest import REPO
+
+EXAMPLE = REPO / "examples" / "custom_model.py"
+SIZES = {"in_channels": 8, "hidden": 16, "out_channels": 3, "num_layers": 2, "dropout": 0.0, "heads": 4}
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh directory the user runs gnnpipe from; sys.path is restored afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))   # also makes monkeypatch restore sys.path (plugins appends cwd)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("model", "gnn", "invalid parameter model='gnn': unknown model; expected sage, gcn, gat, or an import path "
+                     "package.module:factory"),
+    ("model", "examples.custom_model", "unknown model"),                        # no :factory
+    ("model", "examples/custom_model.py:build", "unknown model"),
+    ("model", "no_such_pkg.models:build", "module no_such_pkg.models not found on the Python path"),
+    ("loss", "mse", "invalid parameter loss='mse': unknown loss; expected cross_entropy, or an import path"),
+    ("loss", "examples.nothing_here:f", "module examples.nothing_here not found"),
+])
+def test_a_bad_plugin_name_is_one_input_error_at_config_time(field: str, value: str, message: str):
+    with pytest.raises(InputError) as err:
+        Params(**{field: value})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_builtins_and_import_paths_validate_without_importing_them():
+    sys.modules.pop("examples.custom_model", None)
+    params = Params(model="examples.custom_model:build", loss="examples.custom_model:smoothed_cross_entropy",
+                    model_kwargs={"aggr": "max"})
+    assert "examples.custom_model" not in sys.modules, "validation finds the module, it does not run it"
+    assert params.model_kwargs == {"aggr": "max"} and Params(model="gcn").model == "gcn"
+
+
+def test_plugin_code_is_in_the_key_and_an_edit_retrains(user_dir: Path):
+    shutil.copy(EXAMPLE, user_dir / "mymodels.py")
+    params = Params(model="mymodels:build")
+    key = params.key_params()
+    stages_before = stage_keys(make_config(model="mymodels:build"))
+    assert key["model_code"] == source_digest("mymodels:build") and "loss_code" not in key
+    assert "model_code" not in Params().key_params(), "built-ins are covered by the stage's VERSION"
+    source = (user_dir / "mymodels.py").read_text()
+    (user_dir / "mymodels.py").write_text("# a comment and a blank line do not retrain\n\n" + source)
+    assert Params(model="mymodels:build").key_params() == key
+    (user_dir / "mymodels.py").write_text(source.replace("label_smoothing=0.1", "label_smoothing=0.2"))
+    assert Params(model="mymodels:build").key_params()["model_code"] != key["model_code"], "a code edit retrains"
+    stages_after = stage_keys(make_config(model="mymodels:build"))
+    assert [s for s in stages_before if stages_before[s] != stages_after[s]] == ["train"]
+    assert plugin_files(["sage", "mymodels:build"]) == [user_dir / "mymodels.py"]
+    # the nodes of a multi-node job compare their code, the plug-in's included
+    fingerprint = code_digest(extra=plugin_files(["mymodels:build"]))
+    (user_dir / "mymodels.py").write_text(source)
+    assert code_digest(extra=plugin_files(["mymodels:build"])) != fingerprint
+
+
+def test_the_digest_follows_imports_beside_the_plugin_but_not_gnnpipe(user_dir: Path):
+    pkg = user_dir / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("WIDTH = 1\n")
+    (pkg / "models.py").write_text("import torch\nfrom stages.train import model\nfrom .layers import WIDTH\n\n"
+                                   "def build(**sizes):\n    return torch.nn.Linear(WIDTH, 1)\n")
+    files = plugin_files(["mypkg.models:build"])
+    assert files == [pkg / "__init__.py", pkg / "layers.py", pkg / "models.py"]   # not torch, not stages
+    before = source_digest("mypkg.models:build")
+    (pkg / "layers.py").write_text("WIDTH = 2\n")
+    assert source_digest("mypkg.models:build") != before
+    # the same code elsewhere has the same digest: keys agree across machines and checkouts
+    here = source_digest("mypkg.models:build")
+    other = user_dir / "elsewhere"
+    shutil.move(pkg, other / "mypkg")
+    sys.modules.pop("mypkg", None)   # finding mypkg.models imported its package, from the old place
+    sys.path.insert(0, str(other))
+    importlib.invalidate_caches()
+    assert plugin_files(["mypkg.models:build"])[0].parent == other / "mypkg"
+    assert source_digest("mypkg.models:build") == here
+    sys.modules.pop("mypkg", None)
+
+
+def test_step_settings_key_only_the_step_schedule():
+    assert Params(lr_gamma=0.5).key_params() == Params().key_params()
+    assert Params(lr_schedule="step", lr_gamma=0.5).key_params() != Params(lr_schedule="step").key_params()
+    assert Params(patience=3).key_params() != Params().key_params()
+    assert Params(lr_schedule="cosine").key_params() != Params().key_params()
+
+
+def test_a_factory_gets_the_sizes_and_model_kwargs():
+    model = make_model("examples.custom_model:build", {"aggr": "max"}, **SIZES)
+    assert model.convs[0].aggr == "max" and model.skip.in_features == 8 and model.skip.out_features == 3
+    assert len(model.convs) == 2 and model.convs[0].out_channels == 16
+    with pytest.raises(InputError, match=r"model examples.custom_model:build: calling it with .*, colour failed"):
+        make_model("examples.custom_model:build", {"colour": "red"}, **SIZES)
+    with pytest.raises(InputError, match=r"model tests._plugins:not_a_model returned a str, not a torch.nn.Module"):
+        make_model("tests._plugins:not_a_model", {}, **SIZES)
+    with pytest.raises(InputError, match=r"module examples.custom_model \(.*custom_model.py\) has no 'nope'"):
+        make_model("examples.custom_model:nope", {}, **SIZES)
+
+
+def test_losses_builtin_and_plugin():
+    logits, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
+    assert torch.equal(make_loss("cross_entropy")(logits, y), torch.nn.functional.cross_entropy(logits, y))
+    smooth = make_loss("examples.custom_model:smoothed_cross_entropy")(logits, y)
+    assert torch.isclose(smooth, torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1))
+    with pytest.raises(InputError, match="loss tests._plugins:NOT_CALLABLE is a int, not a function"):
+        make_loss("tests._plugins:NOT_CALLABLE")
+
+
+def test_node_classification_task():
+    labels = torch.tensor([2, 0, 1, 1])
+    task = NodeClassification(lambda seed: labels[seed], {"train": torch.tensor([0, 1])})
+    assert torch.equal(task.seeds("train"), torch.tensor([0, 1])) and torch.equal(task.labels(torch.tensor([3])),
+                                                                                   torch.tensor([1]))
+    out = torch.tensor([[0.0, 0.0, 5.0], [0.0, 5.0, 0.0], [0.0, 5.0, 0.0]], requires_grad=True)
+    y = torch.tensor([2, 0, 1])
+    assert task.metric_sums(out, y) == [2.0, 3.0] and task.metric([2.0, 3.0]) == pytest.approx(2 / 3)
+    assert task.metric([0.0, 0.0]) == 0.0
+    assert torch.isclose(task.loss(out, y), torch.nn.functional.cross_entropy(out, y))
+    empty = task.loss(out[:0], y[:0])   # a padding rank's empty batch: 0, and still a gradient for DDP
+    empty.backward()
+    assert float(empty.detach()) == 0.0 and out.grad is not None
+    bad = NodeClassification(lambda s: s, loss_fn=make_loss("tests._plugins:per_seed_loss"), loss_name="per_seed")
+    with pytest.raises(InputError, match=r"loss per_seed returned \(3,\): it must return a 0-d tensor"):
+        bad.loss(out, y)
+
+
+def test_best_model_selection_and_patience():
+    model = torch.nn.Linear(2, 1)
+    best = BestModel(patience=2)
+    assert not best.should_stop(-1)
+    for epoch, val in enumerate([0.5, 0.7, 0.7, 0.6]):
+        with torch.no_grad():
+            model.weight.fill_(epoch)
+        best.update(epoch, val, model)
+    assert (best.epoch, best.val) == (1, 0.7), "the earliest best epoch wins a tie"
+    assert torch.equal(best.state["weight"], torch.full((1, 2), 1.0)), "a copy of the best epoch's weights"
+    assert best.should_stop(3) and not best.should_stop(2)
+    again = BestModel(patience=2)
+    again.load_state_dict(best.state_dict())
+    assert (again.epoch, again.val) == (1, 0.7) and again.should_stop(3)
+    assert not BestModel(patience=None).should_stop(100)
+
+
+def _lrs(params: Params) -> list[float]:
+    opt = torch.optim.Adam(torch.nn.Linear(2, 1).parameters(), lr=params.lr)
+    sched = make_scheduler(opt, params)
+    out = []
+    for _ in range(params.epochs):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return out
+
+
+def test_lr_schedules():
+    assert _lrs(Params(lr=0.1, epochs=4)) == [0.1] * 4
+    assert _lrs(Params(lr=0.1, epochs=5, lr_schedule="step", lr_step_epochs=2, lr_gamma=0.5)) == pytest.approx(
+        [0.1, 0.1, 0.05, 0.05, 0.025])
+    cosine = _lrs(Params(lr=0.1, epochs=4, lr_schedule="cosine"))
+    assert cosine == pytest.approx([0.1 * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(4)])
+
+
+def test_a_non_finite_loss_stops_every_rank_at_the_same_batch(tmp_path: Path):
+    from tests._plugins import loss_check_worker
+
+    out = spawn_ranks(loss_check_worker, (), tmp_path, world=2, timeout_s=120)
+    assert [o["checked"] for o in out] == [1, 1], "both ranks stop at the bad batch, neither goes on"
+    assert out[1]["type"] == "NonFiniteLossError" and out[0]["type"] == "PeerStoppedError"
+    assert out[1]["message"].startswith("the loss is inf at epoch 5, batch 2: training stopped on every rank and "
+                                        "nothing was published")
+    assert out[0]["message"] == "rank 1's loss is inf at epoch 5, batch 2"

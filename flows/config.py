@@ -182,7 +182,7 @@ def make_config(*layers: Mapping[str, Any], **more: Any) -> PipelineConfig:
             if err.field not in err.params.model_fields:
                 raise InputError(f"invalid parameter {stage}.{err.field}: unknown name; {_suggest(str(err.field))}"
                                  ) from None
-            # a field the user did not name (num_layers, derived from fanouts) is said as stage.field
+            # a field the user did not name is said as stage.field
             name, value = named.get((stage, err.field), (f"{stage}.{err.field}", err.error.get("input")))
             raise InputError(field_error(err.params, err.error, name, value)) from None
     try:
@@ -279,7 +279,7 @@ def flow_signature_defaults() -> dict[str, tuple[Any, Any, str]]:
                                                                 f"{name.targets[0][1]})")
         else:
             default = info.get_default(call_default_factory=True)
-            # a None default filled in by the Params (num_layers) must be a valid flow value too
+            # a None default (chunk_rows: chosen by the stage) must be a valid flow value too
             annotation = _nullable(info.annotation) if default is None else info.annotation
             if is_sequence(info):   # `prefect deployment run -p fanouts=15,10,5`, as on the command line
                 annotation = annotation | str

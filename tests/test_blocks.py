@@ -311,33 +311,26 @@ def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
 
 
-_FAULTS = """
-import resource, torch
-from stages.train.host_memory import keep_freed_memory, set_malloc_thresholds
+def test_keep_freed_memory_raises_glibcs_thresholds(monkeypatch):
+    """The train worker's ``keep_freed_memory`` asks glibc to keep freed blocks up to 1 GiB on the heap. What that
+    saves (page faults, ms per batch) depends on the kernel's address-space layout (a page-fault count asserted
+    here failed 2 runs in 5), so it is measured in benchmarks/bench_batch.py (``block_keep``), not asserted here."""
+    import ctypes
 
-def faults_of_two_allocations():
-    for _ in range(2):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        torch.ones(154_000, 256)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    from stages.train import host_memory
 
-assert set_malloc_thresholds(32 << 20, 64 << 20)   # glibc's largest defaults
-print(faults_of_two_allocations())
-assert keep_freed_memory()
-print(faults_of_two_allocations())
-"""
+    calls: list[tuple[int, int]] = []
 
+    class FakeLibc:
+        def __init__(self, name: object) -> None:
+            self.mallopt = self
 
-def test_freed_memory_is_kept_for_the_next_batch():
-    """After ``keep_freed_memory`` a freed 158 MB tensor's pages serve the next one without page faults. In a fresh
-    process: malloc's thresholds are process-wide, and what earlier tests allocated changes the heap they act on."""
-    import subprocess
-    import sys
+        def __call__(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
 
-    from tests.conftest import REPO
-
-    out = subprocess.run([sys.executable, "-c", _FAULTS], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    default_faults, kept_faults = (int(line) for line in out.stdout.split())
-    assert default_faults > 30_000   # one fault per 4 KiB page: 38 k
-    assert kept_faults < 1_000
+    monkeypatch.setattr(ctypes, "CDLL", FakeLibc)
+    assert host_memory.keep_freed_memory()
+    assert calls == [(-3, 1 << 30), (-1, (1 << 31) - 1)]   # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
+    calls.clear()
+    assert host_memory.set_malloc_thresholds(32 << 20, 64 << 20) and calls == [(-3, 32 << 20), (-1, 64 << 20)]

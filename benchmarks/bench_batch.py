@@ -10,9 +10,10 @@ values do not change the work). The model: built-in SAGE 3x256 (``build_model("s
   node;
 - ``block``: ``seed_logits`` on the built-in block model (``stages/train/blocks.py``): each layer over the rows
   the next one needs;
-- ``block_keep``: the same with glibc keeping freed memory (``stages/train/host_memory.py``, as the train worker
-  runs); the paths before run with glibc's default thresholds (at their dynamic maximum, 32 MiB);
-- ``block_keep_bf16``: the same with ``precision="bfloat16"`` (``train.precision``: autocast of the products).
+- ``block_bf16``: the same with ``precision="bfloat16"`` (``train.precision``: autocast of the products).
+
+All run with big tensors on transparent huge pages, as the train stage starts its ranks
+(``stages/train/host_memory.py``); ``--no-huge-pages`` measures without.
 
 Dense GFLOP of the batch (the FLOP bound's numerator), SAGE layer l with ``n_l`` targets, ``c_in -> c_out``: two
 GEMMs (``lin_l`` on the mean, ``lin_r`` on the root) of ``2 n_l c_in c_out`` FLOP each; the backward repeats them
@@ -47,7 +48,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from _graph_args import add_graph_args  # noqa: E402 - after benchmarks/ is on sys.path
 from bench_sampler import load_graph  # noqa: E402
 
-PATHS = ("whole", "block", "block_keep", "block_keep_bf16")
+from stages.train.host_memory import THP_ENV, huge_page_env  # noqa: E402 - torch-free
+
+PATHS = ("whole", "block", "block_bf16")
 
 
 def dense_gflop(layer_rows: list[int], channels: list[int]) -> float:
@@ -103,12 +106,10 @@ def accuracy_check(args: argparse.Namespace) -> None:
 
     from stages.download.synthetic import generate_synthetic
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-    from stages.train.host_memory import keep_freed_memory
     from stages.train.loop import eval_sums, train_epoch
     from stages.train.model import build_model
     from stages.train.tasks import NodeClassification
 
-    keep_freed_memory()
     torch.set_num_threads(args.threads)
     graph = generate_synthetic(100_000, 20.0, 64, 16, seed=0)
     csr, x = LocalCSR.from_numpy(graph.indptr, graph.indices), torch.from_numpy(graph.x).float()
@@ -155,7 +156,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results_batch.jsonl"))
     ap.add_argument("--accuracy", action="store_true", help="instead: train the default recipe on the default "
                                                             "synthetic graph through each path (~10 min)")
+    ap.add_argument("--no-huge-pages", action="store_true", help="4 KiB pages for the big tensors (before [2/7])")
     args = ap.parse_args()
+    # before the first CPU tensor, which is when torch reads the switch (stages/train/host_memory.py)
+    os.environ.update({THP_ENV: "0"} if args.no_huge_pages else huge_page_env())
     if args.accuracy:
         accuracy_check(args)
         return
@@ -164,7 +168,6 @@ def main() -> None:
     import torch.nn.functional as F
 
     from stages.runtime.sampler import LocalCSR, NeighborSampler
-    from stages.train.host_memory import keep_freed_memory, set_malloc_thresholds
     from stages.train.model import build_model, seed_logits
 
     torch.set_num_threads(args.threads)
@@ -187,11 +190,7 @@ def main() -> None:
     channels = [args.features] + [args.hidden] * (num_layers - 1) + [args.classes]
     gflop = dense_gflop(layer_rows, channels)
 
-    def step(forward, keep: bool) -> None:
-        if keep:
-            keep_freed_memory()
-        else:   # glibc's default thresholds once its dynamic ones have grown to their maximum (32 MiB)
-            set_malloc_thresholds(32 << 20, 64 << 20)
+    def step(forward) -> None:
         model.zero_grad(set_to_none=True)
         F.cross_entropy(forward(), y).backward()
 
@@ -206,16 +205,16 @@ def main() -> None:
     def block():
         return seed_logits(model, x, batch)
 
-    forwards = {"whole": (whole, False), "block": (block, False), "block_keep": (block, True),
-                "block_keep_bf16": (block_bf16, True)}
-    paths = {name: (lambda f=forwards[name]: step(*f), name == "whole") for name in args.paths.split(",")}
+    forwards = {"whole": whole, "block": block, "block_bf16": block_bf16}
+    paths = {name: (lambda f=forwards[name]: step(f), name == "whole") for name in args.paths.split(",")}
     shapes = [(layer_rows[0], args.features, args.hidden), (layer_rows[1], args.hidden, args.hidden),
               (2048, 2048, 2048)]
     gemms = {f"{m}x{k}x{n}": sgemm_step(m, k, n) for m, k, n in shapes}
     rows, rates = time_paths(paths, gemms, args.reps, args.whole_reps)
     best_rate = max(rates.values())
     bound_s = gflop / best_rate
-    common = {"bench": "batch", "nodes": int(batch.num_nodes), "edges": int(batch.edge_index.shape[1]),
+    common = {"bench": "batch", "huge_pages": os.environ[THP_ENV] == "1", "nodes": int(batch.num_nodes),
+              "edges": int(batch.edge_index.shape[1]),
               "layer_rows": layer_rows, "gflop": round(gflop, 2), "sgemm_gflops": {k: round(v, 1) for k, v in
                                                                                    rates.items()},
               "bound_s": round(bound_s, 3), "threads": args.threads,

@@ -311,26 +311,40 @@ def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
 
 
-def test_keep_freed_memory_raises_glibcs_thresholds(monkeypatch):
-    """The train worker's ``keep_freed_memory`` asks glibc to keep freed blocks up to 1 GiB on the heap. What that
-    saves (page faults, ms per batch) depends on the kernel's address-space layout (a page-fault count asserted
-    here failed 2 runs in 5), so it is measured in benchmarks/bench_batch.py (``block_keep``), not asserted here."""
-    import ctypes
+_PAGE_FAULTS = """
+import resource
+import stages.train.worker   # everything the train worker imports, before its first tensor
+import torch
+for _ in range(2):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(154_000, 256)   # 158 MB, a products batch's layer-0 activation
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
 
-    from stages.train import host_memory
 
-    calls: list[tuple[int, int]] = []
+def test_the_ranks_environment_puts_big_tensors_on_huge_pages(monkeypatch):
+    """The train stage starts its ranks with ``huge_page_env()``: a 158 MB tensor then takes 341 page faults
+    instead of 38.7 k (2 MiB pages). Fresh processes: torch reads the switch at a process's first CPU allocation."""
+    import os
+    import subprocess
+    import sys
 
-    class FakeLibc:
-        def __init__(self, name: object) -> None:
-            self.mallopt = self
+    from stages.train.host_memory import THP_ENV, huge_page_env, huge_pages_granted
+    from tests.conftest import REPO
 
-        def __call__(self, param: int, value: int) -> int:
-            calls.append((param, value))
-            return 1
+    monkeypatch.delenv(THP_ENV, raising=False)
+    assert huge_page_env() == {THP_ENV: "1"}
+    monkeypatch.setenv(THP_ENV, "0")
+    assert huge_page_env() == {THP_ENV: "0"}, "a user's own setting wins"
+    if not huge_pages_granted():
+        pytest.skip("the kernel grants no transparent huge pages here (THP mode never, or not Linux)")
 
-    monkeypatch.setattr(ctypes, "CDLL", FakeLibc)
-    assert host_memory.keep_freed_memory()
-    assert calls == [(-3, 1 << 30), (-1, (1 << 31) - 1)]   # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
-    calls.clear()
-    assert host_memory.set_malloc_thresholds(32 << 20, 64 << 20) and calls == [(-3, 32 << 20), (-1, 64 << 20)]
+    def faults(value: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _PAGE_FAULTS], cwd=REPO, env={**os.environ, THP_ENV: value},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout)
+
+    on, off = faults("1"), faults("0")
+    assert off > 30_000, off                   # one fault per 4 KiB page: 38.7 k
+    assert on < off / 4, (on, off)

@@ -1,37 +1,38 @@
-"""Host memory for the training step: keep freed blocks in the process, instead of unmapping and re-faulting them.
+"""Host memory for the training step: big tensors on transparent huge pages (2 MiB) instead of 4 KiB pages.
 
-glibc serves allocations above its mmap threshold (at most 32 MiB by default) with fresh ``mmap`` pages and unmaps
-them on ``free``. A products-scale batch allocates tens of such tensors per step (a layer-0 activation is 154 k x
-256 float32 = 158 MiB), so each step re-faults and zeroes gigabytes of pages: 38 k page faults and 100 ms for one
-``h * 2`` on that tensor, 20 ms with the memory kept (``benchmarks/bench_batch.py``). Raising the mmap and trim
-thresholds keeps freed blocks on the heap for the next batch; the process's resident size then stays at its peak
-instead of falling between batches, a peak the rank reaches every batch anyway. Measured over 12 products batches
-(SAGE 3x256, Adam): resident size steady at 2.61 GiB from the 4th batch on, against a 2.28 GiB peak without (the
-heap's free blocks do not always fit the next request exactly), and 1.8 s instead of 2.4-4.7 s per step on the
-loaded 2-core box.
+glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh ``mmap`` pages and unmaps them on
+``free``, so a products-scale step, which allocates tens of such tensors (a layer-0 activation is 154 k x 256 float32
+= 158 MiB), faults every page of each of them in again every batch: 38.7 k page faults and 86 ms for one ``h * 2``
+on that tensor, 341 faults and 23 ms on huge pages. torch's CPU allocator asks the kernel for huge pages (``madvise``)
+when ``THP_MEM_ALLOC_ENABLE=1`` is in the environment at the process's first CPU allocation, which importing
+torch_geometric already makes: so the variable is set for the ranks by the train stage (``huge_page_env``), not by
+the rank itself. On a products batch (``benchmarks/bench_batch.py``, median): 1.40 -> 1.04 s per step at 1 thread,
+1.90 -> 1.22 s at 2.
+
+Measured and not kept: raising glibc's mmap and trim thresholds (``mallopt``) so that freed blocks stay on the heap:
+1.20 -> 1.06 s per step, but torch's 64-byte-aligned allocations do not fit the blocks freed by same-sized ones, so
+the heap grew to 14 of those blocks (2.2 GB for one 158 MB tensor allocated in a loop) before it reused them.
 """
 
 from __future__ import annotations
 
-import ctypes
+import os
+from pathlib import Path
 
-__all__ = ["keep_freed_memory", "set_malloc_thresholds"]
+__all__ = ["THP_ENV", "huge_page_env", "huge_pages_granted"]
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
-KEEP_MMAP_THRESHOLD = 1 << 30                   # blocks up to 1 GiB come from (and return to) the heap
-KEEP_TRIM_THRESHOLD = (1 << 31) - 1             # never give the heap's free top back (mallopt takes a C int)
+THP_ENV = "THP_MEM_ALLOC_ENABLE"   # c10's switch: madvise(MADV_HUGEPAGE) on CPU allocations of 2 MiB and more
+_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
-    """Set glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` (bytes); False where the C library is not glibc."""
+def huge_page_env() -> dict[str, str]:
+    """The environment entry that puts a new process's big CPU tensors on huge pages; a value the user set wins."""
+    return {THP_ENV: os.environ.get(THP_ENV, "1")}
+
+
+def huge_pages_granted() -> bool:
+    """Whether the kernel grants transparent huge pages on request: THP mode ``always`` or ``madvise`` (Linux)."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt   # the C library the process runs on
-    except (OSError, AttributeError):         # one without mallopt (musl, macOS)
+        return "[never]" not in _THP_MODE.read_text()
+    except OSError:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-
-
-def keep_freed_memory() -> bool:
-    """Keep freed blocks up to 1 GiB for reuse (module docstring). Call once, early in a training process."""
-    return set_malloc_thresholds(KEEP_MMAP_THRESHOLD, KEEP_TRIM_THRESHOLD)

@@ -23,6 +23,7 @@ from typing import Any
 
 from stages.meter import measure
 from stages.train.cluster import Cluster, rank_threads
+from stages.train.host_memory import huge_page_env
 from stages.train.params import Params
 from stages.train.plugin_code import plugin_files
 from stages.train.plugins import rank_pythonpath
@@ -87,8 +88,9 @@ class _Job:
                                                           plugin_files([self.params.model, self.params.loss])))
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
-        # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins)
-        env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath()}
+        # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their
+        # big tensors go on huge pages, which must be asked for before they start (stages.train.host_memory)
+        env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath(), **huge_page_env()}
         launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,
                timeout_s=self.params.timeout_s, env=env, cluster=self.cluster)
         return results

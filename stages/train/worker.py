@@ -29,7 +29,6 @@ import torch.distributed as dist
 from stages.train.cluster import rank_threads
 from stages.train.faults import fault_hook
 from stages.train.guard import PeerStoppedError
-from stages.train.host_memory import keep_freed_memory
 from stages.train.params import Params
 from stages.train.rank_data import RankData
 from stages.train.spec import TrainSpec, check_same_artifacts
@@ -77,7 +76,6 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    keep_freed_memory()   # a batch's big tensors reuse the last batch's pages (stages/train/host_memory.py)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.collective_timeout_s))
     check_same_inputs(spec, rank, world)

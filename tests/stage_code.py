@@ -21,49 +21,19 @@ import json
 import sys
 from pathlib import Path
 
+from stages.code_files import import_closure
+
 REPO = Path(__file__).resolve().parents[1]
 RECORD = Path(__file__).with_name("stage_code.json")
 PACKAGES = ("stages", "storage")
 # modules a stage runs in another process (by name, so no import reaches them)
-PROGRAMS = {"train": ("stages.train.worker",)}
-
-
-def module_file(module: str, root: Path = REPO) -> Path | None:
-    base = root.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _imports(path: Path, root: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            # `from stages.train import stage` imports a module, not a name
-            found |= {f"{node.module}.{alias.name}" for alias in node.names
-                      if module_file(f"{node.module}.{alias.name}", root) is not None}
-    return {m for m in found if m.split(".")[0] in PACKAGES}
+PROGRAMS = {"train": ("stages.train.worker",), "infer": ("stages.infer.worker",)}
 
 
 def closure(roots: tuple[str, ...], root: Path = REPO) -> list[Path]:
     """The files of ``roots`` and of every gnnpipe module they import, transitively (parent packages included)."""
-    seen: dict[str, Path] = {}
-    todo = list(roots)
-    while todo:
-        module = todo.pop()
-        parts = module.split(".")
-        for i in range(1, len(parts) + 1):   # importing a.b.c runs a/__init__ and a/b/__init__ too
-            name = ".".join(parts[:i])
-            path = module_file(name, root)
-            if path is None or name in seen:
-                continue
-            seen[name] = path
-            todo.extend(_imports(path, root))
-    return sorted(seen.values())
+    files = import_closure(roots, root, keep=lambda name: name.split(".")[0] in PACKAGES)
+    return sorted(files.values())
 
 
 def _normalised(path: Path) -> str:

@@ -15,36 +15,11 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from stages.code_files import import_closure
 from stages.train.plugins import is_import_path, module_origin
 from storage.errors import InputError
 
 GNNPIPE_PACKAGES = ("stages", "storage", "flows")
-
-
-def _module_file(root: Path, module: str) -> Path | None:
-    base = root.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _imports(path: Path, module: str) -> set[str]:
-    """Modules ``path`` (module ``module``) imports, relative ones resolved; names that may be modules included."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - (node.level - 1)] if package else []
-                base = ".".join([*up, *([node.module] if node.module else [])])
-            if base:
-                found.add(base)
-            found |= {f"{base}.{alias.name}".lstrip(".") for alias in node.names}
-    return found
 
 
 def source_files(module: str) -> dict[str, Path]:
@@ -57,24 +32,15 @@ def source_files(module: str) -> dict[str, Path]:
     parts = module.split(".")
     root = origin.parents[len(parts) - (0 if origin.name == "__init__.py" else 1)]
     own_package_only = root.name in ("site-packages", "dist-packages")
-    seen: dict[str, Path] = {}
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        pieces = name.split(".")
-        if pieces[0] in GNNPIPE_PACKAGES or (own_package_only and pieces[0] != parts[0]):
-            continue
-        for i in range(1, len(pieces) + 1):   # importing a.b.c runs a/__init__ and a/b/__init__ too
-            prefix = ".".join(pieces[:i])
-            path = _module_file(root, prefix)
-            if path is None or prefix in seen:
-                continue
-            seen[prefix] = path
-            try:
-                todo.extend(_imports(path, prefix))
-            except SyntaxError as err:
-                raise InputError(f"plug-in source {path}: {err}") from None
-    return dict(sorted(seen.items()))
+
+    def keep(name: str) -> bool:
+        top = name.split(".")[0]
+        return top not in GNNPIPE_PACKAGES and not (own_package_only and top != parts[0])
+
+    try:
+        return import_closure([module], root, keep)
+    except SyntaxError as err:
+        raise InputError(f"plug-in source {err.filename}: {err}") from None
 
 
 def source_digest(ref: str) -> str:

@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml overrides.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/uv pip install -q --python $(BIN)/python --override overrides.txt "torch==$(TORCH_VERSION)" -e ".[dev]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --override overrides.txt "torch==$(TORCH_VERSION)" -e ".[dev]"
 	touch $@
 
 pipeline: $(STAMP)

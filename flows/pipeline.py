@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+import os
 from typing import Any, cast
 
 from flows.env import configure_prefect_env
@@ -21,11 +22,14 @@ configure_prefect_env()
 
 from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
+from prefect.runtime import deployment, flow_run  # noqa: E402
 from prefect.states import State  # noqa: E402
 
 from flows.config import STAGES, PipelineConfig, artifact_key, flow_signature_defaults, make_config  # noqa: E402
-from flows.tasks import TASKS, cache_policy, prefect_dir  # noqa: E402
-from storage import ArtifactStore, Manifest  # noqa: E402
+from flows.quiet import note_user_error  # noqa: E402
+from flows.tasks import TASKS, StageOutcome, cache_policy, prefect_dir  # noqa: E402
+from storage import ArtifactStore, GnnpipeError, Manifest  # noqa: E402
+from storage.inventory import ORIGIN_ENV, building_for, mark_used  # noqa: E402
 
 
 def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
@@ -38,6 +42,12 @@ def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
     create_table_artifact(key=f"gnnpipe-{name}", table=report.table, description=report.headline)
     create_markdown_artifact(key=f"gnnpipe-{name}-report", markdown=markdown, description=report.headline)
     return report.headline
+
+
+def stage_label(state_name: str | None, outcome: StageOutcome) -> str:
+    """``Cached`` for a stage that computed nothing (a cache hit, or a task that found its artifact in the store),
+    otherwise Prefect's name for the final state (``Completed``)."""
+    return "Cached" if state_name == "Cached" or not outcome.built else state_name or "Completed"
 
 
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
@@ -61,19 +71,35 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             refresh_cache=forced or not valid,
         )
         # return_state=True returns the State (Prefect's overloads type the result instead)
-        state = cast("State[Manifest]", task(root=store.root, params=params.model_dump(mode="json"),
-                                             upstream=upstream, force=forced, return_state=True))
-        manifest: Manifest = state.result()
+        state = cast("State[StageOutcome]", task(root=store.root, params=params.model_dump(mode="json"),
+                                                 upstream=upstream, force=forced, return_state=True))
+        outcome: StageOutcome = state.result()
+        manifest = outcome.manifest
         keys[name] = manifest.key
+        mark_used(store, name, manifest.key)   # `gnnpipe status`'s "last used"
+        label = stage_label(state.name, outcome)
         headline = _publish(store, name, manifest)
-        logger.info("%s [%s] %s: %s", name, state.name, manifest.key, headline)
-        results[name] = {"state": state.name, "key": manifest.key, "uri": store.url(name, manifest.key),
+        logger.info("%s [%s] %s: %s", name, label, manifest.key, headline)
+        results[name] = {"state": label, "key": manifest.key, "uri": store.url(name, manifest.key),
                          "headline": headline, "build_id": manifest.build_id}
     return results
 
 
 def _pipeline(**parameters: Any) -> dict[str, Any]:
-    return run_pipeline(make_config(parameters))
+    try:
+        with building_for(_origin()):
+            return run_pipeline(make_config(parameters))
+    except GnnpipeError as err:   # raised in the flow itself (a bad deployment parameter, a corrupted manifest)
+        note_user_error(err)
+        raise
+
+
+def _origin() -> str:
+    """Who runs this flow, recorded in the manifests it builds: the CLI's command line, else the flow run."""
+    if os.environ.get(ORIGIN_ENV):
+        return os.environ[ORIGIN_ENV]
+    run = f"flow run {flow_run.name}"
+    return f"deployment {flow_run.flow_name}/{deployment.name}, {run}" if deployment.name else run
 
 
 def _signature() -> tuple[inspect.Signature, str]:

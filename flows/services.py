@@ -1,8 +1,9 @@
 """Long-running helpers for deployments: a Prefect server and a process worker, started and stopped by PID.
 
 Each service runs in its own session (process group) with its output in ``$PREFECT_HOME/logs/<name>.log`` and
-its PID in ``$PREFECT_HOME/run/<name>.pid``. Stopping sends SIGTERM to the group, a second SIGTERM after a grace
-period (a Prefect worker shuts down gracefully on the first and exits on the second), then SIGKILL.
+its PID in ``$PREFECT_HOME/run/<name>.pid``; the server's API URL is in ``run/server.url``, where ``gnnpipe run``
+finds it (``flows.api``). Stopping sends SIGTERM to the group, a second SIGTERM after a grace period (a Prefect
+worker shuts down gracefully on the first and exits on the second), then SIGKILL.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def pid_file(name: str) -> Path:
 
 def log_file(name: str) -> Path:
     return home() / "logs" / f"{name}.log"
+
+
+def url_file(name: str) -> Path:
+    """The API URL of a running server, so that `gnnpipe run` finds it whatever port it was started on."""
+    return home() / "run" / f"{name}.url"
 
 
 def prefect_exe() -> str:
@@ -100,21 +106,33 @@ def _signal_group(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def stop(name: str, grace_s: float = 15.0) -> bool:
-    """Stop ``name`` by PID: SIGTERM, a second SIGTERM after ``grace_s``, then SIGKILL. False if not running."""
-    pid = running_pid(name)
-    if pid is None:
-        return False
-    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
+def stop_group(pid: int, grace_s: float = 15.0, *, second_term: bool = True) -> bool:
+    """SIGTERM the session led by ``pid``, (a second SIGTERM after ``grace_s``,) then SIGKILL; True once it is gone.
+
+    A Prefect worker shuts down gracefully on the first SIGTERM and exits on the second; uvicorn needs one.
+    """
+    signals = (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL) if second_term else (signal.SIGTERM, signal.SIGKILL)
+    for sig in signals:
         _signal_group(pid, sig)
         deadline = time.monotonic() + (grace_s if sig != signal.SIGKILL else 5.0)
         while time.monotonic() < deadline:
             _reap(pid)
             if not _alive(pid):
-                pid_file(name).unlink(missing_ok=True)
                 return True
-            time.sleep(0.2)
-    raise GnnpipeError(f"{name} (pid {pid}) did not exit after SIGKILL")
+            time.sleep(0.1)
+    return False
+
+
+def stop(name: str, grace_s: float = 15.0) -> bool:
+    """Stop ``name`` by PID: SIGTERM, a second SIGTERM after ``grace_s``, then SIGKILL. False if not running."""
+    pid = running_pid(name)
+    if pid is None:
+        return False
+    if not stop_group(pid, grace_s):
+        raise GnnpipeError(f"{name} (pid {pid}) did not exit after SIGKILL")
+    pid_file(name).unlink(missing_ok=True)
+    url_file(name).unlink(missing_ok=True)
+    return True
 
 
 def api_url(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
@@ -136,12 +154,32 @@ def wait_healthy(url: str, timeout_s: float = 120.0, pid: int | None = None) -> 
     raise GnnpipeError(f"no healthy Prefect server at {url} after {timeout_s:.0f} s; see {log_file('server')}")
 
 
+def server_env(host: str, port: int) -> dict[str, str]:
+    """Settings of a server on ``host:port``. The UI is told its API URL by ``/ui-settings``, which Prefect takes
+    from PREFECT_UI_API_URL, else from PREFECT_API_URL or the default port: without it a server on 4311 sends the
+    browser to http://127.0.0.1:4200/api ("Can't connect to Server API")."""
+    env = {"PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port)}
+    if not os.environ.get("PREFECT_UI_API_URL"):   # a user's own (say, behind a proxy) wins
+        env["PREFECT_UI_API_URL"] = api_url(host, port)
+    return env
+
+
 def server_up(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout_s: float = 120.0) -> str:
     pid = start("server", [prefect_exe(), "server", "start", "--host", host, "--port", str(port),
-                           "--analytics-off"])
+                           "--analytics-off"], env=server_env(host, port))
     url = api_url(host, port)
+    url_file("server").write_text(url)
     wait_healthy(url, timeout_s, pid)
     return url
+
+
+def running_server_url() -> str | None:
+    """The API URL of the server `gnnpipe server up` started, if it is still running (not checked for health)."""
+    if running_pid("server") is None:
+        return None
+    path = url_file("server")
+    # a server started before the URL was recorded: the default port is the best guess
+    return path.read_text().strip() if path.exists() else api_url()
 
 
 def ensure_pool(url: str, pool: str = POOL) -> None:

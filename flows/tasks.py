@@ -7,7 +7,10 @@ the stage runs, so "Cached" means exactly "the store has this key". A task recei
 does not re-key. A change to a stage's code is caught by its VERSION, not by hashing source (docs/design.md §3,
 tests/test_stage_versions.py).
 
-The persisted result of a task is its stage's manifest (small), never arrays: the data lives in the artifact store.
+The persisted result of a task is a :class:`StageOutcome`, its stage's manifest (small, never arrays: the data lives
+in the artifact store) and whether this task computed it. A task can run and compute nothing: its cache record was
+deleted with ``.prefect/`` while the artifact stayed, or a concurrent run built it while this one waited on the
+stage's lock; the flow then labels it ``Cached`` like a cache hit (Prefect's own state says ``Completed``).
 """
 
 from __future__ import annotations
@@ -23,22 +26,28 @@ from prefect import Task, task
 from prefect.cache_policies import CachePolicy
 from prefect.locking.filesystem import FileSystemLockManager
 from prefect.transactions import IsolationLevel
+from pydantic import BaseModel
 
 from flows.config import STAGES, artifact_key
+from flows.quiet import note_user_error
 from stages.protocol import Stage
-from storage import ArtifactStore, Manifest
+from storage import ArtifactStore, GnnpipeError, Manifest
 
 
 @dataclass
 class StageKey(CachePolicy):
-    """``<stage>-<artifact key>``: the store's content address of what the task would build."""
+    """``<stage>-<artifact key>-<result format>``: the store's content address of what the task would build."""
 
     stage: str = ""
+    # the format of the task's persisted result: records of another format (a Manifest before StageOutcome) are
+    # not found, and the task then takes its artifact from the store instead of failing to read them
+    RESULT_FORMAT = "outcome1"
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str:
         module = STAGES[self.stage]
-        return f"{self.stage}-{artifact_key(module, module.Params(**inputs['params']), inputs['upstream'])}"
+        key = artifact_key(module, module.Params(**inputs["params"]), inputs["upstream"])
+        return f"{self.stage}-{key}-{self.RESULT_FORMAT}"
 
 
 def prefect_dir(root: str) -> Path:
@@ -57,16 +66,32 @@ def cache_policy(stage: str, root: str) -> CachePolicy:
                                            isolation_level=IsolationLevel.SERIALIZABLE)
 
 
-def _stage_task(module: Stage) -> Task[..., Manifest]:
+class StageOutcome(BaseModel):
+    """What a stage task returns: the artifact's manifest, and whether this task run computed it."""
+
+    manifest: Manifest
+    built: bool
+
+
+def _stage_task(module: Stage) -> Task[..., StageOutcome]:
     """The Prefect task of one stage module (``stages/<name>/stage.py``)."""
 
-    def run_stage(root: str, params: dict[str, Any], upstream: Mapping[str, str], force: bool = False) -> Manifest:
+    def run_stage(root: str, params: dict[str, Any], upstream: Mapping[str, str],
+                  force: bool = False) -> StageOutcome:
         store = ArtifactStore(root)
         manifests = {name: store.load(name, key) for name, key in upstream.items()}
-        return module.run(store, module.Params(**params), manifests, force=force)
+        typed = module.Params(**params)
+        # looked up here, under the stage's lock (cache_policy): what a concurrent run finished meanwhile counts
+        before = None if force else store.find(module.NAME, artifact_key(module, typed, upstream))
+        try:
+            manifest = module.run(store, typed, manifests, force=force)
+        except GnnpipeError as err:
+            note_user_error(err)   # the CLI prints it once (flows/quiet.py)
+            raise
+        return StageOutcome(manifest=manifest, built=before is None or before.build_id != manifest.build_id)
 
     run_stage.__qualname__ = run_stage.__name__ = f"{module.NAME}_stage"
     return task(name=module.NAME, persist_result=True)(run_stage)
 
 
-TASKS: dict[str, Task[..., Manifest]] = {name: _stage_task(module) for name, module in STAGES.items()}
+TASKS: dict[str, Task[..., StageOutcome]] = {name: _stage_task(module) for name, module in STAGES.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
     return "\n".join(lines)
+
+
+def percent(value: float | None, digits: int = 2) -> str:
+    """A ratio as ``"93.40 %"``, or ``"n/a"`` when there is none (None or NaN: e.g. accuracy over an empty split,
+    which is not 0 %)."""
+    if value is None or math.isnan(value):
+        return "n/a"
+    return f"{100 * value:.{digits}f} %"
 
 
 def _fmt(value: Any) -> str:

@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import shutil
@@ -30,8 +31,10 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from storage.errors import ArtifactError, InputError
+from storage.write_errors import write_failure
 
 MANIFEST = "manifest.json"
+_log = logging.getLogger("gnnpipe.store")
 _LIBRARIES = ("torch", "numpy", "zarr", "pymetis", "prefect", "torch_geometric", "gnnpipe")
 
 
@@ -39,7 +42,8 @@ class Manifest(BaseModel):
     """A stage's manifest, ``<root>/<stage>/<key>/manifest.json``: what was built, from what, and which files.
 
     Unknown fields are ignored (a manifest written by a newer gnnpipe still loads, and is never taken for a
-    corrupted one and rebuilt over); every field below is required.
+    corrupted one and rebuilt over); every field below is required but ``origin``, which manifests written before
+    it existed lack.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -56,6 +60,7 @@ class Manifest(BaseModel):
     libraries: dict[str, str]       # library -> version, as built
     uri: str                        # the artifact directory when it was written
     build_id: str                   # tells two builds of the same key apart (tests, audits)
+    origin: str = ""                # how the run that built it was invoked (storage.inventory.current_origin)
 
 
 def _canonical(obj: Any) -> str:
@@ -164,14 +169,18 @@ class ArtifactStore:
             raise ArtifactError(f"{self.url(stage, key, rel)} not found; rerun with --force {stage}") from None
 
     # ---- writing ---------------------------------------------------------------------------------------
-    def check_writable(self) -> None:
-        """Fail early, with a clear message, if the root cannot be written."""
+    def check_writable(self, stage: str | None = None) -> None:
+        """Fail early, with a clear message, if the root cannot be written (``stage``: the stage about to write,
+        named in the message when the file system refuses, e.g. a full disk)."""
         probe = self._path(f".probe-{uuid.uuid4().hex}")
         try:
             self.fs.makedirs(self.base, exist_ok=True)
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm_file(probe)
         except (OSError, PermissionError) as err:
+            self._remove_quietly(probe)
+            if stage is not None and (failure := write_failure(err, stage, self.root)) is not None:
+                raise failure from None
             raise InputError(f"artifact root {self.root} is not writable ({err.__class__.__name__}: "
                              f"{getattr(err, 'strerror', None) or err}); pass a writable --artifacts/ARTIFACTS"
                              ) from None
@@ -182,8 +191,10 @@ class ArtifactStore:
         """Write a stage's artifact; the manifest is written last and the directory published atomically.
 
         If a valid artifact appears meanwhile (a concurrent run), it is kept unless ``replace`` (a forced rerun).
+        A write the file system refuses (full, over quota, read-only, ...) raises a one-line ``StoreWriteError``
+        (``storage.write_errors``) naming the stage and the root; whatever the stage wrote is removed first.
         """
-        self.check_writable()
+        self.check_writable(stage)
         final = self._path(stage, key)
         if self.is_local:
             work = self._path(stage, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
@@ -191,15 +202,17 @@ class ArtifactStore:
             work = final
             if self.fs.exists(final):
                 self.fs.rm(final, recursive=True)
-        self.fs.makedirs(work, exist_ok=True)
         writer = StageWriter(self, stage, key, work, version=version, params=params, upstream=upstream)
         try:
+            self.fs.makedirs(work, exist_ok=True)
             yield writer
             writer._finish()
             if self.is_local:
                 self._publish_local(work, final, stage, key, replace)
-        except BaseException:
-            self._remove(work if self.is_local else final)
+        except BaseException as err:
+            self._remove_quietly(work if self.is_local else final)
+            if (failure := write_failure(err, stage, self.root)) is not None:
+                raise failure from None
             raise
         writer.manifest = self.load(stage, key)
 
@@ -215,6 +228,14 @@ class ArtifactStore:
             shutil.rmtree(trash, ignore_errors=True)
             return
         os.rename(work, final)
+
+    def _remove_quietly(self, path: str) -> None:
+        """``_remove`` after a failure: a cleanup error must not hide the failure (a ``.tmp-*`` directory left
+        behind is never taken for an artifact)."""
+        try:
+            self._remove(path)
+        except OSError as err:
+            _log.warning("could not remove %s after a failed write: %s", path, err)
 
     def build(self, stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest],
               body: Callable[[StageWriter], None], *, force: bool = False) -> Manifest:
@@ -239,8 +260,11 @@ class ArtifactStore:
         entry = {"stage": manifest.stage, "key": manifest.key, "build_id": manifest.build_id,
                  "created": manifest.created, "host": platform.node(), "pid": os.getpid(),
                  "wall_s": manifest.summary.get("wall_s")}
-        with open(self._path("builds.log"), "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        try:
+            with open(self._path("builds.log"), "a") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as err:   # the artifact is published and valid: a full disk costs the audit line only
+            _log.warning("could not append to %s: %s", self._path("builds.log"), err)
 
     def builds(self) -> list[dict[str, Any]]:
         """The entries of ``builds.log`` (empty for object stores)."""
@@ -318,6 +342,7 @@ class StageWriter:
             "libraries": library_versions(),
             "uri": self.store.url(self.stage, self.key),
             "build_id": uuid.uuid4().hex,
+            "origin": os.environ.get("GNNPIPE_ORIGIN", ""),   # who built it: storage.inventory.current_origin
         }
         # What is written is exactly what load() parses back: a manifest the model rejects fails the build here.
         text = json.dumps(data, indent=2, sort_keys=True, default=str)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -66,9 +67,15 @@ def read_result(result_dir: str | os.PathLike[str]) -> tuple[bytes, dict[str, An
 def checkpoint_dir(store: ArtifactStore, key: str) -> Path:
     """Where the job of train artifact ``key`` keeps its files: beside the artifacts when they are local, else in
     the local temp dir (the launcher runs the ranks on this machine; each node's local rank 0 writes)."""
+    return checkpoints_root(store) / f"train-{key}"
+
+
+def checkpoints_root(store: ArtifactStore) -> Path:
+    """The directory of the train job directories: ``<root>/.checkpoints``, or the local temp dir's
+    ``gnnpipe-checkpoints`` for an object-store root."""
     if store.is_local:
-        return Path(store.base) / ".checkpoints" / f"train-{key}"
-    return Path(tempfile.gettempdir()) / "gnnpipe-checkpoints" / f"train-{key}"
+        return Path(store.base) / ".checkpoints"
+    return Path(tempfile.gettempdir()) / "gnnpipe-checkpoints"
 
 
 def job_dir(store: ArtifactStore, key: str, node_rank: int | None = None) -> Path:
@@ -76,6 +83,52 @@ def job_dir(store: ArtifactStore, key: str, node_rank: int | None = None) -> Pat
     file system must not mix nodes' files)."""
     base = checkpoint_dir(store, key)
     return base if node_rank is None else base / f"node-{node_rank}"
+
+
+def checkpoint_dirs(store: ArtifactStore) -> dict[str, Path]:
+    """Every train job directory of this root that a run would resume from: train key -> ``checkpoint_dir``.
+
+    For an object-store root they lie in the local temp dir, shared by every such root: only those whose job spec
+    names this root are its own."""
+    base = checkpoints_root(store)
+    if not base.is_dir():
+        return {}
+    found = {}
+    for path in sorted(base.glob("train-*")):
+        if path.is_dir() and (store.is_local or store.root in _spec_roots(path)):
+            found[path.name.removeprefix("train-")] = path
+    return found
+
+
+def _spec_roots(job: Path) -> set[str]:
+    roots = set()
+    for spec in [spec_path(job), *map(spec_path, job.glob("node-*"))]:
+        try:
+            roots.add(str(json.loads(spec.read_text())["artifacts"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue   # a job killed before it wrote its spec, or a foreign file: not provably this root's
+    return roots
+
+
+def job_checkpoints(job: Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints of one job directory, all nodes' (``node-<n>/``) included."""
+    return sorted(c for d in [job, *sorted(job.glob("node-*"))] for c in list_checkpoints(d))
+
+
+def remove_checkpoints(store: ArtifactStore, key: str | None = None) -> list[Path]:
+    """Delete the train job directories of this root (or of train artifact ``key``) so that no later run resumes
+    from them; returns those removed. The ``.checkpoints`` directory of a local root goes too once empty."""
+    removed = []
+    for found_key, path in checkpoint_dirs(store).items():
+        if key is None or found_key == key:
+            shutil.rmtree(path)
+            removed.append(path)
+    if store.is_local:
+        try:
+            checkpoints_root(store).rmdir()
+        except OSError:
+            pass   # absent, or holds another job's directory
+    return removed
 
 
 def spec_path(job: Path) -> Path:

@@ -6,6 +6,7 @@ whole-array load speed (figures in benchmarks/RESULTS.md).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -25,6 +26,21 @@ Mode = Literal["r", "r+", "a", "w", "w-"]
 BloscCname = Literal["lz4", "lz4hc", "blosclz", "snappy", "zlib", "zstd"]
 
 
+# an artifact's address in any URL under the root: ``.../<stage>/<16 hex digit key>/...`` (storage.store's layout)
+_ARTIFACT = re.compile(r"/([A-Za-z_][\w-]*)/([0-9a-f]{16})(?=/|$)")
+
+
+def rerun_hint(where: object) -> str:
+    """What to do about a damaged file at ``where`` (a URL, path or Zarr store under the artifact root): rebuild the
+    artifact that holds it, the stage and command named."""
+    found = _ARTIFACT.findall(str(where))
+    if not found:
+        return "rerun, with --force <stage>, the stage whose artifact holds it"
+    stage = found[-1][0]
+    return (f"rerun the {stage} stage to rebuild it: `gnnpipe run --force {stage}` (or `gnnpipe stage {stage}`) "
+            f"with the run's --config/--set")
+
+
 def _store(url: str) -> Any:
     """Local paths go to zarr's LocalStore (creates directories); URLs to the fsspec store."""
     if "://" in url and not url.startswith("file://"):
@@ -36,7 +52,7 @@ def open_group(url: str, mode: Mode = "r") -> zarr.Group:
     try:
         return zarr.open_group(_store(url), mode=mode, zarr_format=3)
     except FileNotFoundError:
-        raise ArtifactError(f"Zarr group {url} not found; rerun the stage that writes it") from None
+        raise ArtifactError(f"Zarr group {url} not found; {rerun_hint(url)}") from None
 
 
 def open_array(group: zarr.Group, name: str) -> zarr.Array:
@@ -57,9 +73,9 @@ def _child(group: zarr.Group, name: str, kind: type[_Node], what: str) -> _Node:
     try:
         node = group[name]
     except KeyError:
-        raise ArtifactError(f"{what} '{name}' missing in {group.store}; rerun the stage that writes it") from None
+        raise ArtifactError(f"{what} '{name}' missing in {group.store}; {rerun_hint(group.store)}") from None
     if not isinstance(node, kind):
-        raise ArtifactError(f"'{name}' in {group.store} is not a Zarr {what}; rerun the stage that writes it")
+        raise ArtifactError(f"'{name}' in {group.store} is not a Zarr {what}; {rerun_hint(group.store)}")
     return node
 
 
@@ -67,7 +83,7 @@ def attr_int(attrs: Mapping[str, object], name: str, where: str) -> int:
     """Integer attr ``name`` of the Zarr group ``where`` (its url, for the message); Zarr types attrs as any JSON."""
     value = _attr(attrs, name, where)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not an integer; rerun the stage that writes it")
+        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not an integer; {rerun_hint(where)}")
     return value
 
 
@@ -77,7 +93,7 @@ def attr_str(attrs: Mapping[str, object], name: str, where: str, default: str | 
         return default
     value = _attr(attrs, name, where)
     if not isinstance(value, str):
-        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not a string; rerun the stage that writes it")
+        raise ArtifactError(f"attr '{name}' of {where} is {value!r}, not a string; {rerun_hint(where)}")
     return value
 
 
@@ -85,7 +101,7 @@ def _attr(attrs: Mapping[str, object], name: str, where: str) -> object:
     try:
         return attrs[name]
     except KeyError:
-        raise ArtifactError(f"attr '{name}' missing in {where}; rerun the stage that writes it") from None
+        raise ArtifactError(f"attr '{name}' missing in {where}; {rerun_hint(where)}") from None
 
 
 def chunk_rows_for(num_rows: int, row_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *,
@@ -146,6 +162,6 @@ def read_into(arr: zarr.Array, out: np.ndarray | None = None) -> np.ndarray:
     except ValueError as err:
         if "checksum" in str(err).lower():
             raise ArtifactError(f"corrupted chunk in {arr.store}/{arr.path} ({err}); "
-                                f"rerun the stage that wrote it with --force") from None
+                                f"{rerun_hint(arr.store)}") from None
         raise
     return out

@@ -39,13 +39,13 @@ def test_status_show_and_clean(built):
     lines = proc.stdout.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == list(keys)
     for line, (name, key) in zip(lines, keys.items()):
-        assert f"{name}" in line and key in line and " built " in line
+        assert f"{name}" in line and key in line and " cached " in line
     assert "edge cut" in lines[1] and "expected hit rate" in lines[3]
     shown = gnnpipe("show", "partition", *art, *set_args(values))
     assert shown.returncode == 0 and "| partition | nodes | edges | train_nodes | gid_range |" in shown.stdout
     assert gnnpipe("clean", "--stage", "hotness", *art).returncode == 0
     after = gnnpipe("status", *art, *set_args(values)).stdout.strip().splitlines()
-    assert " missing " in after[3] and " built " in after[2]
+    assert " missing " in after[3] and " cached " in after[2]
     assert gnnpipe("clean", *art).returncode == 0
     assert not any((Path(values["artifacts"]) / s).exists() for s in keys)
 

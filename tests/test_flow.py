@@ -88,7 +88,15 @@ def _set_args(cfg: dict[str, Any]) -> list[str]:
     return out + ["--artifacts", cfg["artifacts"]]
 
 
+def _labels(output: str) -> dict[str, str]:
+    """``stage -> label`` from the CLI's summary lines (``download   Cached     <key>  <headline>``)."""
+    return {words[0]: words[1] for line in output.splitlines()
+            if len(words := line.split()) >= 3 and words[0] in STAGES and words[1] in ("Completed", "Cached")}
+
+
 def test_two_concurrent_runs_compute_each_stage_once(prefect_server: str, tiny: dict[str, Any]):
+    """Each stage is built by one run; the other, which waited on the stage's lock and found the artifact, says
+    Cached (it said Completed before [3/7]: it ran the task, which computed nothing)."""
     args = ["run", "--until", "features", *_set_args(tiny)]
     procs = [subprocess.Popen([*GNNPIPE, *args], cwd=REPO, env=cli_env(prefect_server), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -96,6 +104,21 @@ def test_two_concurrent_runs_compute_each_stage_once(prefect_server: str, tiny: 
     assert [p.returncode for p in procs] == [0, 0], outputs
     builds = ArtifactStore(tiny["artifacts"]).builds()
     assert sorted(b["stage"] for b in builds) == sorted(STAGES), builds
+    labels = [_labels(out) for out in outputs]
+    for stage in STAGES:
+        assert sorted(run[stage] for run in labels) == ["Cached", "Completed"], (stage, outputs)
+
+
+def test_runs_after_the_prefect_records_are_deleted_say_cached(prefect_server: str, tiny: dict[str, Any]):
+    """Deleting ``<root>/.prefect`` loses Prefect's cache records, not the artifacts: the tasks run, find their
+    artifacts in the store and compute nothing, so they are Cached (Completed before [3/7])."""
+    import shutil
+
+    first = run_flow(tiny)
+    shutil.rmtree(Path(tiny["artifacts"]) / ".prefect")
+    again = run_flow(tiny)
+    assert states(again) == dict.fromkeys(STAGES, "Cached")
+    assert {n: r["build_id"] for n, r in again.items()} == {n: r["build_id"] for n, r in first.items()}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -103,11 +126,17 @@ def test_two_concurrent_runs_compute_each_stage_once(prefect_server: str, tiny: 
     (["--set", "num_partitions=0"], "invalid parameter num_partitions=0: Input should be greater than or equal to 1"),
     (["--set", "until=bogus"], "invalid parameter until: unknown stage 'bogus'"),
     (["--set", "no_such_key=1"], "invalid parameter no_such_key: unknown name"),
+    (["--set", "split=[0.5,0.6,0.2]"], "split=(0.5, 0.6, 0.2) must be 3 fractions (train, valid, test)"),
+    (["--set", "num_nodes=10"], "avg_degree=20.0 exceeds num_nodes - 1 = 9; lower avg_degree"),
 ])
 def test_bad_parameters_give_one_line_errors(tmp_path: Path, args: list[str], message: str):
+    """Every parameter is checked before a server or a stage starts: the split was checked inside the download
+    task before [3/7], after 47 s of starting the temporary server."""
     proc = _cli(["run", "--artifacts", str(tmp_path / "a"), *args], api_url=None, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]], proc.stderr
+    assert proc.stderr.strip().startswith(f"error: {message}")
+    assert "server" not in proc.stdout + proc.stderr
     assert not (tmp_path / "a").exists()
 
 
@@ -159,6 +188,9 @@ def test_malformed_files_dataset_fails_cleanly(prefect_server: str, tmp_path: Pa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "edge_index.npy" in last
     assert not (artifacts / "download").exists() or list((artifacts / "download").iterdir()) == []
+    # one line, not Prefect's four repeats with two tracebacks (116 lines before [3/7]); those go to errors.log
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and output.count("edge_index.npy") == 1, output
 
 
 def test_whole_pipeline_ends_with_a_trained_model(prefect_server: str, tiny: dict[str, Any]):

@@ -130,7 +130,7 @@ def test_manifest_is_typed_and_its_json_keeps_its_keys(tmp_path: Path):
     m = store.build("s", 1, {"a": 1}, {}, _body)
     on_disk = json.loads((tmp_path / "s" / m.key / "manifest.json").read_text())
     assert set(on_disk) == {"stage", "version", "key", "params", "upstream", "created", "files", "bytes", "summary",
-                            "libraries", "uri", "build_id"}
+                            "libraries", "uri", "build_id", "origin"}
     assert m.model_dump() == on_disk and m.bytes == sum(m.files.values())
     with pytest.raises(ValidationError):
         m.key = "other"   # frozen

@@ -131,3 +131,14 @@ def check_finite(x: np.ndarray, subject: str) -> None:
     kind = "NaN" if np.isnan(value) else ("-Inf" if value < 0 else "Inf")
     raise InputError(f"{subject} has {kind} at row {row}, column {col} (the first non-finite value); features must "
                      "be finite: replace or impute them (e.g. numpy.nan_to_num) and save again")
+
+
+def check_classes(y: np.ndarray, num_classes: int, subject: str) -> None:
+    """Refuse a dataset whose labelled nodes (``y >= 0``) hold fewer than 2 classes, in one line naming
+    ``subject``: a 1-class dataset trains to a constant prediction and scores 100 %, which looks like success."""
+    labelled = y[y >= 0]
+    if num_classes >= 2 and labelled.size and int(labelled.min()) != int(labelled.max()):
+        return
+    which = f" (every labelled node has label {int(labelled[0])})" if labelled.size else ""
+    raise InputError(f"{subject} has 1 class{which}; node classification needs at least 2: label nodes of another "
+                     "class")

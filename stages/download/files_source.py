@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.download.canonical import check_finite, to_csr_incoming
+from stages.download.canonical import check_classes, check_finite, to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 
@@ -46,6 +46,7 @@ def load_files(directory: str) -> Graph:
     src, dst, num_nodes = _topology(directory, x.shape[0])
     y = _read_labels(directory, num_nodes)
     num_classes = _num_classes(meta, y)
+    check_classes(y, num_classes, f"y.npy in {directory}")
     splits = {name: _read_split(directory, name, num_nodes, y) for name in SPLITS}
     _check_disjoint(splits)
     check_finite(x, f"x.npy in {directory}")   # reads all of x (0.06 s at products scale): after the cheap checks

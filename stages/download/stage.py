@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from stages.choices import Dataset
-from stages.download.canonical import check_finite
+from stages.download.canonical import check_classes, check_finite
+from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.meter import measure
 from stages.params import Seed, StageParams, runtime
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -46,6 +47,8 @@ class Params(StageParams):
     def _check(self) -> Params:
         if self.dataset == "files" and not self.path:
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
+        if self.dataset == "synthetic":
+            check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
         return self
 
     def key_params(self) -> dict[str, Any]:
@@ -78,8 +81,6 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
 
         return load_files(os.path.abspath(params.path or ""))   # names x.npy in its own finite check
     if params.dataset == "synthetic":
-        from stages.download.synthetic import generate_synthetic
-
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
                                    params.seed, split=params.split, progress=progress)
     else:
@@ -88,6 +89,7 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
         graph = load_ogb(params.dataset, download_dir, progress=progress)
     assert graph.x is not None
     check_finite(graph.x, f"the features (x) of dataset {params.dataset}")
+    check_classes(graph.y, graph.num_classes, f"dataset {params.dataset}")   # files: checked in load_files
     return graph
 
 

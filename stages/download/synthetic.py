@@ -68,7 +68,7 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     labels, features and split come from separate random streams, so e.g. changing ``num_features`` keeps the
     same graph and labels.
     """
-    _validate(num_nodes, avg_degree, num_features, num_classes, split)
+    check_synthetic(num_nodes, avg_degree, num_features, num_classes, split)
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
     rng_layout, rng_edges, rng_labels, rng_features, rng_split = streams
     steps = tqdm(total=4, desc="synthetic graph", unit="step", disable=not progress, leave=False)
@@ -97,8 +97,10 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
                  directed=False, name="synthetic", source=f"synthetic(seed={seed})")
 
 
-def _validate(num_nodes: int, avg_degree: float, num_features: int, num_classes: int,
-              split: tuple[float, float, float]) -> None:
+def check_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int,
+                    split: tuple[float, float, float]) -> None:
+    """The generator's arguments, checked in microseconds: the download Params call this, so a bad value is an
+    error before any server or stage starts."""
     if num_nodes < 2:
         raise InputError(f"num_nodes={num_nodes} is too small; a synthetic graph needs num_nodes >= 2")
     if not avg_degree > 0:

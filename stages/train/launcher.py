@@ -43,6 +43,12 @@ _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _PEER_CLOSED = re.compile(r"Connection closed by peer (\S+?)\.? ")   # gloo's words when the other end vanished
+# torchrun's own words when its process receives SIGTERM/SIGINT/SIGHUP/SIGQUIT (it then stops its ranks and exits 1):
+# "Received 15 death signal, shutting down workers" (torch 2.13; older: "Received Signals.SIGTERM death signal") and
+# "SignalException: Process 123 got signal: 15"
+_DEATH_SIGNAL = re.compile(r"Received (?:Signals\.)?(\w+) death signal|SignalException: Process \d+ got signal: "
+                           r"(?:Signals\.)?(\w+)")
+_RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")   # a rank's user error (worker.main prints it)
 
 
 class TrainingError(GnnpipeError):
@@ -122,6 +128,8 @@ class _Reader(threading.Thread):
         self.tail: deque[str] = deque(maxlen=tail)
         self.failed: list[RankFailure] = []
         self.rendezvous_timeout = False   # torchrun gave up waiting for the other nodes
+        self.death_signal: str | None = None   # the signal torchrun said it received ("SIGTERM")
+        self.said: dict[int, str] = {}         # rank -> its "error: ..." line (when its error file is missing)
 
     def run(self) -> None:
         pending_rank: int | None = None
@@ -131,9 +139,13 @@ class _Reader(threading.Thread):
             self.tail.append(line)
             self.log(line if _RANK_PREFIX.match(line) else f"[torchrun] {line}")
             if _RANK_PREFIX.match(line):
+                if m := _RANK_ERROR.match(line):
+                    self.said.setdefault(int(m.group(1)), m.group(2))
                 continue
             if "RendezvousTimeoutError" in line:
                 self.rendezvous_timeout = True
+            if self.death_signal is None and (m := _DEATH_SIGNAL.search(line)):
+                self.death_signal = signal_name(m.group(1) or m.group(2))
             if "Root Cause" in line:
                 in_root_cause = True
             elif m := _FAILED_RANK.match(line):
@@ -141,6 +153,15 @@ class _Reader(threading.Thread):
             elif pending_rank is not None and (m := _EXITCODE.match(line)):
                 self.failed.append(RankFailure(pending_rank, int(m.group(1)), in_root_cause))
                 pending_rank = None
+
+
+def signal_name(value: str | int) -> str:
+    """``"SIGTERM"`` for 15, "15" or "SIGTERM"; the value itself when it names no signal."""
+    try:
+        return signal.Signals(int(value)).name
+    except ValueError:
+        text = str(value)
+        return text if text.startswith("SIG") or not text.isdigit() else f"signal {text}"
 
 
 def _describe_exit(code: int | None) -> str:
@@ -155,13 +176,20 @@ def _describe_exit(code: int | None) -> str:
 
 
 def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, object]],
-                    returncode: int) -> GnnpipeError:
+                    returncode: int, death_signal: str | None = None) -> GnnpipeError:
     """One line naming the rank that caused the failure.
 
     A rank that died without writing an error record (a signal, ``os._exit``) is the cause, unless all it got was
     the SIGTERM with which torchrun stops the survivors; its peers' errors (lost connections) are consequences.
-    torchrun's root cause comes first.
+    torchrun's root cause comes first. A signal that torchrun itself received (``death_signal``), or died of (a
+    negative ``returncode``), came from outside the job: that is the cause, whatever the ranks said afterwards.
     """
+    if death_signal is None and returncode < 0:
+        death_signal = signal_name(-returncode)
+    if death_signal is not None:
+        return TrainingError(f"training was stopped by a signal: torchrun received {death_signal} from outside "
+                             f"gnnpipe (a scheduler, `kill`, the OOM killer) and its ranks were stopped; the "
+                             f"checkpoints were kept: rerun to resume")
     ordered = sorted(failed, key=lambda f: (not f.root_cause, f.exitcode == -signal.SIGTERM))
     abrupt = [f for f in ordered if f.rank not in errors]
     if abrupt and (abrupt[0].root_cause or abrupt[0].exitcode != -signal.SIGTERM):
@@ -239,4 +267,7 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
                             f"{cluster.rdzv_id}) within {cluster.join_timeout_s:g} s: start `gnnpipe train` on all "
                             f"{cluster.nnodes} nodes with the same --rdzv, and open that port between them")
     if proc.returncode != 0:
-        raise failure_message(reader.failed, read_errors(result_dir), proc.returncode)
+        errors = read_errors(result_dir)
+        for rank, message in reader.said.items():   # its error file could not be written (e.g. a full disk)
+            errors.setdefault(rank, {"rank": rank, "type": "GnnpipeError", "user_error": True, "message": message})
+        raise failure_message(reader.failed, errors, proc.returncode, reader.death_signal)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on workers or CI
 import matplotlib.pyplot as plt  # noqa: E402
+
+from storage.report import percent  # noqa: E402
+
+
+def _pct(value: float | None) -> float:
+    """A ratio in %; NaN (a gap in the curve) for None, the metric of an empty split."""
+    return math.nan if value is None else 100 * value
 
 
 def _png(fig: Any) -> bytes:
@@ -30,13 +38,14 @@ def curves_png(metrics: dict[str, Any]) -> bytes:
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     acc = ax.twinx()
-    acc.plot(x, [100 * e["train_acc"] for e in epochs], "-o", color="C0", ms=3, label="train acc")
-    acc.plot(x, [100 * e["val_acc"] for e in epochs], "-s", color="C2", ms=3, label="val acc")
-    acc.axvline(best, color="C2", ls=":", alpha=0.7, label=f"best val: epoch {best}")
-    acc.plot([best], [100 * metrics["test_acc"]], "*", color="C1", ms=11,
-             label=f"test acc at best {100 * metrics['test_acc']:.1f} %")
-    acc.plot([last], [100 * metrics["test_acc_last"]], "x", color="C7", ms=8, mew=2,
-             label=f"test acc, last epoch {100 * metrics['test_acc_last']:.1f} %")
+    acc.plot(x, [_pct(e["train_acc"]) for e in epochs], "-o", color="C0", ms=3, label="train acc")
+    acc.plot(x, [_pct(e["val_acc"]) for e in epochs], "-s", color="C2", ms=3, label="val acc")
+    selected = f"best val: epoch {best}" if metrics["best_val_acc"] is not None else f"no val split: epoch {best}"
+    acc.axvline(best, color="C2", ls=":", alpha=0.7, label=selected)
+    acc.plot([best], [_pct(metrics["test_acc"])], "*", color="C1", ms=11,
+             label=f"test acc at best {percent(metrics['test_acc'], 1)}")
+    acc.plot([last], [_pct(metrics["test_acc_last"])], "x", color="C7", ms=8, mew=2,
+             label=f"test acc, last epoch {percent(metrics['test_acc_last'], 1)}")
     acc.set_ylabel("accuracy (%)")
     acc.set_ylim(0, 100)
     lines = ax.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]

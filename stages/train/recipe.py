@@ -2,9 +2,10 @@
 
 The published model and its test metric are those of the epoch with the best validation metric (the first such
 epoch on a tie), as papers report (GCN: "the model with the best validation accuracy"); the last epoch's test
-metric is reported beside it. ``patience`` stops training that many epochs after the best one. The schedule steps
-once per epoch. All of it is in the checkpoint (``state_dict``), so a resumed run selects, stops and schedules as
-an uninterrupted one does.
+metric is reported beside it. Without a validation split (empty: its metric is NaN) the last epoch's model is
+published and patience never stops the run. ``patience`` stops training that many epochs after the best one. The
+schedule steps once per epoch. All of it is in the checkpoint (``state_dict``), so a resumed run selects, stops
+and schedules as an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class BestModel:
         self.state: dict[str, Tensor] | None = None
 
     def update(self, epoch: int, val: float, model: torch.nn.Module) -> bool:
-        """Keep ``model``'s weights if ``val`` beats the best so far (strictly: the earliest best wins)."""
-        if val <= self.val:
+        """Keep ``model``'s weights if ``val`` beats the best so far (strictly: the earliest best wins). Without a
+        validation split (``val`` NaN) every epoch is the best so far: the last epoch's model is published, and
+        patience never stops the run."""
+        if not math.isnan(val) and val <= self.val:
             return False
         self.epoch, self.val = epoch, val
         self.state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
@@ -46,7 +49,8 @@ class BestModel:
 
     def should_stop(self, last_epoch: int) -> bool:
         """Whether ``patience`` epochs have passed since the best one, ``last_epoch`` being the last completed."""
-        return self.patience is not None and self.epoch >= 0 and last_epoch - self.epoch >= self.patience
+        return (self.patience is not None and self.epoch >= 0 and not math.isnan(self.val)
+                and last_epoch - self.epoch >= self.patience)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "val": self.val, "state": self.state}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -12,6 +13,12 @@ import torch.distributed as dist
 from stages.runtime.collectives import comm_device
 from stages.runtime.dist_features import FeatureCounters
 from stages.train.loop import EpochSums
+from storage.report import percent
+
+
+def or_none(value: float) -> float | None:
+    """``value``, or None for NaN: a metric over an empty split (``Task.metric``), written as JSON null."""
+    return None if math.isnan(value) else value
 
 
 def all_reduce_f64(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
@@ -29,7 +36,8 @@ class EpochStats:
     epoch: int                   # 0-based
     loss: float                  # mean loss (the task's) over all ranks' real (non-padding) train seeds
     train_acc: float             # the task's metric (accuracy) over the same seeds, in train mode (dropout on)
-    val_acc: float               # global validation metric after the epoch (OGB Evaluator acc); selects the model
+    val_acc: float               # global validation metric after the epoch (OGB Evaluator acc); selects the model;
+                                 # NaN in memory, None in as_dict() and metrics.json, when the valid split is empty
     lr: float                    # the learning rate of this epoch (lr_schedule)
     epoch_s: float               # the slowest rank's training pass
     eval_s: float                # the slowest rank's validation pass
@@ -65,11 +73,12 @@ class EpochStats:
                    remote_bytes=int(remote_bytes))
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record of ``metrics.json``: JSON-ready, a metric over an empty split None."""
+        return {k: (or_none(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
     def log_line(self, epochs: int) -> str:
         """One line for the job log, ``epochs`` being the run's total."""
-        return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {100 * self.train_acc:.1f} %, "
-                f"val {100 * self.val_acc:.1f} % | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
+        return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {percent(self.train_acc, 1)}, "
+                f"val {percent(self.val_acc, 1)} | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
                 f"edges/s | cache hit {100 * self.hit_rate:.1f} %, remote {self.remote_rows:,} rows "
                 f"({self.remote_bytes / 2**20:.1f} MiB)")

@@ -8,6 +8,7 @@ default (and today the only) task; link prediction ([6/7]) is a second ``Task``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -47,7 +48,8 @@ class Task(Protocol):
         ...
 
     def metric(self, sums: Sequence[float]) -> float:
-        """The metric from sums added over every batch of every rank."""
+        """The metric from sums added over every batch of every rank; NaN when they cover no seed (an empty
+        split: the report says n/a, and model selection falls back to the last epoch)."""
         ...
 
 
@@ -103,4 +105,4 @@ class NodeClassification:
 
     def metric(self, sums: Sequence[float]) -> float:
         correct, total = sums
-        return correct / total if total else 0.0
+        return correct / total if total else math.nan   # an empty split has no accuracy (not 0 %)

@@ -13,6 +13,7 @@ weights equal, so the result is the same on every rank. Determinism (per-epoch r
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
-from stages.train.stats import EpochStats, all_reduce_f64
+from stages.train.stats import EpochStats, all_reduce_f64, or_none
 from stages.train.tasks import NodeClassification
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
@@ -94,7 +95,8 @@ class Trainer:
             self.epoch = epoch
             self.save_checkpoint()
             if self.rank == 0:
-                print(stats.log_line(self.params.epochs) + (" | best" if improved else ""), flush=True)
+                best = improved and not math.isnan(val_acc)   # without validation every epoch "improves"
+                print(stats.log_line(self.params.epochs) + (" | best" if best else ""), flush=True)
         stopped_early = self.epoch + 1 < self.params.epochs
         if stopped_early and self.rank == 0:
             print(f"early stop after epoch {self.epoch + 1}: no better validation accuracy for {self.params.patience} "
@@ -153,7 +155,8 @@ class Trainer:
         if ckpt is None:
             return None
         self.load_state_dict(ckpt)
-        print(f"resuming from the checkpoint after epoch {self.epoch}", flush=True)
+        # 1-based, as every epoch a person reads (the log lines, the report); the checkpoint keeps it 0-based
+        print(f"resuming from the checkpoint after epoch {self.epoch + 1}/{self.params.epochs}", flush=True)
         return self.epoch
 
     def save_checkpoint(self) -> None:
@@ -166,8 +169,9 @@ class Trainer:
                 ranks: list[Any]) -> dict[str, Any]:
         """``metrics.json`` (format in ``storage.train``); ``ranks``: every rank's ``RankData.setup``."""
         params, history = self.params, self.history
-        return {"epochs": history, "test_acc": test_acc, "test_acc_last": test_acc_last,
-                "best_val_acc": self.best.val, "best_epoch": self.best.epoch, "last_epoch": self.epoch,
+        # an empty split has no metric: null in the JSON (NaN is not JSON), "n/a" in the report
+        return {"epochs": history, "test_acc": or_none(test_acc), "test_acc_last": or_none(test_acc_last),
+                "best_val_acc": or_none(self.best.val), "best_epoch": self.best.epoch, "last_epoch": self.epoch,
                 "final_val_acc": history[-1]["val_acc"], "stopped_early": stopped_early,
                 "task": {"name": self.task.name, "evaluator": self.task.evaluator},
                 "recipe": {"loss": params.loss, "lr": params.lr, "weight_decay": params.weight_decay,

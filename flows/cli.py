@@ -8,16 +8,20 @@ raise :class:`~storage.GnnpipeError`, and ``main`` alone turns it into that line
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from flows import cli_ops, cli_train
+from flows import api, cli_export, cli_ops, cli_store, cli_train, interrupts
 from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
+from flows.env import configure_prefect_env
 from flows.load import load_config
 from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError, InputError
+from storage.inventory import ORIGIN_ENV, mark_used
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -27,14 +31,45 @@ def _run(cfg: PipelineConfig) -> None:
     store.check_writable()  # fail before a Prefect server is started for nothing
     for note in cfg.notes():
         typer.echo(f"note: {note}", err=True)
-    from flows.pipeline import pipeline  # imports prefect: only when a run needs it
+    configure_prefect_env()
+    url = api.running_api()
+    if url is None and (cached := _all_cached(cfg, store)) is not None:
+        # nothing to compute and no server to record a flow run in: starting a temporary one would cost 8-10 s of
+        # this box's 10-14 s flow path (benchmarks/RESULTS.md), for nothing
+        for name, res in cached.items():
+            mark_used(store, name, res["key"])   # `gnnpipe status`'s "last used"
+        _print_results(store, cached)
+        typer.echo("note: every stage is cached, so nothing ran and no Prefect flow run was recorded; with a server "
+                   "up (`make server-up`, or PREFECT_API_URL set) runs are recorded there", err=True)
+        return
+    with api.prefect_api(url):
+        from flows import quiet
+        from flows.pipeline import pipeline  # imported by prefect_api, with PREFECT_API_URL set
 
-    results = pipeline(**flow_parameters(cfg))
+        quiet.install()   # this terminal shows a user's error once, as the `error:` line (flows/quiet.py)
+        results = pipeline(**flow_parameters(cfg))
+    _print_results(store, results)
+
+
+def _all_cached(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, dict[str, Any]] | None:
+    """Each stage's result as the flow would report it, if all are in the store and none is forced; else None."""
+    if cfg.force:
+        return None
+    results: dict[str, dict[str, Any]] = {}
+    for name, key in stage_keys(cfg).items():
+        if store.find(name, key) is None:
+            return None
+        results[name] = {"state": "Cached", "key": key}
+    return results
+
+
+def _print_results(store: ArtifactStore, results: dict[str, dict[str, Any]]) -> None:
+    manifests = {name: store.load(name, res["key"]) for name, res in results.items()}
+    reports = {name: STAGES[name].report(manifest) for name, manifest in manifests.items()}
     for name, res in results.items():
-        typer.echo(f"{name:<10} {res['state']:<10} {res['key']}  {res['headline']}")
-    for name in results:
-        manifest = store.load(name, results[name]["key"])
-        typer.echo("\n" + STAGES[name].report(manifest).markdown)
+        typer.echo(f"{name:<10} {res['state']:<10} {res['key']}  {reports[name].headline}")
+    for report in reports.values():
+        typer.echo("\n" + report.markdown)
 
 
 def _check_stage(name: str) -> None:
@@ -64,65 +99,30 @@ def stage(name: str = typer.Argument(..., help=f"one of {', '.join(ORDER)}"),
 
 
 @app.command()
-def status(config: Path | None = typer.Option(None, "--config", "-c"),
-           set_: list[str] = typer.Option([], "--set", "-s"),
-           artifacts: str | None = typer.Option(None, envvar="ARTIFACTS")) -> None:
-    """Each stage's key, whether its artifact is built, where, how big, and its summary line."""
-    cfg = load_config(config, set_, artifacts=artifacts)
-    store = ArtifactStore(cfg.artifacts)
-    for name, key in stage_keys(cfg).items():
-        manifest = store.find(name, key)
-        if manifest is None:
-            typer.echo(f"{name:<10} {key}  missing    {store.url(name, key)}")
-            continue
-        headline = STAGES[name].report(manifest).headline
-        typer.echo(f"{name:<10} {key}  built      {store.url(name, key)}  {manifest.bytes / 2**20:.1f} MiB  "
-                   f"{headline}")
-
-
-@app.command()
-def show(name: str = typer.Argument(...), config: Path | None = typer.Option(None, "--config", "-c"),
-         set_: list[str] = typer.Option([], "--set", "-s"),
-         artifacts: str | None = typer.Option(None, envvar="ARTIFACTS")) -> None:
-    """Print a stage's report for the current configuration."""
-    _check_stage(name)
-    cfg = load_config(config, set_, artifacts=artifacts)
-    manifest = ArtifactStore(cfg.artifacts).load(name, stage_keys(cfg.model_copy(update={"until": name}))[name])
-    typer.echo(STAGES[name].report(manifest).markdown)
-
-
-@app.command()
-def clean(stage_name: str | None = typer.Option(None, "--stage", help="remove only this stage's artifacts"),
-          artifacts: str | None = typer.Option(None, envvar="ARTIFACTS")) -> None:
-    """Delete artifacts (all, or one stage's) and the Prefect cache records that point at them."""
-    cfg = load_config(None, [], artifacts=artifacts)
-    store = ArtifactStore(cfg.artifacts)
-    if stage_name is not None:
-        _check_stage(stage_name)
-        store.remove(stage_name)
-    else:
-        for name in (*ORDER, ".prefect"):
-            store.remove(name)
-    typer.echo(f"removed {store.url(stage_name) if stage_name else store.root + ' (all stages)'}")
-
-
-@app.command()
 def params(markdown: bool = typer.Option(False, "--markdown", help="the README's table")) -> None:
     """Every parameter: its names, stage, type, default and meaning (derived from the stages' Params)."""
     typer.echo(parameter_table(markdown=markdown))
 
 
 cli_ops.register(app)
+cli_store.register(app)
 cli_train.register(app)
+cli_export.register(app)
 
 
 def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the builds this command makes record how it was invoked (`gnnpipe status`); a value the user set wins
+    os.environ.setdefault(ORIGIN_ENV, shlex.join(["gnnpipe", *sys.argv[1:]]))
+    interrupts.install()
     try:
         app()
     except GnnpipeError as err:   # every command's user errors, and those raised while typer parses
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
+    except interrupts.Interrupted as exc:   # SIGINT or SIGTERM, after every process of the run was stopped
+        typer.echo(interrupts.message(exc, interrupts.interrupted_stage(exc)), err=True)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pydantic.fields import FieldInfo
 from stages.download import stage as download_stage
 from stages.features import stage as features_stage
 from stages.hotness import stage as hotness_stage
+from stages.infer import stage as infer_stage
 from stages.params import ParamsError, StageParams, field_error, is_sequence, show_value
 from stages.partition import stage as partition_stage
 from stages.protocol import Stage
@@ -32,7 +33,8 @@ from storage import InputError
 from storage.store import stage_key
 
 STAGES: dict[str, Stage] = {"download": download_stage, "partition": partition_stage,
-                             "features": features_stage, "hotness": hotness_stage, "train": train_stage}
+                             "features": features_stage, "hotness": hotness_stage, "train": train_stage,
+                             "infer": infer_stage}
 ORDER: tuple[str, ...] = tuple(STAGES)
 # one name for one setting that several stages must agree on (the hotness stage pre-samples the training batches)
 SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), "fanouts": ("hotness", "train"),
@@ -55,6 +57,7 @@ class PipelineConfig(BaseModel):
     features: features_stage.Params = Field(default_factory=features_stage.Params)
     hotness: hotness_stage.Params = Field(default_factory=hotness_stage.Params)
     train: train_stage.Params = Field(default_factory=train_stage.Params)
+    infer: infer_stage.Params = Field(default_factory=infer_stage.Params)
 
     @field_validator("until")
     @classmethod

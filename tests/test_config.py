@@ -22,7 +22,8 @@ FIELDS = [(stage, field) for stage in ORDER for field in STAGES[stage].Params.mo
 # values the generic rule below cannot guess (it must be valid together with every other default)
 SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("train", "gat_heads"): 8,
                                        ("train", "model"): "gcn", ("train", "model_kwargs"): {"aggr": "max"},
-                                       ("train", "loss"): "examples.custom_model:smoothed_cross_entropy"}
+                                       ("train", "loss"): "examples.custom_model:smoothed_cross_entropy",
+                                       ("infer", "fanouts"): (10, 5)}
 
 
 def _strip_optional(annotation: Any) -> Any:

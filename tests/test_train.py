@@ -30,6 +30,7 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
 from storage.store import stage_key
+from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
 
@@ -115,7 +116,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
 
 def test_artifact_files_model_and_report(reference):
     store, key = reference.store, reference.manifest.key
-    assert set(reference.manifest.files) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG}
+    assert set(reference.manifest.files) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG, event_file_name("train", key)}
     for png in (CURVES_PNG, HIT_RATE_PNG):
         assert store.read_bytes("train", key, png)[:8] == PNG
     model = build_model("sage", in_channels=16, hidden=32, out_channels=4, num_layers=2, dropout=0.3)
@@ -202,7 +203,7 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
 
     monkeypatch.delenv(FAULT_ENV)
     resumed = Run(other, params, upstream)
-    assert "resuming from the checkpoint after epoch 1" in resumed.text()
+    assert "resuming from the checkpoint after epoch 2/8" in resumed.text()
     assert resumed.metrics["resumed_from_epoch"] == 1 and reference.metrics["resumed_from_epoch"] is None
     for got, want in zip(resumed.metrics["epochs"], reference.metrics["epochs"], strict=True):
         for field in ("loss", "train_acc", "val_acc", "requested_rows", "cached_rows", "remote_rows"):

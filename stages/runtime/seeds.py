@@ -11,6 +11,8 @@ stream                      id   ``rank`` / ``epoch``   drawn by
 ``STREAM_PY``               3    rank / epoch           train: ``random`` and ``numpy.random`` (global state)
 ``STREAM_HOTNESS_FIT``      16   partition / 0          hotness: the pre-sampled epochs the cache plan is fitted on
 ``STREAM_HOTNESS_EVAL``     17   partition / 0          hotness: the held-out epoch its hit rate is measured on
+``STREAM_INFER_SAMPLER``    32   rank / layer, block    infer (``infer.fanouts``): one generator per layer and block
+                                                       of 1 024 lids (epoch = layer << 32 | block)
 ==========================  ===  =====================  =============================================================
 
 Training reseeds its streams at the start of every epoch (epoch ``E`` = the number of epochs seeds the final test
@@ -27,6 +29,7 @@ import numpy as np
 
 STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY = range(4)
 STREAM_HOTNESS_FIT, STREAM_HOTNESS_EVAL = 16, 17
+STREAM_INFER_SAMPLER = 32
 
 
 def stream_seed(seed: int, rank: int, epoch: int, stream: int) -> int:

@@ -13,15 +13,16 @@ ranks and keeps its checkpoints under ``node-<n>/``.
 
 from __future__ import annotations
 
-import logging
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stages.meter import measure
+from stages.run_log import stage_log
+from stages.tracking import require_trackers
+from stages.tracking.mlflow_runs import log_train
 from stages.train.cluster import Cluster, rank_threads
 from stages.train.host_memory import huge_page_env
 from stages.train.params import Params
@@ -30,27 +31,15 @@ from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.partition import PartitionArtifact
-from storage.report import Report, markdown_table
+from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, job_dir, read_result, result_dir, spec_path, write_train_artifact
 
 NAME = "train"
-VERSION = 2   # 2: the published model and test accuracy are the best-validation epoch's
+VERSION = 3   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
+#              publishes the last epoch's model (was the first's), and empty splits score null (was 0.0)
 UPSTREAM = ("partition", "features", "hotness")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "join", "report"]
-
-
-def _default_log() -> Callable[[str], None]:
-    """Prefect's run logger inside a flow/task run (the lines show in the UI), else the ``gnnpipe.train`` logger.
-    Prefect is only asked when already imported: importing it just to find no run would cost seconds."""
-    if "prefect" in sys.modules:
-        try:
-            from prefect import get_run_logger
-
-            return get_run_logger().info
-        except Exception:  # noqa: BLE001 - MissingContextError outside a run
-            pass
-    return logging.getLogger("gnnpipe.train").info
 
 
 @dataclass
@@ -104,29 +93,40 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         cluster: Cluster | None = None) -> Manifest:
     """Train (or find) the model for ``params`` on these upstream artifacts and publish it; ``log`` receives every
     job line. With a multi-node ``cluster`` this is the publishing node's share (node 0); the others ``join``."""
-    job = _Job(store, params, upstream, cluster or Cluster(), log or _default_log())
+    job = _Job(store, params, upstream, cluster or Cluster(), log or stage_log(NAME))
     if not job.cluster.publishes:
         raise ValueError(f"node {job.cluster.node_rank} does not publish: it joins the job with join()")
+    if force or store.find(NAME, job.key) is None:
+        require_trackers()   # tensorboard, and mlflow where MLFLOW_TRACKING_URI is set: now, not after training
+    built = False
 
     def body(writer: StageWriter) -> None:
+        from stages.tracking.events import write_train_events
         from stages.train.plot import curves_png, hit_rate_png
 
+        nonlocal built
         with measure() as cost:
             model_bytes, metrics = read_result(job.launch())
-            write_train_artifact(writer, model_bytes, metrics, curves_png(metrics),
-                                 hit_rate_png(metrics["epochs"], metrics["cache_policy"]))
+            figures = {CURVES_PNG: curves_png(metrics),
+                       HIT_RATE_PNG: hit_rate_png(metrics["epochs"], metrics["cache_policy"])}
+            write_train_artifact(writer, model_bytes, metrics, figures[CURVES_PNG], figures[HIT_RATE_PNG])
+            write_train_events(writer, metrics, {"train/figures/curves": figures[CURVES_PNG],
+                                                 "train/figures/hit_rate": figures[HIT_RATE_PNG]})
         writer.summary.update(_summary(metrics, job.num_partitions, job.cluster.nnodes))
         writer.summary.update(cost)
+        built = True
 
     manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
     job.remove_checkpoints()   # published: nothing left to resume
+    if built:   # from the published artifact: a failing tracking server costs a warning line, never the model
+        log_train(store, manifest, job.log)
     return manifest
 
 
 def join(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, cluster: Cluster,
          force: bool = False, log: Callable[[str], None] | None = None) -> None:
     """A non-publishing node's share of a multi-node job: run its ranks to the end; node 0 publishes."""
-    job = _Job(store, params, upstream, cluster, log or _default_log())
+    job = _Job(store, params, upstream, cluster, log or stage_log(NAME))
     if not force and store.find(NAME, job.key) is not None:
         job.log(f"train/{job.key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
         return
@@ -167,25 +167,32 @@ def report(manifest: Manifest) -> Report:
     m, r = s["model"], s["recipe"]
     nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
     stop = f", stopped early (patience {r['patience']})" if s["stopped_early"] else ""
+    # an empty valid or test split has no accuracy: None in the summary, "n/a" here (never "0.00 %")
+    if s["best_val_acc"] is None:
+        selected = f"(no validation split: the last epoch's model, epoch {s['best_epoch'] + 1})"
+    else:
+        selected = f"at the best validation epoch {s['best_epoch'] + 1} (val {percent(s['best_val_acc'])})"
     headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test accuracy "
-                f"{100 * s['test_acc']:.2f} % at the best validation epoch {s['best_epoch'] + 1} (val "
-                f"{100 * s['best_val_acc']:.2f} %); last epoch {s['last_epoch'] + 1}: test "
-                f"{100 * s['test_acc_last']:.2f} % | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
+                f"{percent(s['test_acc'])} {selected}; last epoch {s['last_epoch'] + 1}: test "
+                f"{percent(s['test_acc_last'])} | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
                 f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
                 f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
     cols = ("epoch", "loss", "train_acc", "val_acc", "lr", "epoch_s", "sampled_edges_per_s", "hit_rate",
             "cached_rows", "local_rows", "remote_rows", "remote_bytes")
-    table = [{**{c: e[c] for c in cols}, "epoch": e["epoch"] + 1} for e in s["epochs"]]   # 1-based, as logged
+    table = [{**{c: ("n/a" if e[c] is None else e[c]) for c in cols}, "epoch": e["epoch"] + 1}   # 1-based, as logged
+             for e in s["epochs"]]
     ranks = [{k: v for k, v in rank.items()} for rank in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
+    published = ("The published model is the best validation epoch's" if s["best_val_acc"] is not None else
+                 "The validation split is empty: the published model is the last epoch's")
     path = (" It does not follow the block protocol: each batch ran whole, every layer over every sampled node."
             if m["whole_batch"] else "")
     md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
           f"{m['parameters']:,} parameters, {m['in_channels']} features → {m['out_channels']} classes.{path} "
           f"Task: {s['task']['name']}, {s['task']['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
-          f"{r['patience']}. The published model is the best validation epoch's; \"last epoch\" is the model after "
-          f"the last epoch trained.{resumed}\n\n### Per epoch\n\n{markdown_table(table)}\n\n"
+          f"{r['patience']}. {published}; \"last epoch\" is the model after the last epoch trained.{resumed}\n\n"
+          f"### Per epoch\n\n{markdown_table(table)}\n\n"
           f"### Ranks\n\n{markdown_table(ranks)}\n")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})

@@ -8,8 +8,8 @@ checkpoints by ``checkpoint``, per-epoch reseeding of every random stream by ``r
 
 Local rank 0 of every node writes ``model.pt`` and ``metrics.json`` (identical everywhere: DDP keeps the weights
 equal and every metric is all-reduced), so the node that publishes has them whichever global ranks torchrun gave
-it. Stdout/stderr lines carry a ``[rank r]`` prefix, and a failing rank writes ``error-<r>.json`` so that the
-launcher can name it and repeat a user error's message. The process ends with ``os._exit`` (see ``train``).
+it. The rank runs in ``stages.runtime.rank_process`` (``[rank r]`` line prefixes, ``error-<r>.json`` for the
+launcher, one line for a user error); the process ends with ``os._exit`` (see ``train``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from stages.runtime.rank_process import rank_env, run_rank
 from stages.train.cluster import rank_threads
 from stages.train.faults import fault_hook
 from stages.train.guard import PeerStoppedError
@@ -34,27 +34,8 @@ from stages.train.rank_data import RankData
 from stages.train.spec import TrainSpec, check_same_artifacts
 from stages.train.trainer import Trainer
 from storage import GnnpipeError, InputError
-from storage.train import atomic_write_bytes, error_path, write_result
-
-
-class LinePrefixer:
-    """A text stream that starts every line with ``prefix`` (prints, logging, warnings and tracebacks alike)."""
-
-    def __init__(self, stream: TextIO, prefix: str) -> None:
-        self.stream, self.prefix, self._at_line_start = stream, prefix, True
-
-    def write(self, text: str) -> int:
-        pieces = []
-        for piece in text.splitlines(keepends=True):
-            if self._at_line_start:
-                pieces.append(self.prefix)
-            pieces.append(piece)
-            self._at_line_start = piece.endswith("\n")
-        self.stream.write("".join(pieces))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
+from storage.train import write_result
+from storage.write_errors import write_failure
 
 
 def pick_device(params: Params, local_rank: int, local_world: int) -> torch.device:
@@ -99,39 +80,28 @@ def check_same_inputs(spec: TrainSpec, rank: int, world: int) -> None:
     check_same_artifacts(records)
 
 
-def write_error(spec_path: str, rank: int, err: BaseException) -> None:
+def refused_write(spec_path: str, err: BaseException) -> GnnpipeError | None:
+    """One line for a write the file system refused in the job directory (checkpoints, results: a full disk, a
+    quota), or None: the rank's user error, which the launcher repeats, rather than a traceback."""
     try:
-        result_dir = json.loads(Path(spec_path).read_text())["result_dir"]
-        record = {"rank": rank, "type": type(err).__name__, "user_error": isinstance(err, GnnpipeError),
-                  "message": str(err).splitlines()[0] if str(err) else type(err).__name__}
-        atomic_write_bytes(error_path(result_dir, rank), json.dumps(record).encode())
-    except Exception:  # noqa: BLE001 - the log line is what matters; the file only helps the launcher
-        pass
+        job = json.loads(Path(spec_path).read_text())["checkpoint_dir"]
+    except Exception:  # noqa: BLE001 - no spec to name the directory by: the traceback it is
+        return None
+    failure = write_failure(err, "train", job)
+    if failure is None:
+        return None
+    return type(failure)(f"{failure} (the checkpoints written so far were kept: a rerun resumes)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one rank of the gnnpipe train stage (run by torchrun)")
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    sys.stdout = LinePrefixer(sys.stdout, f"[rank {rank}] ")
-    sys.stderr = LinePrefixer(sys.stderr, f"[rank {rank}] ")
-    print(f"pid {os.getpid()}, world size {world}, host {os.uname().nodename}", flush=True)
-    try:
-        train(TrainSpec.load(args.spec), rank, world, local_rank, local_world)
-    except GnnpipeError as err:
-        write_error(args.spec, rank, err)
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except PeerStoppedError as err:   # the rank that caused it says why, in one line; this one only records it
-        write_error(args.spec, rank, err)
-        return 1
-    except BaseException as err:  # noqa: BLE001 - report every crash with the rank's prefix, then fail
-        traceback.print_exc()
-        write_error(args.spec, rank, err)
-        return 1
-    return 0
+    env = rank_env()
+    return run_rank(args.spec, env, lambda: train(TrainSpec.load(args.spec), env.rank, env.world, env.local_rank,
+                                                   env.local_world),
+                    refused=lambda err: refused_write(args.spec, err),
+                    quiet=(PeerStoppedError,))   # the rank that caused it says why, in one line
 
 
 if __name__ == "__main__":

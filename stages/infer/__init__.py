@@ -1,0 +1,8 @@
+"""Infer stage: predictions and embeddings of every node, computed layer by layer over all partitions.
+
+- ``stage``: the stage module (``Params``, ``run``, ``report``): launches one torchrun rank per partition (the train
+  stage's launcher), then exports the ranks' per-partition outputs in orig-id order (``storage.infer``).
+- ``params``: its parameters (torch-free); ``spec``: what the stage hands the ranks; ``worker``: one rank's entry
+  point (``python -m stages.infer.worker --spec``); ``rank``: what a rank reads and writes; ``layerwise``: the
+  computation (chunks, blocks, the exchange of a layer's rows, the plain-model fallback).
+"""

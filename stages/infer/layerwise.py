@@ -1,0 +1,309 @@
+"""Layer-wise inference of a rank's own nodes: every layer for all of them, in bounded chunks (docs/design.md §6).
+
+For each layer l = 0..L-1 of the model, every rank computes layer l's output for all of its nodes, chunk by chunk::
+
+    chunk   consecutive own lids [a, b) whose in-edges + 1 each add up to at most ``chunk_edges`` (a node above
+            that is a chunk of its own)
+    n_id    the chunk's gids, then its distinct in-neighbours outside it: the block's sources, targets first
+    rows    the previous layer's rows of n_id: own ones from memory, remote ones from their owners with the feature
+            exchange (``DistFeatures.fetch_rows``: 3 ``all_to_all_single``; layer 0 reads the feature store, layer
+            l + 1 an ``InMemoryFeatureStore`` over layer l's rows of this rank's nodes)
+    out     the model's own step for one layer on that block (``block_step``: GraphSAGE, GCN with the true degrees,
+            GAT, as in training), then its activation and norm in eval mode (no dropout)
+
+Every fetch is a collective, so each rank runs the same number of chunks per layer (the largest rank's count,
+agreed once; a rank past its last chunk runs empty ones). Exact inference takes every in-edge; with ``fanouts`` a
+layer takes a uniform sample of each node's in-neighbours instead (layer l samples ``fanouts[L-1-l]``: the output
+layer ``fanouts[0]``, as the seeds' first hop in training), drawn once per node and layer, per block of
+``SAMPLE_BLOCK`` lids from the block's own stream: the same draws whatever ``chunk_edges``.
+
+Memory of a rank (n_p own nodes, widths C_0 = F features, C_1 .. C_L = classes, P ranks, E = ``chunk_edges``):
+
+- ``x``: n_p * F * itemsize during layer 0 (the feature store: in RAM, or read chunk-wise from Zarr past the memory
+  budget), released after it;
+- the layers: n_p * (C_l + C_{l+1}) * 4 bytes, the previous layer's rows and the one being computed;
+- a chunk: at most E source rows, n_id <= E (E * C_l * 4 bytes, twice with the exchange's wire copy), the answers to
+  the peers' requests (each asks at most E rows: (P - 1) * E * C_l * 4), and the block's CSR (~40 * E bytes);
+- the outputs (probabilities, stored embeddings) go to Zarr as each layer completes.
+
+Products-scale example, 2 ranks (n_p = 1.2 M, F = 100 float32, hidden 256, 47 classes), E = 2^18: x 0.48 GB,
+layers 2 * 1.2 GB, a chunk at most 3 * 0.27 GB + 10 MB: bounded by E, not by the graph.
+
+Plain models (``forward(x, edge_index)``, no per-layer step): ``WholeChunkInference`` computes each chunk's outputs
+on its full L-hop in-neighbourhood (``DistNeighborSampler`` with fanout -1 on every hop, or ``fanouts``), the whole
+model at once. Exact for message passing along in-edges (every node within L-1 hops of the chunk has all its
+in-edges; the L-hop frontier only gives features), but the neighbourhood, not the chunk, bounds its memory: give a
+model the block protocol (``stages.train.model``) for bounded memory. Embeddings come from the input of the
+model's ``convs[l + 1]`` (a forward pre-hook), when it has such a list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.dist_sampler import DistNeighborSampler
+from stages.runtime.feature_store import InMemoryFeatureStore
+from stages.runtime.sampler import LocalCSR, repeat_positions, sample_neighbors_with_counts
+from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
+from stages.train.blocks import BatchGraph, Block
+from stages.train.loader import with_degrees
+from stages.train.model import is_block_model, needs_degrees, seed_logits
+
+SAMPLE_BLOCK = 1024   # lids per sampling block: one generator each, chunks of sampled inference start at one
+
+LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
+BlockGenerator = Callable[[int], torch.Generator]   # sampling block k -> its generator
+
+
+def plan_chunks(indptr: Tensor, chunk_edges: int, align: int = 1) -> list[tuple[int, int]]:
+    """Consecutive lid ranges ``[a, b)`` whose ``sum(in-degree + 1)`` is at most ``chunk_edges`` each (a node, or an
+    ``align`` block, above that is a range of its own); they cover ``[0, n)``, and every ``a`` is a multiple of
+    ``align`` (sampled inference draws per block of ``SAMPLE_BLOCK`` lids)."""
+    n = indptr.numel() - 1
+    if n <= 0:
+        return []
+    csum = (indptr[1:].to(torch.long) + torch.arange(1, n + 1, dtype=torch.long)).cpu()   # through lid i, inclusive
+    ends = torch.cat([torch.arange(align, n, align, dtype=torch.long), torch.tensor([n])])   # block ends (lids)
+    at_end = csum.index_select(0, ends - 1)
+    out, a, base = [], 0, 0
+    while a < n:
+        k = int(torch.searchsorted(at_end, base + chunk_edges, right=True))   # blocks [0, k) within the budget
+        b = int(ends[max(k, a // align + 1) - 1])                              # at least the block starting at a
+        out.append((a, b))
+        base, a = int(csum[b - 1]), b
+    return out
+
+
+def equal_chunk_count(num_chunks: int) -> int:
+    """The largest rank's chunk count (at least 1): every rank runs that many, the last ones empty. Collective."""
+    count = torch.tensor([max(num_chunks, 1)], dtype=torch.long)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
+
+
+def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: BlockGenerator | None = None
+                   ) -> tuple[Tensor, Tensor]:
+    """``(row_pos, nbr_gid)``: the in-edges of lids ``[a, b)`` (all of them, or up to ``fanout`` sampled), grouped
+    by target in lid order (``row_pos`` = lid - a, non-decreasing). A sample is drawn per block of ``SAMPLE_BLOCK``
+    lids from that block's own generator (``block_generator(k)`` for block k; ``a`` is a block start), so it does
+    not depend on how blocks are grouped into chunks."""
+    if fanout == -1:
+        lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
+        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi]
+    if block_generator is None or a % SAMPLE_BLOCK:
+        raise ValueError("sampled chunks start at a block of SAMPLE_BLOCK lids and draw from its generator")
+    rows, nbrs = [], []
+    for start in range(a, b, SAMPLE_BLOCK):
+        stop = min(start + SAMPLE_BLOCK, b)
+        _, row_pos, nbr_gid = sample_neighbors_with_counts(csr, torch.arange(start, stop, dtype=torch.long), fanout,
+                                                           generator=block_generator(start // SAMPLE_BLOCK))
+        rows.append(row_pos + (start - a))
+        nbrs.append(nbr_gid)
+    if not rows:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    return torch.cat(rows), torch.cat(nbrs)
+
+
+def chunk_sources(start_gid: int, num_targets: int, row_pos: Tensor, nbr_gid: Tensor) -> tuple[Tensor, Tensor]:
+    """``(n_id, edge_index)`` of a chunk's block: ``n_id`` the targets' gids ``[start_gid, start_gid + T)`` then the
+    distinct other sources; ``edge_index`` [2, E] in n_id positions (row 0 source, row 1 target)."""
+    in_chunk = (nbr_gid >= start_gid) & (nbr_gid < start_gid + num_targets)
+    src_pos = torch.empty_like(nbr_gid)
+    inside = torch.nonzero(in_chunk).squeeze(1)
+    outside = torch.nonzero(~in_chunk).squeeze(1)
+    other_gid, other_slot = torch.unique(nbr_gid.index_select(0, outside), return_inverse=True)
+    src_pos.index_copy_(0, inside, nbr_gid.index_select(0, inside) - start_gid)
+    src_pos.index_copy_(0, outside, other_slot + num_targets)
+    n_id = torch.cat([torch.arange(start_gid, start_gid + num_targets, dtype=torch.long), other_gid])
+    return n_id, torch.stack([src_pos, row_pos.to(torch.long)])
+
+
+def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
+    """What the built-in models apply between two layers, in eval mode (``stages.train.model._BlockForward``,
+    PyG's ``BasicGNN``): activation (before or after) the norm; dropout is the identity."""
+    act = model.act
+    if act is not None and model.act_first:
+        h = act(h)
+    h = model.norms[layer](h)
+    if act is not None and not model.act_first:
+        h = act(h)
+    return h
+
+
+def has_layer_steps(model: torch.nn.Module) -> bool:
+    """Whether ``model`` can be run one layer at a time: a block model with the built-ins' per-layer members."""
+    return is_block_model(model) and all(hasattr(model, a) for a in ("block_step", "convs", "norms", "act"))
+
+
+@dataclass
+class LayerStats:
+    layer: int
+    seconds: float = 0.0
+    chunks: int = 0
+    edges: int = 0            # in-edges aggregated (sampled ones with fanouts)
+    source_rows: int = 0      # rows fetched for the chunks' blocks (targets included)
+    remote_rows: int = 0      # of which other ranks' rows
+    remote_bytes: int = 0
+
+
+@dataclass
+class Inference:
+    """One rank's inference of all its nodes (module docstring). ``degrees``: in-degree + 1 of any gid (GCN's
+    normalisation, ``stages.train.rank_data.degree_path``); ``fanouts``: None for exact."""
+
+    model: torch.nn.Module
+    num_layers: int
+    csr: LocalCSR
+    bounds: np.ndarray
+    degrees: DistFeatures | None
+    chunk_edges: int
+    fanouts: Sequence[int] | None = None
+    seed: int = 0
+    stats: list[LayerStats] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        if self.fanouts is not None and len(self.fanouts) != self.num_layers:
+            raise ValueError(f"{len(self.fanouts)} fanouts for a {self.num_layers}-layer model")
+        self.observed_layers: list[int] = []   # the hidden layers handed to on_hidden
+        self.chunks = plan_chunks(self.csr.indptr, self.chunk_edges, 1 if self.fanouts is None else SAMPLE_BLOCK)
+        self.num_chunks = equal_chunk_count(len(self.chunks))
+        self.layerwise = has_layer_steps(self.model)
+
+    @property
+    def path(self) -> str:
+        return "layer-wise" if self.layerwise else "whole model per chunk (L-hop neighbourhood)"
+
+    def _chunk(self, c: int) -> tuple[int, int]:
+        n = self.csr.num_nodes
+        return self.chunks[c] if c < len(self.chunks) else (n, n)
+
+    def _generator(self, layer: int, block: int = 0) -> torch.Generator:
+        """The generator of one sampling block of one layer: its draws are the same whatever the chunking."""
+        return torch.Generator().manual_seed(stream_seed(self.seed, self.rank, (layer << 32) + block,
+                                                         STREAM_INFER_SAMPLER))
+
+    def run(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
+        """The logits of every own node [n_p, C]. ``features``: the feature rows of any gid (the rank's feature
+        path; the layer-wise path drops it after layer 0); ``on_hidden(l, rows)`` receives each hidden layer in
+        ``keep`` when it is complete (to be written)."""
+        if self.layerwise:
+            return self._run_layerwise(features, keep, on_hidden)
+        return self._run_whole(features, keep, on_hidden)
+
+    # ---- the layer-wise path ------------------------------------------------------------------------------------
+    def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
+        model: Any = self.model
+        source = features
+        del features   # layer 0's source only: x is released once layer 1 reads layer 0's rows
+        h = torch.empty(0)
+        for layer in range(self.num_layers):
+            h = self._layer(model, layer, source)
+            if layer < self.num_layers - 1:
+                if layer in keep:
+                    on_hidden(layer, h)
+                    self.observed_layers.append(layer)
+                source = DistFeatures(InMemoryFeatureStore(h), self.bounds)   # the next layer reads these rows
+        return h
+
+    def _layer(self, model: Any, layer: int, source: DistFeatures) -> Tensor:
+        stats = LayerStats(layer)
+        start = time.perf_counter()
+        fanout = -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
+
+        def block_generator(block: int) -> torch.Generator:
+            return self._generator(layer, block)
+        conv, lo = model.convs[layer], self.csr.start_gid
+        row_bytes = source.store.row_bytes
+        out: Tensor | None = None
+        for c in range(self.num_chunks):
+            a, b = self._chunk(c)
+            row_pos, nbr_gid = chunk_edges_of(self.csr, a, b, fanout, block_generator)
+            n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
+            rows = source.fetch_rows(n_id).to(torch.float32)            # collective
+            deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
+            graph = BatchGraph(edge_index, n_id.numel(), b - a, deg)
+            block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
+            h = model.block_step(conv, rows, block, 1.0)
+            if layer < self.num_layers - 1:
+                h = after_layer(model, layer, h)
+            if out is None:
+                out = torch.empty((self.csr.num_nodes, h.shape[1]), dtype=h.dtype)
+            out[a:b] = h
+            remote = int(((n_id[b - a:] < lo) | (n_id[b - a:] >= lo + self.csr.num_nodes)).sum())
+            stats.chunks += int(b > a)
+            stats.edges += int(nbr_gid.numel())
+            stats.source_rows += int(n_id.numel())
+            stats.remote_rows += remote
+            stats.remote_bytes += remote * row_bytes
+        assert out is not None   # num_chunks >= 1
+        stats.seconds = round(time.perf_counter() - start, 3)
+        self.stats.append(stats)
+        return out
+
+    # ---- plain models: the whole model on each chunk's L-hop neighbourhood ----------------------------------------
+    def _run_whole(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
+        model: Any = self.model
+        fanouts = [-1] * self.num_layers if self.fanouts is None else list(self.fanouts)
+        sampler = DistNeighborSampler(self.csr, self.bounds, fanouts, generator=self._generator(0))
+        attach = needs_degrees(model)
+        convs = getattr(model, "convs", None)
+        hooked = [layer for layer in keep if isinstance(convs, torch.nn.ModuleList) and layer + 1 < len(convs)]
+        captured: dict[int, Tensor] = {}
+        targets = [0]
+
+        def hook(layer: int) -> Callable[..., None]:
+            def pre(_module: Any, args: tuple[Any, ...]) -> None:
+                x = args[0][1] if isinstance(args[0], tuple) else args[0]
+                captured[layer] = x[:targets[0]].detach()
+            return pre
+
+        handles = [convs[layer + 1].register_forward_pre_hook(hook(layer)) for layer in hooked] if convs else []
+        stats = LayerStats(-1)
+        start = time.perf_counter()
+        lo, n = self.csr.start_gid, self.csr.num_nodes
+        logits: Tensor | None = None
+        hidden: dict[int, Tensor] = {}
+        try:
+            for c in range(self.num_chunks):
+                a, b = self._chunk(c)
+                batch = sampler.sample(torch.arange(lo + a, lo + b, dtype=torch.long))   # collective
+                if attach and self.degrees is not None:
+                    with_degrees(batch, self.degrees)                                    # collective
+                x = features.fetch_rows(batch.n_id).to(torch.float32)             # collective
+                targets[0] = b - a
+                captured.clear()
+                out = seed_logits(model, x, batch)
+                if logits is None:
+                    logits = torch.empty((n, out.shape[1]), dtype=out.dtype)
+                logits[a:b] = out
+                for layer, rows in captured.items():
+                    if layer not in hidden:
+                        hidden[layer] = torch.empty((n, rows.shape[1]), dtype=rows.dtype)
+                    hidden[layer][a:b] = rows
+                remote = int(((batch.n_id < lo) | (batch.n_id >= lo + n)).sum())
+                stats.chunks += int(b > a)
+                stats.edges += int(batch.edge_index.shape[1])
+                stats.source_rows += int(batch.n_id.numel())
+                stats.remote_rows += remote
+                stats.remote_bytes += remote * features.store.row_bytes
+        finally:
+            for handle in handles:
+                handle.remove()
+        stats.seconds = round(time.perf_counter() - start, 3)
+        self.stats.append(stats)
+        for layer in sorted(hidden):
+            on_hidden(layer, hidden[layer])
+        self.observed_layers = sorted(hidden)
+        assert logits is not None
+        return logits

@@ -1,0 +1,50 @@
+"""The infer stage's parameters, importable without torch (configs validate in milliseconds).
+
+Names are the stage's own (``chunk_edges``, ``job_timeout_s``, ...): a field name another stage declares too loses
+its short name (docs/design.md §2), and ``chunk_rows``, ``timeout_s``, ``threads_per_rank`` are the features' and
+train's short names. ``fanouts`` and ``seed`` are SHARED names that do not reach this stage: ``infer.fanouts``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from stages.params import Seed, StageParams, runtime
+from stages.runtime.fanouts import validate_fanouts
+
+EmbeddingLayers = Literal["last", "all"]
+
+
+class Params(StageParams):
+    fanouts: tuple[int, ...] | None = Field(
+        None, description="null: exact inference over every in-neighbour; a list: sampled inference, one fanout "
+                          "per model layer as in training (the output layer samples fanouts[0]; -1 = all)")
+    embeddings: EmbeddingLayers = Field("last", description="last: the last hidden layer's rows (the output "
+                                                            "layer's input); all: every hidden layer's")
+    seed: Seed = Field(0, description="sampled inference only: the sampling streams")
+    chunk_edges: int = runtime(1 << 18, ge=1, description="nodes per chunk as in-edges + 1 each: a rank computes a "
+                                                          "layer for its nodes in chunks of at most this many, "
+                                                          "which bounds the neighbour rows held at once")
+    job_timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
+    peer_timeout_s: float = runtime(300.0, gt=0, description="a rank silent this long inside an exchange fails "
+                                                             "the job")
+    rank_threads: int | None = runtime(None, ge=1, description="torch threads per inference rank; null: this "
+                                                               "node's CPUs / its ranks")
+
+    @field_validator("fanouts")
+    @classmethod
+    def _fanouts(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if value is None else tuple(validate_fanouts(value))
+
+    @property
+    def exact(self) -> bool:
+        return self.fanouts is None
+
+    def key_params(self) -> dict[str, Any]:
+        """The fields that define the artifact; the sampling seed only when sampling."""
+        out = super().key_params()
+        if self.fanouts is None:
+            del out["seed"]
+        return out

@@ -1,0 +1,245 @@
+"""Infer stage: predictions and embeddings of every node, in the dataset's own ids, from the trained model.
+
+Contract: partition + features + train manifests + params → artifact ``infer/<key>/`` with ``part-<p>.zarr`` per
+partition, ``nodes.zarr`` and ``predictions.parquet`` in orig-id order, and ``metrics.json`` (format in
+``storage.infer``).
+
+One torchrun rank per partition, launched as the train stage launches its ranks (``stages.train.launcher``: own
+session, streamed logs, group teardown), on the CPU with gloo. Each rank computes every layer of the model for all
+of its nodes in bounded chunks, fetching its remote in-neighbours' rows of the previous layer from their owners
+with the feature exchange (``stages.infer.layerwise``: the algorithm and its memory bound), and writes its rows
+into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time.
+
+Exact by default (every in-edge: what the model computes on the whole graph); ``fanouts`` samples each layer's
+neighbours instead. A model without the block protocol (a plain PyG ``forward(x, edge_index)`` plug-in) is run
+whole on each chunk's full L-hop neighbourhood: exact too, but its memory is bounded by that neighbourhood rather
+than by the chunk (``layerwise``'s docstring). No checkpoints: an interrupted job reruns whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.infer.params import Params
+from stages.infer.spec import InferSpec, ranks_path
+from stages.meter import measure
+from stages.run_log import stage_log
+from stages.tracking import require_trackers
+from stages.tracking.mlflow_runs import log_infer
+from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
+from storage.features import FeaturesArtifact
+from storage.graph import SPLITS
+from storage.infer import METRICS, NODES, PREDICTIONS, SPLIT_CODES, export_orig_order, write_metrics
+from storage.partition import PartitionArtifact
+from storage.report import Report, markdown_table, percent
+from storage.store import stage_key
+
+NAME = "infer"
+VERSION = 1
+UPSTREAM = ("partition", "features", "train")
+__all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]
+
+
+class InferenceError(GnnpipeError):
+    """The inference job failed: a rank died or raised, or the job ran out of time."""
+
+
+def check_inputs(partition: Manifest, features: Manifest, train: Manifest, params: Params) -> int:
+    """The model must have been trained on these very partition and features artifacts, its plug-in code must be
+    the code it was trained with, and sampled inference needs one fanout per layer. Returns the model's depth."""
+    for name, manifest in (("partition", partition), ("features", features)):
+        got = train.upstream.get(name)
+        if got != manifest.key:
+            raise InputError(f"the train artifact {train.key} was trained on {name} {got}, not on the {name} "
+                             f"{manifest.key} given to inference; run inference on the artifacts it was trained on")
+    num_layers = len(train.params["fanouts"])
+    if params.fanouts is not None and len(params.fanouts) != num_layers:
+        raise InputError(f"infer.fanouts has {len(params.fanouts)} value(s) but the model has {num_layers} layers: "
+                         f"give one fanout per layer, or null for exact inference")
+    if "model_code" in train.params:
+        from stages.train.plugin_code import source_digest
+
+        if source_digest(train.params["model"]) != train.params["model_code"]:
+            raise InputError(f"the code of model {train.params['model']} changed since train/{train.key} was "
+                             f"trained: rerun the pipeline (which retrains it) before inference")
+    return num_layers
+
+
+_CHECKPOINTS = re.compile(r"\s*\(checkpoints kept[^)]*\)|;? the checkpoints were kept: rerun to resume")
+
+
+def _as_inference_error(err: GnnpipeError, timeout_s: float) -> GnnpipeError:
+    """The launcher's words are training's: say inference, and drop its checkpoint advice (inference keeps none)."""
+    if isinstance(err, InputError):
+        return err
+    text = _CHECKPOINTS.sub("", str(err)).replace("training", "inference")
+    if "timed out" in text:
+        text = f"{text}; raise infer.job_timeout_s (now {timeout_s:g} s) and rerun"
+    return InferenceError(text)
+
+
+def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
+        progress: bool = True, log: Callable[[str], None] | None = None) -> Manifest:
+    """Run inference (or find its artifact) for the model of ``upstream["train"]`` over every node."""
+    partition, features, trained = (upstream[name] for name in UPSTREAM)
+    num_layers = check_inputs(partition, features, trained, params)
+    if force or store.find(NAME, stage_key(NAME, VERSION, params.key_params(),
+                                           {n: m.key for n, m in upstream.items()})) is None:
+        require_trackers()   # tensorboard, and mlflow where MLFLOW_TRACKING_URI is set: before any rank starts
+    log = log or stage_log(NAME)
+    built = False
+
+    def body(writer: StageWriter) -> None:
+        from stages.tracking.events import write_infer_events
+
+        nonlocal built
+        with measure() as cost:
+            ranks = _launch(store, params, upstream, writer, log)
+            metrics = _metrics(ranks, trained, params, num_layers)
+            book = PartitionArtifact(store, partition).book()
+            label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features), book.num_partitions)
+            export = export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
+                                       num_classes=metrics["num_classes"],
+                                       embedding_layers=metrics["embedding_layers"], progress=progress)
+        metrics.update(export)
+        metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
+        metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
+        write_metrics(writer, metrics)
+        write_infer_events(writer, metrics["scalars"])
+        writer.summary.update(_summary(metrics))
+        writer.summary.update(cost)
+        built = True
+
+    manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+    if built:   # into the train build's MLflow run; a failing tracking server costs a warning line only
+        log_infer(store, manifest, trained, log)
+    return manifest
+
+
+def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], writer: StageWriter,
+            log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Run the ranks to the end (they write their parts into ``writer``'s directory); every rank's figures."""
+    from stages.train.cluster import rank_threads
+    from stages.train.launcher import launch, torchrun_command
+    from stages.train.plugins import rank_pythonpath
+
+    num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions
+    key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
+    with tempfile.TemporaryDirectory(prefix=f"gnnpipe-infer-{key}-") as job:
+        results = Path(job, "result")
+        results.mkdir()
+        spec = InferSpec(artifacts=store.root, key=key, partition_key=upstream["partition"].key,
+                         features_key=upstream["features"].key, train_key=upstream["train"].key,
+                         params=params.model_dump(mode="json"), out_url=writer.url, result_dir=str(results))
+        spec_file = str(Path(job, "spec.json"))
+        spec.save(spec_file)
+        env = {"OMP_NUM_THREADS": str(rank_threads(params.rank_threads, num_partitions)),
+               "PYTHONPATH": rank_pythonpath()}
+        try:
+            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.job_timeout_s,
+                   env=env, command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"))
+        except GnnpipeError as err:
+            raise _as_inference_error(err, params.job_timeout_s) from None
+        ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
+    return ranks
+
+
+def _labels_and_splits(features: FeaturesArtifact, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every gid's label and split code (``storage.infer.SPLIT_CODES``, -1 for none), from the partitions' stores
+    (their labels and split lids; ``x`` is not read)."""
+    labels, splits = [], []
+    for p in range(num_partitions):
+        part = features.part(p, load_x=False)
+        code = np.full(part.y.shape[0], -1, dtype=np.int8)
+        for split in SPLITS:
+            code[part.split_lids[split]] = SPLIT_CODES[split]
+        labels.append(part.y.astype(np.int64, copy=False))
+        splits.append(code)
+    return np.concatenate(labels), np.concatenate(splits)
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def sampled_accuracy(train_summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The train stage's accuracies of the published (best-validation) model, each measured on sampled
+    neighbourhoods: train as logged during its epoch (dropout on), valid and test in eval mode."""
+    best = train_summary.get("best_epoch")
+    epoch: Mapping[str, Any] = next((e for e in train_summary.get("epochs", []) if e.get("epoch") == best), {})
+    return {"train": epoch.get("train_acc"), "valid": train_summary.get("best_val_acc"),
+            "test": train_summary.get("test_acc")}
+
+
+def _metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Params, num_layers: int) -> dict[str, Any]:
+    num_classes = int(ranks[0]["num_classes"])
+    correct = {s: sum(r["correct"][s] for r in ranks) for s in SPLITS}
+    total = {s: sum(r["total"][s] for r in ranks) for s in SPLITS}
+    accuracy = {s: _ratio(correct[s], total[s]) for s in SPLITS}
+    pred_count = np.sum([r["pred_count"] for r in ranks], axis=0).astype(int).tolist()
+    label_count = np.sum([r["label_count"] for r in ranks], axis=0).astype(int).tolist()
+    remote_bytes = sum(layer["remote_bytes"] for r in ranks for layer in r["layers"])
+    scalars: dict[str, float] = {f"infer/acc_{s}": a for s, a in accuracy.items() if a is not None}
+    scalars.update({"infer/nodes": float(sum(r["nodes"] for r in ranks)),
+                    "infer/rank_wall_s_max": max(r["wall_s"] for r in ranks),
+                    "infer/rank_peak_rss_bytes_max": float(max(r["peak_rss_bytes"] for r in ranks)),
+                    "infer/remote_bytes": float(remote_bytes)})
+    return {"mode": "exact" if params.fanouts is None else "sampled",
+            "fanouts": None if params.fanouts is None else list(params.fanouts), "path": ranks[0]["path"],
+            "num_nodes": sum(r["nodes"] for r in ranks), "num_partitions": len(ranks), "num_classes": num_classes,
+            "num_layers": num_layers, "embedding_layers": ranks[0]["embedding_layers"],
+            "embeddings": params.embeddings, "accuracy": accuracy, "correct": correct, "total": total,
+            "sampled_accuracy": sampled_accuracy(trained.summary), "train_key": trained.key,
+            "model": trained.summary.get("model", {"kind": trained.params.get("model")}),
+            "pred_count": pred_count, "label_count": label_count, "ranks": ranks, "scalars": scalars}
+
+
+def _summary(m: dict[str, Any]) -> dict[str, Any]:
+    ranks = [{"rank": r["rank"], "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
+              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
+              "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
+              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
+              "layer_s": [layer["seconds"] for layer in r["layers"]]} for r in m["ranks"]]
+    keys = ("mode", "fanouts", "path", "num_nodes", "num_partitions", "num_classes", "num_layers",
+            "embedding_layers", "embeddings", "accuracy", "sampled_accuracy", "correct", "total", "train_key",
+            "pred_count", "label_count", "scalars", "exported_nodes")
+    return {**{k: m[k] for k in keys}, "ranks": ranks, "files": {"predictions": PREDICTIONS, "nodes": NODES,
+                                                                 "metrics": METRICS}}
+
+
+def report(manifest: Manifest) -> Report:
+    s = manifest.summary
+    acc, sampled = s["accuracy"], s["sampled_accuracy"]
+    how = "exact" if s["mode"] == "exact" else f"sampled ({','.join(map(str, s['fanouts']))})"
+    peak = max(r["peak_rss_mib"] for r in s["ranks"])
+    headline = (f"{how} inference of {s['num_nodes']:,} nodes on {s['num_partitions']} rank(s): accuracy train "
+                f"{percent(acc['train'])}, valid {percent(acc['valid'])}, test {percent(acc['test'])} (training's "
+                f"sampled test {percent(sampled['test'])}) | {s['wall_s']:.1f} s, peak RSS {peak:.0f} MiB/rank | "
+                f"predictions: {manifest.uri}/{PREDICTIONS}")
+    table = [{"split": split, "nodes": s["total"][split], "exact": percent(acc[split]),
+              "sampled (train stage)": percent(sampled[split])} for split in SPLITS]
+    labelled = max(sum(s["label_count"]), 1)
+    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(s["num_nodes"], 1)),
+                "labelled": s["label_count"][c], "labelled_share": percent(s["label_count"][c] / labelled)}
+               for c, n in enumerate(s["pred_count"])]
+    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "wall_s", "peak_rss_mib")
+    ranks = [{c: r[c] for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
+    emb = (f"hidden layer(s) {', '.join(map(str, s['embedding_layers']))} in `{NODES}/emb/layer-<l>`"
+           if s["embedding_layers"] else "no hidden layer observed (a 1-layer model, or a plain model without "
+                                         "`convs`)")
+    md = (f"## infer `{manifest.key}`\n\n{headline}\n\nModel of train `{s['train_key']}`, {s['num_layers']} layers, "
+          f"computed {s['path']}. Outputs in orig-id order: `{manifest.uri}/{PREDICTIONS}` (orig_id, pred, "
+          f"prob_<c>, label, split) and `{manifest.uri}/{NODES}` (pred, prob, label, split, embeddings); "
+          f"embeddings: {emb}. Per partition: `part-<p>.zarr`.\n\n"
+          f"### Accuracy\n\nThe train stage measured its accuracies on sampled neighbourhoods (train: during its "
+          f"epoch, with dropout).\n\n{markdown_table(table)}\n\n"
+          f"### Predicted classes\n\n{markdown_table(classes)}\n\n"
+          f"### Ranks\n\n{markdown_table(ranks)}\n")
+    return Report(headline, table, md)

@@ -1,0 +1,67 @@
+"""One inference rank: ``python -m stages.infer.worker --spec JOB.json``, started by torchrun (one per partition).
+
+The entry point only, as ``stages.train.worker`` is for training (both run in ``stages.runtime.rank_process``,
+which prefixes their lines and records their errors): the gloo process group on the CPU, the rank's threads, then
+``rank.infer_rank``; rank 0 gathers every rank's figures into ``ranks.json`` for the stage. The process ends with
+``os._exit`` (see ``stages.train.worker``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stages.infer.params import Params
+from stages.infer.rank import infer_rank
+from stages.infer.spec import InferSpec, ranks_path
+from stages.runtime.rank_process import rank_env, run_rank
+from stages.train.cluster import rank_threads
+from storage import GnnpipeError
+from storage.train import atomic_write_bytes
+from storage.write_errors import write_failure
+
+
+def infer(spec: InferSpec, rank: int, world: int, local_world: int) -> None:
+    """Run global rank ``rank`` of the job to the end: its outputs written, rank 0's ``ranks.json`` too."""
+    params = Params(**spec.params)
+    torch.set_num_threads(rank_threads(params.rank_threads, local_world))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=params.peer_timeout_s))
+    record = infer_rank(spec, rank, world, local_world)
+    records: list[Any] = [None] * world
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        atomic_write_bytes(ranks_path(spec.result_dir), json.dumps(records, indent=2).encode())
+    dist.barrier()
+
+
+def _refused_write(spec_path: str, err: BaseException) -> GnnpipeError | None:
+    """One line for a write of this rank's outputs that the file system refused under the artifact root (a full
+    disk, a quota), or None (``storage.write_errors``)."""
+    try:
+        root = InferSpec.load(spec_path).artifacts
+    except GnnpipeError:   # no spec to name the root by: the traceback it is
+        return None
+    return write_failure(err, "infer", root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="one rank of the gnnpipe infer stage (run by torchrun)")
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    env = rank_env()
+    return run_rank(args.spec, env, lambda: infer(InferSpec.load(args.spec), env.rank, env.world, env.local_world),
+                    refused=lambda err: _refused_write(args.spec, err))
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # skip interpreter teardown of torch.distributed state (see stages.train.worker)

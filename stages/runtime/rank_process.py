@@ -1,0 +1,98 @@
+"""What every rank process started by torchrun does around its work (the train and infer workers share it).
+
+Its stdout/stderr lines carry a ``[rank r]`` prefix; a failing rank writes ``error-<r>.json`` into the job's result
+directory so that the launcher (``stages.train.launcher``) can name it and repeat a user error's message; a user
+error, or a write the file system refused (a full disk: ``refused``), is one ``error:`` line and exit code 2, any
+other exception its traceback and exit code 1. The caller ends the process with ``os._exit(code)``: tearing down
+torch.distributed state at interpreter exit was seen to deadlock (``stages.train.worker``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from storage import GnnpipeError
+from storage.train import atomic_write_bytes, error_path
+
+__all__ = ["LinePrefixer", "RankEnv", "rank_env", "run_rank", "write_error"]
+
+
+class LinePrefixer:
+    """A text stream that starts every line with ``prefix`` (prints, logging, warnings and tracebacks alike)."""
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self.stream, self.prefix, self._at_line_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start:
+                pieces.append(self.prefix)
+            pieces.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+class RankEnv:
+    """torchrun's environment of this process: global and local rank and world size."""
+
+    def __init__(self, environ: dict[str, str] | os._Environ[str]) -> None:
+        self.rank, self.world = int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(environ.get("LOCAL_RANK", 0))
+        self.local_world = int(environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def rank_env() -> RankEnv:
+    return RankEnv(os.environ)
+
+
+def write_error(spec_path: str, rank: int, err: BaseException) -> None:
+    """``error-<rank>.json`` in the result directory the job spec names (best effort: the log line matters more)."""
+    try:
+        result_dir = json.loads(Path(spec_path).read_text())["result_dir"]
+        record = {"rank": rank, "type": type(err).__name__, "user_error": isinstance(err, GnnpipeError),
+                  "message": str(err).splitlines()[0] if str(err) else type(err).__name__}
+        atomic_write_bytes(error_path(result_dir, rank), json.dumps(record).encode())
+    except Exception:  # noqa: BLE001 - the log line is what matters; the file only helps the launcher
+        pass
+
+
+def run_rank(spec_path: str, env: RankEnv, work: Callable[[], None], *,
+             refused: Callable[[BaseException], GnnpipeError | None],
+             quiet: tuple[type[BaseException], ...] = ()) -> int:
+    """Run ``work`` as rank ``env.rank`` of a job; the process's exit code (see the module docstring).
+
+    ``refused(err)``: the one-line error for a write the file system refused, or None. ``quiet``: exceptions that
+    are consequences of another rank's failure (that rank says why): recorded, not printed.
+    """
+    sys.stdout = LinePrefixer(sys.stdout, f"[rank {env.rank}] ")
+    sys.stderr = LinePrefixer(sys.stderr, f"[rank {env.rank}] ")
+    print(f"pid {os.getpid()}, world size {env.world}, host {os.uname().nodename}", flush=True)
+    try:
+        work()
+    except GnnpipeError as err:
+        write_error(spec_path, env.rank, err)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except quiet as err:
+        write_error(spec_path, env.rank, err)
+        return 1
+    except BaseException as err:  # noqa: BLE001 - report every crash with the rank's prefix, then fail
+        if (one_line := refused(err)) is not None:   # e.g. a full disk: one line, no traceback
+            write_error(spec_path, env.rank, one_line)   # may fail too: the launcher also reads the line below
+            print(f"error: {one_line}", file=sys.stderr, flush=True)
+            return 2
+        traceback.print_exc()
+        write_error(spec_path, env.rank, err)
+        return 1
+    return 0

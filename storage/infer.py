@@ -1,0 +1,283 @@
+"""The infer artifact format: per-partition outputs written by the ranks, and their exports in orig-id order.
+
+ID spaces (docs/design.md §4): a part's rows are the **lids** of partition p (row i is gid ``start_gid + i``); the
+exports' rows are **orig** ids (row i is the dataset's node i), so they join the dataset's own tables on
+``orig_id``.
+
+Artifact ``infer/<key>/``:
+
+- ``part-<p>.zarr`` (written by rank p: ``open_part_outputs``, ``write_part_embedding``,
+  ``write_part_predictions``): ``pred`` int64 [n_p] (argmax class), ``prob`` float32 [n_p, C] (softmax of the
+  logits), ``emb/layer-<l>`` float32 [n_p, H_l] for each stored hidden layer l (0-based: layer l's output after
+  its activation and norm, the input of layer l + 1; the last hidden layer is ``L - 2`` of an L-layer model), and
+  ``orig_id`` int64 [n_p] (added by the stage's export). Attrs: part, start_gid, num_nodes, num_classes,
+  embedding_layers.
+- ``nodes.zarr``: the same in orig-id order (row i = orig id i): ``pred`` [N], ``prob`` [N, C], ``label`` int64 [N]
+  (-1 = unlabelled), ``split`` int8 [N] (``SPLIT_CODES``: 0 train, 1 valid, 2 test, -1 none), ``emb/layer-<l>``
+  [N, H_l]. Attrs: num_nodes, num_classes, embedding_layers, split_codes.
+- ``predictions.parquet``: one row per node in orig-id order (one row group per export chunk): ``orig_id`` int64,
+  ``pred`` int64, ``prob_<c>`` float32 for each class c, ``label`` int64 (-1 = unlabelled), ``split`` (dictionary
+  of train / valid / test; null for none).
+- ``metrics.json``: the stage's figures (``stages.infer.stage``), with the flat ``scalars`` a tracker logs.
+
+Every Zarr array carries the crc32c codec (``storage.zarr_io``). pyarrow is imported only where Parquet is
+written or read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+import zarr.codecs
+
+from storage.errors import ArtifactError
+from storage.graph import SPLITS
+from storage.partition import PartitionBook
+from storage.store import ArtifactHandle, StageWriter
+from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, write_array
+
+if TYPE_CHECKING:
+    import pyarrow
+
+NODES = "nodes.zarr"
+PREDICTIONS = "predictions.parquet"
+METRICS = "metrics.json"
+SPLIT_CODES: dict[str, int] = {name: code for code, name in enumerate(SPLITS)}   # -1: in no split
+PART_CHUNK_ROWS = 1 << 14     # a part's rows per chunk: an export chunk reads few rows it does not use
+EXPORT_CHUNK_BYTES = 64 << 20
+
+
+def _part_name(p: int) -> str:
+    return f"part-{p}.zarr"
+
+
+def _layer_name(layer: int) -> str:
+    return f"layer-{layer}"
+
+
+# ---- the ranks' outputs -------------------------------------------------------------------------------------------
+def open_part_outputs(artifact_url: str, part: int) -> zarr.Group:
+    """Rank ``part``'s ``part-<part>.zarr`` in the artifact being written at ``artifact_url`` (the stage's
+    ``StageWriter.url``, which the job spec hands the ranks): ``write_part_embedding`` as each hidden layer is done,
+    then ``write_part_predictions`` last."""
+    return open_group(f"{artifact_url}/{_part_name(part)}", mode="w")
+
+
+def write_part_embedding(group: zarr.Group, layer: int, rows: np.ndarray) -> None:
+    """Hidden layer ``layer``'s rows (by lid) of the part ``group``."""
+    emb = open_subgroup(group, "emb") if "emb" in group else group.create_group("emb")
+    write_array(emb, _layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+
+
+def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred: np.ndarray, prob: np.ndarray,
+                           embedding_layers: Sequence[int]) -> None:
+    """The part's predicted classes and probabilities (by lid), and its attrs (written last: a part without them
+    is incomplete)."""
+    if "emb" not in group:
+        group.create_group("emb")
+    write_array(group, "pred", pred.astype(np.int64, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    write_array(group, "prob", prob.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(pred.shape[0]),
+                        "num_classes": int(prob.shape[1]), "embedding_layers": sorted(int(k) for k in
+                                                                                      embedding_layers)})
+
+
+@dataclass
+class InferPart:
+    """Partition p's outputs, rows by lid."""
+
+    part: int
+    start_gid: int
+    pred: np.ndarray                 # int64 [n_p]
+    prob: np.ndarray                 # float32 [n_p, C]
+    embeddings: dict[int, np.ndarray]   # hidden layer -> float32 [n_p, H]
+    orig_id: np.ndarray | None       # int64 [n_p]; None before the export added it
+
+
+def _read_part(url: str) -> InferPart:
+    g = open_group(url)
+    attrs = dict(g.attrs)
+    if "part" not in attrs:
+        raise ArtifactError(f"{url} is not a gnnpipe inference part (no attrs); rerun the infer stage")
+    emb = open_subgroup(g, "emb")
+    layers = attrs.get("embedding_layers", [])
+    if not isinstance(layers, list):
+        raise ArtifactError(f"attr 'embedding_layers' of {url} is {layers!r}, not a list; rerun the infer stage")
+    return InferPart(part=attr_int(attrs, "part", url), start_gid=attr_int(attrs, "start_gid", url),
+                     pred=read_array(g, "pred"), prob=read_array(g, "prob"),
+                     embeddings={int(str(layer)): read_array(emb, _layer_name(int(str(layer)))) for layer in layers},
+                     orig_id=read_array(g, "orig_id") if "orig_id" in g else None)
+
+
+# ---- the export in orig-id order ----------------------------------------------------------------------------------
+def export_rows(num_classes: int, widths: Sequence[int]) -> int:
+    """Orig ids per export chunk: about ``EXPORT_CHUNK_BYTES`` of outputs, within [8 192, 1 048 576] rows."""
+    row_bytes = 8 * 3 + 1 + 4 * (num_classes + sum(widths))
+    return int(min(1 << 20, max(8192, EXPORT_CHUNK_BYTES // row_bytes)))
+
+
+def _create(group: zarr.Group, name: str, shape: tuple[int, ...], dtype: Any, chunk_rows: int) -> zarr.Array:
+    """An empty row-chunked array with the crc32c codec (``storage.zarr_io.write_array``'s layout), written chunk
+    by chunk."""
+    return group.create_array(name, shape=shape, dtype=dtype, chunks=(max(1, min(chunk_rows, shape[0] or 1)),
+                                                                       *shape[1:]),
+                              compressors=[zarr.codecs.Crc32cCodec()], fill_value=0, overwrite=True)
+
+
+def _rows(array: zarr.Array, lid: np.ndarray) -> np.ndarray:
+    """``array[lid]`` for sorted lids: one slice read when they are contiguous (a book from the partition stage
+    keeps orig order within a part, so an orig range is a lid range), else the touched chunks only."""
+    if lid.size == 0:
+        return np.empty((0, *array.shape[1:]), dtype=array.dtype)
+    lo, hi = int(lid[0]), int(lid[-1]) + 1
+    if hi - lo == lid.size:
+        return np.asarray(array[lo:hi])
+    return np.asarray(array.get_orthogonal_selection((lid,)))
+
+
+def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid: np.ndarray,
+                      split_of_gid: np.ndarray, num_classes: int, embedding_layers: Sequence[int],
+                      chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
+    """Read the ranks' ``part-<p>.zarr`` outputs back and write ``nodes.zarr`` and ``predictions.parquet`` in orig-id
+    order, one chunk of orig ids at a time (memory: one chunk's rows, plus the book's and the labels' N-long integer
+    arrays); add ``orig_id`` to each part. ``split_of_gid``: int8 ``SPLIT_CODES`` (-1: none). Returns figures."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage.progress import progress as tqdm
+
+    num_nodes, bounds = book.num_nodes, book.bounds
+    parts = [open_group(writer.file_url(_part_name(p)), mode="r+") for p in range(book.num_partitions)]
+    for p, g in enumerate(parts):
+        write_array(g, "orig_id", book.orig_of_gid[bounds[p]:bounds[p + 1]], chunk_rows=PART_CHUNK_ROWS)
+    preds = [open_array(g, "pred") for g in parts]
+    probs = [open_array(g, "prob") for g in parts]
+    embs = {layer: [open_array(open_subgroup(g, "emb"), _layer_name(layer)) for g in parts]
+            for layer in embedding_layers}
+    widths = {layer: int(arrays[0].shape[1]) for layer, arrays in embs.items()}
+    rows = chunk_rows or export_rows(num_classes, list(widths.values()))
+
+    out = open_group(writer.file_url(NODES), mode="w")
+    pred_out = _create(out, "pred", (num_nodes,), np.int64, rows)
+    prob_out = _create(out, "prob", (num_nodes, num_classes), np.float32, rows)
+    label_out = _create(out, "label", (num_nodes,), np.int64, rows)
+    split_out = _create(out, "split", (num_nodes,), np.int8, rows)
+    emb_group = out.create_group("emb")
+    emb_out = {layer: _create(emb_group, _layer_name(layer), (num_nodes, w), np.float32, rows)
+               for layer, w in widths.items()}
+    out.attrs.update({"num_nodes": num_nodes, "num_classes": num_classes,
+                      "embedding_layers": sorted(widths), "split_codes": SPLIT_CODES})
+
+    prob_names = [f"prob_{c}" for c in range(num_classes)]
+    schema = pa.schema([("orig_id", pa.int64()), ("pred", pa.int64()), *[(n, pa.float32()) for n in prob_names],
+                        ("label", pa.int64()), ("split", pa.dictionary(pa.int8(), pa.string()))])
+    split_names = pa.array(list(SPLITS), type=pa.string())
+    import fsspec
+
+    with fsspec.open(writer.file_url(PREDICTIONS), "wb") as f, pq.ParquetWriter(f, schema) as table_writer:
+        starts = range(0, num_nodes, rows)
+        for start in tqdm(starts, desc="infer: export in orig-id order", unit="chunk", leave=False,
+                          disable=not progress or len(starts) < 4):
+            stop = min(start + rows, num_nodes)
+            gid = book.gid_of_orig[start:stop]
+            owner = np.searchsorted(bounds, gid, side="right") - 1
+            pred = np.empty(stop - start, dtype=np.int64)
+            prob = np.empty((stop - start, num_classes), dtype=np.float32)
+            emb = {layer: np.empty((stop - start, w), dtype=np.float32) for layer, w in widths.items()}
+            for p in np.unique(owner).tolist():
+                pos = np.flatnonzero(owner == p)
+                lid = gid[pos] - bounds[p]
+                order = np.argsort(lid, kind="stable")
+                sorted_lid, sorted_pos = lid[order], pos[order]
+                pred[sorted_pos] = _rows(preds[p], sorted_lid)
+                prob[sorted_pos] = _rows(probs[p], sorted_lid)
+                for layer, arrays in embs.items():
+                    emb[layer][sorted_pos] = _rows(arrays[p], sorted_lid)
+            label, split = label_of_gid[gid], split_of_gid[gid]
+            pred_out[start:stop], prob_out[start:stop] = pred, prob
+            label_out[start:stop], split_out[start:stop] = label, split
+            for layer, rows_out in emb.items():
+                emb_out[layer][start:stop] = rows_out
+            split_col = pa.DictionaryArray.from_arrays(pa.array(split, mask=split < 0), split_names)
+            columns = [pa.array(np.arange(start, stop, dtype=np.int64)), pa.array(pred),
+                       *[pa.array(prob[:, c]) for c in range(num_classes)], pa.array(label), split_col]
+            table_writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+    return {"export_chunk_rows": rows, "exported_nodes": num_nodes}
+
+
+def write_metrics(writer: StageWriter, metrics: dict[str, Any]) -> None:
+    writer.write_json(METRICS, metrics)
+
+
+# ---- reading -------------------------------------------------------------------------------------------------------
+class InferArtifact(ArtifactHandle):
+    """The infer stage's artifact, read through its manifest."""
+
+    STAGE = "infer"
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.manifest.summary["num_partitions"])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.manifest.summary["num_classes"])
+
+    @property
+    def embedding_layers(self) -> list[int]:
+        return [int(layer) for layer in self.manifest.summary["embedding_layers"]]
+
+    @property
+    def predictions_url(self) -> str:
+        """``predictions.parquet``: open it with pandas/pyarrow/polars (column ``orig_id`` is the join key)."""
+        return self._url(PREDICTIONS)
+
+    @property
+    def nodes_url(self) -> str:
+        """``nodes.zarr``, every output in orig-id order."""
+        return self._url(NODES)
+
+    def part(self, p: int) -> InferPart:
+        """Partition p's outputs, rows by lid."""
+        return _read_part(self._url(_part_name(p)))
+
+    def parts(self) -> Iterator[InferPart]:
+        for p in range(self.num_partitions):
+            yield self.part(p)
+
+    def nodes(self) -> zarr.Group:
+        """``nodes.zarr`` opened lazily."""
+        return open_group(self.nodes_url)
+
+    def node_array(self, name: str) -> zarr.Array:
+        """``pred``, ``prob``, ``label`` or ``split`` of ``nodes.zarr`` (orig-id order), opened lazily."""
+        return open_array(self.nodes(), name)
+
+    def embeddings(self, layer: int | None = None) -> zarr.Array:
+        """Hidden layer ``layer``'s rows in orig-id order (default: the last one stored), opened lazily."""
+        layers = self.embedding_layers
+        if not layers:
+            raise ArtifactError(f"infer/{self.manifest.key} holds no embeddings (a model with no hidden layer, or "
+                                f"one whose layers could not be observed)")
+        chosen = layers[-1] if layer is None else layer
+        if chosen not in layers:
+            raise ArtifactError(f"infer/{self.manifest.key} holds hidden layers {layers}, not {chosen}; "
+                                f"set infer.embeddings=all for every hidden layer")
+        return open_array(open_subgroup(self.nodes(), "emb"), _layer_name(chosen))
+
+    def predictions(self) -> pyarrow.Table:
+        """``predictions.parquet`` as a pyarrow Table (``.to_pandas()`` for a DataFrame)."""
+        import fsspec
+        import pyarrow.parquet as pq
+
+        with fsspec.open(self.predictions_url, "rb") as f:
+            return pq.read_table(f)
+
+    def metrics(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.store.read_bytes(self.STAGE, self.manifest.key, METRICS))
+        return data

@@ -1,0 +1,75 @@
+"""Small graphs built through the real stages up to train, and the single-process full-graph reference the infer
+stage's outputs are checked against (kept free of pytest: the benchmark imports it too)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from stages.infer.rank import train_params
+from stages.train.plugins import make_model
+from storage import ArtifactStore, Manifest
+from storage.features import FeaturesArtifact
+from storage.graph import GraphArtifact
+from storage.train import MODEL
+from tests._train_pipeline import build_without_prefect
+
+# 3 000 nodes, 4 classes: a training epoch and an inference job take a second or two on one core per rank
+GRAPH: dict[str, Any] = {"num_nodes": 3000, "avg_degree": 10.0, "num_features": 16, "num_classes": 4, "seed": 1,
+                         "split": (0.3, 0.1, 0.6)}
+
+
+def build_to_train(root: str, num_partitions: int, *, model: str = "sage", fanouts: tuple[int, ...] = (5, 5),
+                   graph: dict[str, Any] | None = None, **train: Any) -> tuple[ArtifactStore, dict[str, Manifest]]:
+    """download → partition → features → hotness → train (2 short epochs, one thread per rank)."""
+    values = {f"download.{k}": v for k, v in (graph or GRAPH).items()}
+    values.update({"artifacts": root, "num_partitions": num_partitions, "fanouts": fanouts, "batch_size": 256,
+                   "model": model, "hidden": 16, "epochs": 2, "lr": 0.01, "threads_per_rank": 1,
+                   "timeout_s": 300.0, "collective_timeout_s": 60.0, "until": "train",
+                   **{f"train.{k}": v for k, v in train.items()}})
+    return build_without_prefect(values)
+
+
+@dataclass
+class Reference:
+    """The trained model run once on the whole graph, in orig ids, in eval mode (PyG's own forward)."""
+
+    prob: np.ndarray                   # [N, C]
+    logits: np.ndarray                 # [N, C]
+    hidden: dict[int, np.ndarray]      # hidden layer l -> the input of convs[l + 1], [N, H]
+    y: np.ndarray
+    splits: dict[str, np.ndarray]
+
+
+def full_graph_reference(store: ArtifactStore, manifests: dict[str, Manifest]) -> Reference:
+    graph = GraphArtifact(store, manifests["download"]).read()
+    features = FeaturesArtifact(store, manifests["features"])
+    trained = manifests["train"]
+    params = train_params(trained)
+    model = make_model(params.model, params.model_kwargs, in_channels=features.num_features, hidden=params.hidden,
+                       out_channels=features.num_classes, num_layers=params.num_layers, dropout=params.dropout,
+                       heads=params.gat_heads)
+    model.load_state_dict(torch.load(io.BytesIO(store.read_bytes("train", trained.key, MODEL)), weights_only=True))
+    model.eval()
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    edge_index = torch.from_numpy(np.stack([graph.indices, dst]).astype(np.int64))
+    hidden: dict[int, np.ndarray] = {}
+    convs: Any = model.convs
+
+    def capture(layer: int) -> Any:
+        def pre(_module: Any, args: tuple[Any, ...]) -> None:
+            hidden[layer] = args[0].detach().numpy().copy()
+        return pre
+
+    handles = [convs[layer + 1].register_forward_pre_hook(capture(layer)) for layer in range(len(convs) - 1)]
+    assert graph.x is not None
+    with torch.no_grad():
+        logits = model(torch.from_numpy(graph.x).float(), edge_index)
+    for handle in handles:
+        handle.remove()
+    return Reference(prob=torch.softmax(logits, 1).numpy(), logits=logits.numpy(), hidden=hidden, y=graph.y,
+                     splits=graph.splits)

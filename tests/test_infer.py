@@ -1,0 +1,314 @@
+"""The infer stage: exact distributed inference equals the model's forward pass on the whole graph (same weights,
+float reassociation apart), every orig id exported once and in order, the stage cached, a plug-in model; and the
+computation's pieces in one process (no torchrun)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from flows.config import ORDER, make_config, stage_keys
+from stages.infer import stage as infer
+from stages.infer.layerwise import Inference, plan_chunks
+from stages.infer.params import Params
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.feature_store import InMemoryFeatureStore
+from stages.runtime.sampler import LocalCSR
+from stages.train.launcher import TrainingError
+from stages.train.model import build_model, needs_degrees
+from stages.train.rank_data import degree_path
+from storage import ArtifactStore, InputError, Manifest
+from storage.graph import SPLITS
+from storage.infer import InferArtifact
+from tests._infer_pipeline import Reference, build_to_train, full_graph_reference
+
+ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph
+
+
+# ---- end to end: torchrun ranks, then the export ----------------------------------------------------------------
+@dataclass
+class Case:
+    store: ArtifactStore
+    manifests: dict[str, Manifest]
+    manifest: Manifest
+    reference: Reference
+    lines: list[str]
+
+    @property
+    def artifact(self) -> InferArtifact:
+        return InferArtifact(self.store, self.manifest)
+
+
+def _case(root: str, num_partitions: int, infer_params: dict[str, Any], **train: Any) -> Case:
+    store, manifests = build_to_train(root, num_partitions, **train)
+    lines: list[str] = []
+    params = Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, **infer_params)
+    manifest = infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lines.append)
+    return Case(store, manifests, manifest, full_graph_reference(store, manifests), lines)
+
+
+@pytest.fixture(scope="module")
+def sage2(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """GraphSAGE, 2 layers, 2 partitions; chunks of ~2 000 edges (several per rank and layer)."""
+    return _case(str(tmp_path_factory.mktemp("sage2")), 2, {"chunk_edges": 2000})
+
+
+@pytest.fixture(scope="module")
+def gcn3(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """GCN (true degrees), 3 layers, 3 partitions, every hidden layer stored; ranks with unequal chunk counts."""
+    return _case(str(tmp_path_factory.mktemp("gcn3")), 3, {"chunk_edges": 1500, "embeddings": "all"},
+                 model="gcn", fanouts=(5, 5, 5))
+
+
+@pytest.fixture(scope="module")
+def plugin2(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """The README's plug-in (a plain PyG model with a skip connection): the whole model per chunk's 2-hop
+    neighbourhood."""
+    return _case(str(tmp_path_factory.mktemp("plugin2")), 2, {"chunk_edges": 3000},
+                 model="examples.custom_model:build")
+
+
+def check_against_reference(case: Case, layers: list[int]) -> None:
+    art, ref = case.artifact, case.reference
+    n = ref.y.shape[0]
+    table = art.predictions()
+    orig_id = table["orig_id"].to_numpy()
+    np.testing.assert_array_equal(orig_id, np.arange(n))   # every orig id once, in order
+    prob = np.stack([table[f"prob_{c}"].to_numpy() for c in range(art.num_classes)], axis=1)
+    np.testing.assert_allclose(prob, ref.prob, rtol=0, atol=ATOL)
+    pred = table["pred"].to_numpy()
+    top2 = np.sort(ref.logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4   # a near-tie may flip under reassociation
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(pred[clear], ref.logits.argmax(1)[clear])
+    np.testing.assert_array_equal(table["label"].to_numpy(), ref.y)
+    split = table["split"].to_pylist()
+    for name in SPLITS:
+        assert sorted(np.flatnonzero([s == name for s in split]).tolist()) == sorted(ref.splits[name].tolist())
+    assert split.count(None) == n - sum(len(ref.splits[s]) for s in SPLITS)
+
+    np.testing.assert_array_equal(np.asarray(art.node_array("pred")[:]), pred)
+    np.testing.assert_allclose(np.asarray(art.node_array("prob")[:]), prob, atol=0)
+    np.testing.assert_array_equal(np.asarray(art.node_array("label")[:]), ref.y)
+    assert art.embedding_layers == layers
+    for layer in layers:
+        np.testing.assert_allclose(np.asarray(art.embeddings(layer)[:]), ref.hidden[layer], rtol=1e-5, atol=ATOL)
+
+    # the parts: rows by lid, with their orig ids; together every node once
+    parts = list(art.parts())
+    assert len(parts) == art.num_partitions
+    all_orig = np.concatenate([p.orig_id for p in parts if p.orig_id is not None])
+    np.testing.assert_array_equal(np.sort(all_orig), np.arange(n))
+    for p in parts:
+        assert p.orig_id is not None
+        np.testing.assert_array_equal(p.pred, pred[p.orig_id])
+        for layer in layers:
+            np.testing.assert_allclose(p.embeddings[layer], ref.hidden[layer][p.orig_id], rtol=1e-5, atol=ATOL)
+
+    s = case.manifest.summary
+    for name in SPLITS:
+        ids = ref.splits[name]
+        assert s["correct"][name] == int((pred[ids] == ref.y[ids]).sum()) and s["total"][name] == len(ids)
+    assert s["num_nodes"] == n and sum(s["pred_count"]) == n
+    assert s["pred_count"] == np.bincount(pred, minlength=art.num_classes).tolist()
+
+
+@pytest.mark.slow
+def test_exact_inference_on_two_partitions_equals_the_whole_graph_sage(sage2: Case):
+    check_against_reference(sage2, layers=[0])
+    s = sage2.manifest.summary
+    assert s["mode"] == "exact" and s["path"] == "layer-wise" and s["num_partitions"] == 2
+    assert all(r["chunks"] > 1 and r["remote_mib"] > 0 and r["peak_rss_mib"] > 0 for r in s["ranks"])
+
+
+@pytest.mark.slow
+def test_exact_inference_on_three_partitions_equals_the_whole_graph_gcn_all_layers(gcn3: Case):
+    check_against_reference(gcn3, layers=[0, 1])
+    s = gcn3.manifest.summary
+    assert s["num_partitions"] == 3 and s["num_layers"] == 3 and s["embedding_layers"] == [0, 1]
+    assert len({r["chunks"] for r in s["ranks"]}) >= 1 and all(len(r["layer_s"]) == 3 for r in s["ranks"])
+
+
+@pytest.mark.slow
+def test_a_plain_plugin_model_runs_whole_on_each_chunks_neighbourhood(plugin2: Case):
+    check_against_reference(plugin2, layers=[0])
+    assert plugin2.manifest.summary["path"].startswith("whole model per chunk")
+
+
+@pytest.mark.slow
+def test_report_metrics_and_files(sage2: Case):
+    man, art = sage2.manifest, sage2.artifact
+    assert {"predictions.parquet", "metrics.json"} <= set(man.files)
+    assert any(f.startswith("nodes.zarr/") for f in man.files) and any(f.startswith("part-1.zarr/") for f in man.files)
+    rep = infer.report(man)
+    assert "exact inference of 3,000 nodes on 2 rank(s)" in rep.headline and "predictions.parquet" in rep.headline
+    assert [row["split"] for row in rep.table] == list(SPLITS)
+    train_summary = sage2.manifests["train"].summary
+    assert man.summary["sampled_accuracy"]["test"] == train_summary["test_acc"]
+    metrics = art.metrics()
+    assert metrics["scalars"]["infer/acc_test"] == man.summary["accuracy"]["test"]
+    assert all(isinstance(v, float) for v in metrics["scalars"].values())
+    assert len(metrics["ranks"]) == 2 and all(r["peak_rss_bytes"] > 0 for r in metrics["ranks"])
+
+
+@pytest.mark.slow
+def test_the_stage_is_cached_and_runtime_settings_are_not_in_its_key(sage2: Case):
+    before = [b for b in sage2.store.builds() if b["stage"] == "infer"]
+    again = infer.run(sage2.store, Params(rank_threads=2, chunk_edges=123, job_timeout_s=5.0),
+                      {u: sage2.manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
+    assert again.key == sage2.manifest.key and again.build_id == sage2.manifest.build_id
+    assert [b for b in sage2.store.builds() if b["stage"] == "infer"] == before and len(before) == 1
+
+
+@pytest.mark.slow
+def test_sampled_inference_is_an_artifact_of_its_own(sage2: Case):
+    sampled = infer.run(sage2.store, Params(fanouts=(3, 3), rank_threads=1, chunk_edges=2000),
+                        {u: sage2.manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
+    s = sampled.summary
+    assert sampled.key != sage2.manifest.key and s["mode"] == "sampled" and s["fanouts"] == [3, 3]
+    assert infer.report(sampled).headline.startswith("sampled (3,3) inference of 3,000 nodes")
+    art = InferArtifact(sage2.store, sampled)
+    for rank in art.metrics()["ranks"]:   # a layer aggregates at most 3 sampled in-neighbours of each node
+        assert all(0 < layer["edges"] <= 3 * rank["nodes"] for layer in rank["layers"])
+    prob = np.asarray(art.node_array("prob")[:])
+    np.testing.assert_allclose(prob.sum(1), 1.0, atol=1e-5)
+    assert np.abs(prob - sage2.reference.prob).max() > 1e-3   # not the exact outputs
+
+
+# ---- in one process: the computation, the params, the checks ----------------------------------------------------
+def _random_graph(n: int = 400, edges: int = 2500, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A symmetric graph without self loops or duplicates: ``(indptr, indices, edge_index)``, incoming CSR."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, edges), rng.integers(0, n, edges)
+    keep = src != dst
+    e = np.unique(np.stack([np.r_[src[keep], dst[keep]], np.r_[dst[keep], src[keep]]]), axis=1)
+    e = e[:, np.lexsort((e[0], e[1]))]
+    return np.r_[0, np.cumsum(np.bincount(e[1], minlength=n))], e[0], e
+
+
+def _run_one_process(model: torch.nn.Module, num_layers: int, x: torch.Tensor, indptr: np.ndarray,
+                     indices: np.ndarray, **kwargs: Any) -> tuple[torch.Tensor, dict[int, torch.Tensor], Inference]:
+    n = x.shape[0]
+    csr = LocalCSR.from_numpy(indptr, indices)
+    deg = degree_path(csr, np.array([0, n]), torch.device("cpu")) if needs_degrees(model) else None
+    engine = Inference(model, num_layers, csr, np.array([0, n]), deg, **kwargs)
+    hidden: dict[int, torch.Tensor] = {}
+    with torch.inference_mode():
+        out = engine.run(DistFeatures(InMemoryFeatureStore(x), [0, n]), list(range(num_layers - 1)),
+                         lambda layer, rows: hidden.__setitem__(layer, rows.clone()))
+    return out, hidden, engine
+
+
+def test_chunks_cover_every_node_within_the_edge_budget():
+    indptr = torch.tensor([0, 3, 3, 103, 104, 110, 111])   # degrees 3, 0, 100 (a hub), 1, 6, 1
+    chunks = plan_chunks(indptr, 9)   # weights (in-degree + 1) 4, 1, 101, 2, 7, 2
+    assert chunks == [(0, 2), (2, 3), (3, 5), (5, 6)]
+    weight = torch.diff(indptr) + 1
+    for a, b in chunks:
+        assert b - a == 1 or int(weight[a:b].sum()) <= 9
+    assert plan_chunks(torch.tensor([0]), 8) == []
+
+
+@pytest.mark.parametrize("kind, norm", [("sage", None), ("gcn", None), ("gat", None), ("sage", "batch_norm"),
+                                        ("gcn", "batch_norm")])
+def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm: str | None):
+    indptr, indices, edge_index = _random_graph()
+    torch.manual_seed(0)
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    kwargs: dict[str, Any] = {} if norm is None else {"norm": norm}
+    model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.5, **kwargs).eval()
+    for module in model.modules():   # running statistics that are not the identity
+        if isinstance(module, torch.nn.BatchNorm1d):
+            assert module.running_mean is not None and module.running_var is not None
+            module.running_mean.normal_()
+            module.running_var.uniform_(0.5, 2.0)
+    captured: dict[int, torch.Tensor] = {}
+    convs: Any = model.convs
+    hooks = [convs[i + 1].register_forward_pre_hook(
+        lambda _m, args, i=i: captured.__setitem__(i, args[0].detach())) for i in range(2)]
+    with torch.no_grad():
+        ref = model(x, torch.from_numpy(edge_index))
+    for hook in hooks:
+        hook.remove()
+    out, hidden, engine = _run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
+    assert engine.path == "layer-wise" and len(engine.chunks) > 3
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=ATOL)
+    for layer in (0, 1):
+        torch.testing.assert_close(hidden[layer], captured[layer], rtol=1e-5, atol=ATOL)
+    # extra empty chunks (a rank past its last chunk) change nothing
+    engine = Inference(model, 3, LocalCSR.from_numpy(indptr, indices), np.array([0, x.shape[0]]),
+                       engine.degrees, chunk_edges=10**9)
+    engine.num_chunks = 3
+    with torch.inference_mode():
+        again = engine.run(DistFeatures(InMemoryFeatureStore(x), [0, x.shape[0]]), [], lambda layer, rows: None)
+    torch.testing.assert_close(again, ref, rtol=1e-5, atol=ATOL)
+
+
+def test_sampled_inference_with_every_neighbour_is_exact_and_a_sample_does_not_depend_on_the_chunks():
+    indptr, indices, _ = _random_graph(3000, 15000)   # three sampling blocks of SAMPLE_BLOCK lids
+    torch.manual_seed(1)
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
+    exact, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000)
+    full, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(-1, -1))
+    torch.testing.assert_close(full, exact)
+    one, _, e1 = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
+    two, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
+    torch.testing.assert_close(one, two, rtol=0, atol=0)
+    assert not torch.allclose(one, exact)
+    other, _, e3 = _run_one_process(model, 2, x, indptr, indices, chunk_edges=10**6, fanouts=(3, 2), seed=4)
+    torch.testing.assert_close(one, other, rtol=1e-6, atol=1e-6)   # the same draws whatever the chunking
+    assert len(e1.chunks) > 1 and len(e3.chunks) == 1
+    seeded, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=5)
+    assert not torch.allclose(one, seeded)
+    n = x.shape[0]
+    deg = torch.from_numpy(np.diff(indptr))
+    assert e1.stats[0].edges == int(deg.clamp(max=2).sum()) and e1.stats[1].edges == int(deg.clamp(max=3).sum())
+    assert n == e1.csr.num_nodes
+
+
+def test_params_key_and_config_routes():
+    assert Params(chunk_edges=5, job_timeout_s=1, peer_timeout_s=1, rank_threads=3).key_params() == \
+        Params().key_params() == {"fanouts": None, "embeddings": "last"}
+    assert Params(fanouts="10,5", seed=3).key_params() == {"fanouts": [10, 5], "embeddings": "last", "seed": 3}
+    with pytest.raises(InputError, match="invalid parameter fanouts='10,0'"):
+        Params(fanouts="10,0")
+    assert ORDER[-1] == "infer"
+    assert "infer" not in make_config(until="train").stages()
+    cfg = make_config({"fanouts": "7,7", "infer.fanouts": "3,3", "infer_embeddings": "all", "chunk_rows": 4096})
+    assert cfg.train.fanouts == (7, 7) and cfg.infer.fanouts == (3, 3) and cfg.infer.embeddings == "all"
+    assert cfg.features.chunk_rows == 4096 and make_config(timeout_s=5).train.timeout_s == 5   # short names kept
+    keys = stage_keys(cfg)
+    assert keys["infer"] != stage_keys(make_config({"fanouts": "7,7"}))["infer"]
+
+
+def _manifest(stage: str, key: str, params: dict[str, Any], upstream: dict[str, str]) -> Manifest:
+    return Manifest(stage=stage, version=1, key=key, params=params, upstream=upstream, created="", files={},
+                    bytes=0, summary={}, libraries={}, uri="", build_id="")
+
+
+def test_inputs_are_checked_before_any_rank_starts():
+    part, feat = _manifest("partition", "p1", {}, {}), _manifest("features", "f1", {}, {"partition": "p1"})
+    trained = _manifest("train", "t1", {"model": "sage", "fanouts": [5, 5]}, {"partition": "p1", "features": "f1",
+                                                                            "hotness": "h1"})
+    assert infer.check_inputs(part, feat, trained, Params()) == 2
+    with pytest.raises(InputError, match="infer.fanouts has 3 value"):
+        infer.check_inputs(part, feat, trained, Params(fanouts=(5, 5, 5)))
+    other = _manifest("partition", "p2", {}, {})
+    with pytest.raises(InputError, match="was trained on partition p1, not on the partition p2"):
+        infer.check_inputs(other, feat, trained, Params())
+
+
+def test_launcher_failures_are_said_as_inference():
+    err = infer._as_inference_error(TrainingError("training timed out after 5 s and was stopped (checkpoints kept: "
+                                                  "rerun, or raise timeout_s, to resume)"), 5.0)
+    assert str(err) == "inference timed out after 5 s and was stopped; raise infer.job_timeout_s (now 5 s) and rerun"
+    err = infer._as_inference_error(TrainingError("training failed: rank 1 was killed by SIGKILL; the job was "
+                                                  "stopped (checkpoints kept: rerun to resume)"), 5.0)
+    assert str(err) == "inference failed: rank 1 was killed by SIGKILL; the job was stopped"
+    user = InputError("rank 0: something the user can fix")
+    assert infer._as_inference_error(user, 5.0) is user

@@ -166,11 +166,9 @@ def test_files_with_nan_or_inf_are_refused_at_download_leaving_nothing(tmp_path:
 
 
 def test_other_sources_name_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import stages.download.synthetic as synthetic
-
     source_graph_nan = generate_synthetic(500, 5.0, 8, 3, 0, progress=False)
     source_graph_nan.x[17, 3] = np.nan
-    monkeypatch.setattr(synthetic, "generate_synthetic", lambda *a, **k: source_graph_nan)
+    monkeypatch.setattr(download, "generate_synthetic", lambda *a, **k: source_graph_nan)   # as the stage calls it
     store = ArtifactStore(tmp_path / "art")
     with pytest.raises(InputError, match=r"^the features \(x\) of dataset synthetic has NaN at row 17, column 3 "
                                          r"\(the first non-finite value\)"):

@@ -13,7 +13,7 @@ import torch
 
 from flows.config import ORDER, make_config, stage_keys
 from stages.infer import stage as infer
-from stages.infer.layerwise import Inference, plan_chunks
+from stages.infer.layerwise import Inference, chunk_edges_of, plan_chunks
 from stages.infer.params import Params
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
@@ -269,6 +269,19 @@ def test_sampled_inference_with_every_neighbour_is_exact_and_a_sample_does_not_d
     deg = torch.from_numpy(np.diff(indptr))
     assert e1.stats[0].edges == int(deg.clamp(max=2).sum()) and e1.stats[1].edges == int(deg.clamp(max=3).sum())
     assert n == e1.csr.num_nodes
+
+
+def test_a_padding_chunk_is_empty_in_sampled_inference_too():
+    """A rank with fewer chunks than the largest runs empty ones ``(n, n)``; sampled inference refused them (its
+    chunks must start at a sampling block), which failed every products-scale run whose ranks' counts differed."""
+    from stages.runtime.sampler import LocalCSR
+
+    indptr, indices, _ = _random_graph(3000, 15000)
+    csr = LocalCSR.from_numpy(indptr, indices)
+    n = csr.num_nodes
+    for fanout in (-1, 5):
+        row_pos, nbr_gid = chunk_edges_of(csr, n, n, fanout, lambda k: torch.Generator().manual_seed(k))
+        assert row_pos.numel() == 0 and nbr_gid.numel() == 0
 
 
 def test_params_key_and_config_routes():

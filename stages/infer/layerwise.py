@@ -97,6 +97,8 @@ def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: 
     by target in lid order (``row_pos`` = lid - a, non-decreasing). A sample is drawn per block of ``SAMPLE_BLOCK``
     lids from that block's own generator (``block_generator(k)`` for block k; ``a`` is a block start), so it does
     not depend on how blocks are grouped into chunks."""
+    if b <= a:   # a padding chunk (this rank has fewer chunks than the largest): no targets, no draws
+        return torch.empty(0, dtype=torch.long), csr.indices[:0]
     if fanout == -1:
         lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
         return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi]

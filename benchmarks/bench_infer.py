@@ -35,22 +35,16 @@ sys.path.insert(0, str(REPO))
 
 def build_to_train(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """download → ... → train through the stages (cached in ``--root``): ``(store, manifests)``."""
-    from flows.config import STAGES, make_config
-    from storage import ArtifactStore
+    from flows.direct import run_stages
 
     values = {f"download.{k}": v for k, v in download_params(args).items()}
     values.update({"artifacts": args.root, "num_partitions": args.parts, "fanouts": args.fanouts,
                    "batch_size": args.batch_size, "hidden": args.hidden, "epochs": args.epochs, "until": "train"})
-    cfg = make_config(values)
-    store = ArtifactStore(cfg.artifacts)
-    manifests: dict[str, Any] = {}
-    for name in cfg.stages():
-        module = STAGES[name]
-        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
-                                     progress=False)
-        print(json.dumps({"stage": name, "key": manifests[name].key,
-                          "wall_s": manifests[name].summary.get("wall_s")}), flush=True)
-    return store, manifests
+
+    def said(name: str, manifest: Any) -> None:
+        print(json.dumps({"stage": name, "key": manifest.key, "wall_s": manifest.summary.get("wall_s")}), flush=True)
+
+    return run_stages(values, on_built=said)
 
 
 def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None, args: argparse.Namespace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.config import STAGES, make_config
+from flows.direct import run_stages
 from stages.train import stage as train
 from storage import ArtifactStore, Manifest
 
@@ -18,14 +18,7 @@ BATCH_SIZE = 64
 
 def build_without_prefect(cfg_values: dict[str, Any]) -> tuple[ArtifactStore, dict[str, Manifest]]:
     """Run the stages of a pipeline config directly, as the flow's tasks do: (store, manifest per stage)."""
-    cfg = make_config(cfg_values)
-    store = ArtifactStore(cfg.artifacts)
-    manifests: dict[str, Manifest] = {}
-    for name in cfg.stages():
-        module = STAGES[name]
-        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
-                                     progress=False)
-    return store, manifests
+    return run_stages(cfg_values)
 
 
 def build_upstream(store: ArtifactStore, num_partitions: int, graph: dict[str, Any] | None = None,

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from storage.errors import InputError
+from stages.runtime.rank_process import JobSpec
 
 
 @dataclass
-class InferSpec:
+class InferSpec(JobSpec):
+    JOB = "infer"
+
     artifacts: str            # artifact store root (local path or fsspec URL)
     key: str                  # the infer artifact's key
     partition_key: str
@@ -20,18 +21,6 @@ class InferSpec:
     params: dict[str, Any]    # stages.infer.params.Params, all fields (runtime ones included)
     out_url: str              # the artifact being written (StageWriter.url): each rank writes its part-<p>.zarr
     result_dir: str           # local: rank 0 writes metrics.json, a failing rank error-<r>.json (storage.train)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=2, sort_keys=True)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> InferSpec:
-        try:
-            with open(path) as f:
-                return cls(**json.load(f))
-        except (OSError, json.JSONDecodeError, TypeError) as err:
-            raise InputError(f"cannot read the infer job spec {path} ({err})") from None
 
 
 def ranks_path(result_dir: str | os.PathLike[str]) -> str:

@@ -14,13 +14,36 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO, TypeVar
 
-from storage import GnnpipeError
+from storage import GnnpipeError, InputError
 from storage.train import atomic_write_bytes, error_path
 
-__all__ = ["LinePrefixer", "RankEnv", "rank_env", "run_rank", "write_error"]
+__all__ = ["JobSpec", "LinePrefixer", "RankEnv", "rank_env", "run_rank", "write_error"]
+
+
+_Spec = TypeVar("_Spec", bound="JobSpec")
+
+
+class JobSpec:
+    """A job's spec file (a dataclass of JSON values), written by the stage and read by each rank; ``JOB`` names
+    the stage in the error a rank gives for a file it cannot read."""
+
+    JOB: ClassVar[str]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=2, sort_keys=True)   # type: ignore[call-overload]
+
+    @classmethod
+    def load(cls: type[_Spec], path: str | os.PathLike[str]) -> _Spec:
+        try:
+            with open(path) as f:
+                return cls(**json.load(f))
+        except (OSError, json.JSONDecodeError, TypeError) as err:
+            raise InputError(f"cannot read the {cls.JOB} job spec {path} ({err})") from None
 
 
 class LinePrefixer:

@@ -7,13 +7,12 @@ same manifests, and the keys tie the run to exactly the inputs that made its con
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stages.runtime.rank_process import JobSpec
 from storage.errors import InputError
 from storage.store import ArtifactStore, Manifest, library_versions
 
@@ -21,7 +20,9 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class TrainSpec:
+class TrainSpec(JobSpec):
+    JOB = "train"
+
     artifacts: str                 # artifact store root (local path or fsspec URL)
     key: str                       # the train artifact's key: checkpoints of another key are never resumed
     partition_key: str
@@ -32,18 +33,6 @@ class TrainSpec:
     result_dir: str                # local rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
     node_rank: int = 0             # this node (the user's --node-rank / SLURM_NODEID); 0 publishes the artifact
     fingerprint: dict[str, str] = field(default_factory=dict)   # artifact_fingerprint(): equal on every node
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=2, sort_keys=True)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> TrainSpec:
-        try:
-            with open(path) as f:
-                return cls(**json.load(f))
-        except (OSError, json.JSONDecodeError, TypeError) as err:
-            raise InputError(f"cannot read the train job spec {path} ({err})") from None
 
 
 def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) -> None:

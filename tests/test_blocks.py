@@ -9,7 +9,7 @@ import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler
-from stages.train.blocks import _keep_mask, make_blocks, relu_dropout
+from stages.train.blocks import BatchGraph, Block, _keep_mask, make_blocks, relu_dropout
 from stages.train.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
 from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, worker
 from tests._sampler_graphs import NUM_NODES, power_law_graph
@@ -142,6 +142,33 @@ def test_targets_out_of_order_give_the_same_blocks():
         with torch.no_grad():
             assert torch.allclose(seed_logits(model, x[batch.n_id], shuffled),
                                   seed_logits(model, x[batch.n_id], batch), atol=1e-5), kind
+
+
+@pytest.mark.parametrize("kind, true_deg", [("sage", False), ("gcn", False), ("gcn", True)])
+def test_targets_anywhere_among_the_sources_equal_targets_first(kind, true_deg):
+    """``dst_start``: a block whose targets are sources [7, 12) (layer-wise inference's chunk of a layer matrix)
+    equals the same block with those rows moved to the front, outputs and gradients."""
+    torch.manual_seed(3)
+    num_src, ds, t = 20, 7, 5
+    src_pos = torch.randint(0, num_src, (40,))
+    dst_pos = torch.sort(torch.randint(0, t, (40,))).values
+    h = torch.randn(num_src, SIZES["in_channels"], requires_grad=True)
+    deg = torch.randint(1, 9, (num_src,)).float() if true_deg else None
+    order = torch.cat([torch.arange(ds, ds + t), torch.arange(0, ds), torch.arange(ds + t, num_src)])
+    new_pos = torch.empty_like(order)
+    new_pos[order] = torch.arange(num_src)                   # old source position -> position with targets first
+    model = build_model(kind, num_layers=1, **SIZES).eval()
+    conv = model.convs[0]
+    anywhere = BatchGraph(torch.stack([src_pos, dst_pos]), num_src, t, deg, dst_start=ds)
+    first = BatchGraph(torch.stack([new_pos[src_pos], dst_pos]), num_src, t,
+                       None if deg is None else deg[order])
+    out_a = model.block_step(conv, h, Block(num_src, t, 40, anywhere), 1.0)
+    grad_a, = torch.autograd.grad(out_a.square().sum(), h)
+    h_first = h[order]
+    out_f = model.block_step(conv, h_first, Block(num_src, t, 40, first), 1.0)
+    grad_f, = torch.autograd.grad(out_f.square().sum(), h)
+    torch.testing.assert_close(out_a, out_f)
+    torch.testing.assert_close(grad_a, grad_f)
 
 
 def test_block_sizes_follow_the_hops():

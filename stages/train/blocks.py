@@ -86,10 +86,10 @@ class _Aggregate(torch.autograd.Function):
     allocate and zero a gradient of all of ``h``'s rows (158 MB, 85 ms at layer 1 of a products batch)."""
 
     @staticmethod
-    def forward(ctx: Any, h: Tensor, adj: SparseAdj, with_root: bool) -> Any:
-        ctx.adj, ctx.num_rows, ctx.with_root = adj, h.shape[0], with_root
+    def forward(ctx: Any, h: Tensor, adj: SparseAdj, with_root: bool, dst_start: int = 0) -> Any:
+        ctx.adj, ctx.num_rows, ctx.with_root, ctx.dst_start = adj, h.shape[0], with_root, dst_start
         agg = _sparse_mm(adj.matrix(), h[:adj.num_src])
-        return (agg, h[:adj.num_dst].clone()) if with_root else agg
+        return (agg, h[dst_start:dst_start + adj.num_dst].clone()) if with_root else agg
 
     @staticmethod
     def backward(ctx: Any, grad_agg: Tensor, grad_root: Tensor | None = None) -> Any:
@@ -101,8 +101,8 @@ class _Aggregate(torch.autograd.Function):
             grad_h = grad_src.new_zeros((ctx.num_rows, grad_src.shape[1]))
             grad_h[:adj.num_src] = grad_src
         if grad_root is not None:
-            grad_h[:adj.num_dst] += grad_root
-        return grad_h, None, None
+            grad_h[ctx.dst_start:ctx.dst_start + adj.num_dst] += grad_root
+        return grad_h, None, None, None
 
 
 def spmm(adj: SparseAdj, h: Tensor) -> Tensor:
@@ -112,11 +112,12 @@ def spmm(adj: SparseAdj, h: Tensor) -> Tensor:
     return _Aggregate.apply(h, adj, False)
 
 
-def spmm_with_root(adj: SparseAdj, h: Tensor) -> tuple[Tensor, Tensor]:
-    """``(adj @ h[:adj.num_src], h[:adj.num_dst])``, differentiable in ``h`` (see ``_Aggregate``)."""
+def spmm_with_root(adj: SparseAdj, h: Tensor, dst_start: int = 0) -> tuple[Tensor, Tensor]:
+    """``(adj @ h[:adj.num_src], h[dst_start:dst_start + adj.num_dst])`` (the targets' own rows), differentiable in
+    ``h`` (see ``_Aggregate``)."""
     if not h.requires_grad:
-        return _sparse_mm(adj.matrix(), h[:adj.num_src]), h[:adj.num_dst]
-    return _Aggregate.apply(h, adj, True)
+        return _sparse_mm(adj.matrix(), h[:adj.num_src]), h[dst_start:dst_start + adj.num_dst]
+    return _Aggregate.apply(h, adj, True, dst_start)
 
 
 class BatchGraph:
@@ -124,9 +125,14 @@ class BatchGraph:
 
     ``deg`` (float, one per ``n_id`` position): the true in-degree + 1 that the loader attached (``batch.deg``), or
     ``None``: then GCN normalises with the sampled subgraph's degrees, as PyG's GCN on the whole batch does.
+
+    The targets are the nodes ``[dst_start, dst_start + num_targets)`` (``edge_index[1]`` counts from
+    ``dst_start``): a batch's are its first nodes (0); layer-wise inference aggregates a chunk of a rank's nodes
+    straight from the layer's matrix of all of them (``stages.infer.halo``), where the chunk starts anywhere.
     """
 
-    def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None) -> None:
+    def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None,
+                 dst_start: int = 0) -> None:
         src_pos, dst_pos = edge_index[0], edge_index[1]
         # the single-partition sampler emits edges grouped by target; the distributed one groups each hop's
         # answers by owner rank, so its targets need a (stable) sort
@@ -137,6 +143,7 @@ class BatchGraph:
         self.count = torch.bincount(dst_pos, minlength=num_targets)   # sampled in-edges per target
         self.crow = torch.cat([self.count.new_zeros(1), torch.cumsum(self.count, 0)])
         self.num_nodes, self.num_targets, self.true_deg = num_nodes, num_targets, deg
+        self.dst_start = dst_start
         self.edge_index = edge_index
 
     @cached_property
@@ -157,25 +164,26 @@ class BatchGraph:
         PyG's ``add_remaining_self_loops`` does (canonical graphs have none).
         """
         device = self.row.device
-        not_loop = self.col != self.row
+        t, ds = self.num_targets, self.dst_start
+        not_loop = self.col != self.row + ds
         row, col = self.row[not_loop], self.col[not_loop]
-        t = self.num_targets
         count = torch.bincount(row, minlength=t)
         if self.true_deg is None:
-            deg = torch.bincount(row, minlength=self.num_nodes).to(torch.float32) + 1
+            deg = torch.ones(self.num_nodes, dtype=torch.float32, device=device)
+            deg[ds:ds + t] += count.to(torch.float32)
             scale = torch.ones(t, device=device)
         else:
             deg = self.true_deg.to(torch.float32)
-            scale = (deg[:t] - 1) / count.clamp(min=1)
+            scale = (deg[ds:ds + t] - 1) / count.clamp(min=1)
         rsqrt = deg.rsqrt()
         crow = torch.cat([count.new_zeros(1), torch.cumsum(count + 1, 0)])   # one more entry per row: its loop
         edge_slot = torch.arange(row.numel(), device=device) + row + 1
         out_col = torch.empty(row.numel() + t, dtype=torch.long, device=device)
         val = torch.empty(row.numel() + t, dtype=torch.float32, device=device)
-        out_col.index_copy_(0, crow[:-1], torch.arange(t, device=device))
-        val.index_copy_(0, crow[:-1], deg[:t].reciprocal())
+        out_col.index_copy_(0, crow[:-1], torch.arange(ds, ds + t, device=device))
+        val.index_copy_(0, crow[:-1], deg[ds:ds + t].reciprocal())
         out_col.index_copy_(0, edge_slot, col)
-        val.index_copy_(0, edge_slot, (scale * rsqrt[:t]).index_select(0, row) * rsqrt.index_select(0, col))
+        val.index_copy_(0, edge_slot, (scale * rsqrt[ds:ds + t]).index_select(0, row) * rsqrt.index_select(0, col))
         return crow, out_col, val
 
 
@@ -196,6 +204,15 @@ class Block:
     @property
     def size(self) -> tuple[int, int]:
         return self.num_src, self.num_dst
+
+    @property
+    def dst_start(self) -> int:
+        """The first target's source position (``BatchGraph``): 0 in a batch."""
+        return self.graph.dst_start
+
+    def dst_rows(self, h: Tensor) -> Tensor:
+        """The targets' own rows of ``h`` (rows of the sources)."""
+        return h[self.dst_start:self.dst_start + self.num_dst]
 
     @property
     def deg(self) -> Tensor | None:

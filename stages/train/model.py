@@ -40,6 +40,9 @@ class _BlockForward:
     num_layers: int
     training: bool
     needs_degrees = False
+    # whether block_step is right for targets anywhere among the sources (``Block.dst_start``), not only first:
+    # not through a conv that adds self loops by position (GATConv joins source i to target i)
+    supports_offset_targets = False
 
     @property
     def supports_blocks(self) -> bool:
@@ -75,7 +78,7 @@ class _BlockForward:
         ``scale``: a factor the caller did not apply to ``h`` yet (dropout's 1 / (1 - p)), linear in every conv."""
         if scale != 1.0:
             h = h * scale
-        return conv((h[:block.num_src], h[:block.num_dst]), block.edge_index, size=block.size)
+        return conv((h[:block.num_src], block.dst_rows(h)), block.edge_index, size=block.size)
 
     # PyG BasicGNN attributes the mixin reads
     act: Any
@@ -86,10 +89,12 @@ class _BlockForward:
 class BlockGraphSAGE(_BlockForward, GraphSAGE):
     """GraphSAGE: ``lin_l(mean of the sampled in-neighbours) + lin_r(self)``, per block."""
 
+    supports_offset_targets = True
+
     def block_step(self, conv: Any, h: Tensor, block: Block, scale: float) -> Tensor:
         if conv.aggr != "mean" or conv.project or conv.normalize or not conv.root_weight:
             return super().block_step(conv, h, block, scale)
-        agg, root = spmm_with_root(block.mean_adj(), h)
+        agg, root = spmm_with_root(block.mean_adj(), h, block.dst_start)
         # addmm's alpha applies the pending dropout scale inside the GEMM, not as a pass over the rows
         bias = conv.lin_l.bias
         out = torch.addmm(bias, agg, conv.lin_l.weight.t(), alpha=scale) if bias is not None else \
@@ -102,6 +107,7 @@ class BlockGCN(_BlockForward, GCN):
     """GCN with the true degrees when the batch carries them (module docstring); aggregate, then transform."""
 
     needs_degrees = True
+    supports_offset_targets = True
 
     @property
     def supports_blocks(self) -> bool:

@@ -65,6 +65,12 @@ def gcn3(tmp_path_factory: pytest.TempPathFactory) -> Case:
 
 
 @pytest.fixture(scope="module")
+def gat2(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """GAT (a conv that adds self loops by position): the per-chunk gather path, 2 partitions."""
+    return _case(str(tmp_path_factory.mktemp("gat2")), 2, {"chunk_edges": 2500}, model="gat")
+
+
+@pytest.fixture(scope="module")
 def plugin2(tmp_path_factory: pytest.TempPathFactory) -> Case:
     """The README's plug-in (a plain PyG model with a skip connection): the whole model per chunk's 2-hop
     neighbourhood."""
@@ -121,8 +127,15 @@ def check_against_reference(case: Case, layers: list[int]) -> None:
 def test_exact_inference_on_two_partitions_equals_the_whole_graph_sage(sage2: Case):
     check_against_reference(sage2, layers=[0])
     s = sage2.manifest.summary
-    assert s["mode"] == "exact" and s["path"] == "layer-wise" and s["num_partitions"] == 2
+    assert s["mode"] == "exact" and s["path"] == "layer-wise (layer matrices and halo)" and s["num_partitions"] == 2
     assert all(r["chunks"] > 1 and r["remote_mib"] > 0 and r["peak_rss_mib"] > 0 for r in s["ranks"])
+
+
+@pytest.mark.slow
+def test_exact_inference_of_gat_gathers_each_chunks_sources_and_equals_the_whole_graph(gat2: Case):
+    check_against_reference(gat2, layers=[0])
+    s = gat2.manifest.summary
+    assert s["path"] == "layer-wise (per-chunk gather)" and all(r["remote_mib"] > 0 for r in s["ranks"])
 
 
 @pytest.mark.slow
@@ -198,7 +211,7 @@ def _run_one_process(model: torch.nn.Module, num_layers: int, x: torch.Tensor, i
     engine = Inference(model, num_layers, csr, np.array([0, n]), deg, **kwargs)
     hidden: dict[int, torch.Tensor] = {}
     with torch.inference_mode():
-        out = engine.run(DistFeatures(InMemoryFeatureStore(x), [0, n]), list(range(num_layers - 1)),
+        out = engine.run(lambda: DistFeatures(InMemoryFeatureStore(x), [0, n]), list(range(num_layers - 1)),
                          lambda layer, rows: hidden.__setitem__(layer, rows.clone()))
     return out, hidden, engine
 
@@ -213,9 +226,11 @@ def test_chunks_cover_every_node_within_the_edge_budget():
     assert plan_chunks(torch.tensor([0]), 8) == []
 
 
-@pytest.mark.parametrize("kind, norm", [("sage", None), ("gcn", None), ("gat", None), ("sage", "batch_norm"),
-                                        ("gcn", "batch_norm")])
-def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm: str | None):
+@pytest.mark.parametrize("kind, norm, gather", [("sage", None, False), ("gcn", None, False), ("gat", None, True),
+                                                ("sage", "batch_norm", False), ("gcn", "batch_norm", False),
+                                                ("sage", None, True), ("gcn", "batch_norm", True)])
+def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm: str | None, gather: bool):
+    """Both layer-wise paths: from layer matrices (SAGE, GCN) and with a per-chunk gather (GAT; any model)."""
     indptr, indices, edge_index = _random_graph()
     torch.manual_seed(0)
     x = torch.randn(indptr.shape[0] - 1, 8)
@@ -234,8 +249,11 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
         ref = model(x, torch.from_numpy(edge_index))
     for hook in hooks:
         hook.remove()
+    if gather:   # what a block model without supports_offset_targets gets
+        model.supports_offset_targets = False   # type: ignore[assignment]
     out, hidden, engine = _run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
-    assert engine.path == "layer-wise" and len(engine.chunks) > 3
+    assert engine.path == ("layer-wise (per-chunk gather)" if gather else "layer-wise (layer matrices and halo)")
+    assert len(engine.chunks) > 3
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=ATOL)
     for layer in (0, 1):
         torch.testing.assert_close(hidden[layer], captured[layer], rtol=1e-5, atol=ATOL)
@@ -244,7 +262,7 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
                        engine.degrees, chunk_edges=10**9)
     engine.num_chunks = 3
     with torch.inference_mode():
-        again = engine.run(DistFeatures(InMemoryFeatureStore(x), [0, x.shape[0]]), [], lambda layer, rows: None)
+        again = engine.run(lambda: DistFeatures(InMemoryFeatureStore(x), [0, x.shape[0]]), [], lambda layer, rows: None)
     torch.testing.assert_close(again, ref, rtol=1e-5, atol=ATOL)
 
 

@@ -1,6 +1,10 @@
 """Layer-wise inference of a rank's own nodes: every layer for all of them, in bounded chunks (docs/design.md §6).
 
-For each layer l = 0..L-1 of the model, every rank computes layer l's output for all of its nodes, chunk by chunk::
+For each layer l = 0..L-1 of the model, every rank computes layer l's output for all of its nodes, chunk by chunk.
+Models whose per-layer step takes its targets anywhere among the sources (``supports_offset_targets``: the built-in
+GraphSAGE and GCN) read every chunk's sources straight from the layer's whole matrix, the rank's rows then its halo
+fetched once per layer (``stages.infer.halo``: half the time at 300 k nodes, no per-chunk exchange). Any other block
+model (GAT, whose conv adds self loops by position; plug-ins) gathers each chunk's sources::
 
     chunk   consecutive own lids [a, b) whose in-edges + 1 each add up to at most ``chunk_edges`` (a node above
             that is a chunk of its own)
@@ -17,7 +21,8 @@ layer takes a uniform sample of each node's in-neighbours instead (layer l sampl
 layer ``fanouts[0]``, as the seeds' first hop in training), drawn once per node and layer, per block of
 ``SAMPLE_BLOCK`` lids from the block's own stream: the same draws whatever ``chunk_edges``.
 
-Memory of a rank (n_p own nodes, widths C_0 = F features, C_1 .. C_L = classes, P ranks, E = ``chunk_edges``):
+Memory of a rank on the gather path (n_p own nodes, widths C_0 = F features, C_1 .. C_L = classes, P ranks,
+E = ``chunk_edges``; the matrices path's in ``stages.infer.halo``):
 
 - ``x``: n_p * F * itemsize during layer 0 (the feature store: in RAM, or read chunk-wise from Zarr past the memory
   budget), released after it;
@@ -29,7 +34,7 @@ Memory of a rank (n_p own nodes, widths C_0 = F features, C_1 .. C_L = classes, 
 Products-scale example, 2 ranks (n_p = 1.2 M, F = 100 float32, hidden 256, 47 classes), E = 2^18: x 0.48 GB,
 layers 2 * 1.2 GB, a chunk at most 3 * 0.27 GB + 10 MB: bounded by E, not by the graph.
 
-Plain models (``forward(x, edge_index)``, no per-layer step): ``WholeChunkInference`` computes each chunk's outputs
+Plain models (``forward(x, edge_index)``, no per-layer step): ``Inference._run_whole`` computes each chunk's outputs
 on its full L-hop in-neighbourhood (``DistNeighborSampler`` with fanout -1 on every hop, or ``fanouts``), the whole
 model at once. Exact for message passing along in-edges (every node within L-1 hops of the chunk has all its
 in-edges; the L-hop frontier only gives features), but the neighbourhood, not the chunk, bounds its memory: give a
@@ -49,6 +54,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from stages.infer.halo import Halo, extended_degrees, layer0_matrix
+from stages.runtime.collectives import max_over_ranks
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.feature_store import InMemoryFeatureStore
@@ -85,10 +92,7 @@ def plan_chunks(indptr: Tensor, chunk_edges: int, align: int = 1) -> list[tuple[
 
 def equal_chunk_count(num_chunks: int) -> int:
     """The largest rank's chunk count (at least 1): every rank runs that many, the last ones empty. Collective."""
-    count = torch.tensor([max(num_chunks, 1)], dtype=torch.long)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    return int(count.item())
+    return max_over_ranks(max(num_chunks, 1))
 
 
 def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: BlockGenerator | None = None
@@ -181,10 +185,14 @@ class Inference:
         self.chunks = plan_chunks(self.csr.indptr, self.chunk_edges, 1 if self.fanouts is None else SAMPLE_BLOCK)
         self.num_chunks = equal_chunk_count(len(self.chunks))
         self.layerwise = has_layer_steps(self.model)
+        # from whole layer matrices (stages.infer.halo) when the model's steps take targets anywhere in them
+        self.from_matrices = self.layerwise and bool(getattr(self.model, "supports_offset_targets", False))
 
     @property
     def path(self) -> str:
-        return "layer-wise" if self.layerwise else "whole model per chunk (L-hop neighbourhood)"
+        if self.from_matrices:
+            return "layer-wise (layer matrices and halo)"
+        return "layer-wise (per-chunk gather)" if self.layerwise else "whole model per chunk (L-hop neighbourhood)"
 
     def _chunk(self, c: int) -> tuple[int, int]:
         n = self.csr.num_nodes
@@ -195,42 +203,90 @@ class Inference:
         return torch.Generator().manual_seed(stream_seed(self.seed, self.rank, (layer << 32) + block,
                                                          STREAM_INFER_SAMPLER))
 
-    def run(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
-        """The logits of every own node [n_p, C]. ``features``: the feature rows of any gid (the rank's feature
-        path; the layer-wise path drops it after layer 0); ``on_hidden(l, rows)`` receives each hidden layer in
-        ``keep`` when it is complete (to be written)."""
-        if self.layerwise:
-            return self._run_layerwise(features, keep, on_hidden)
-        return self._run_whole(features, keep, on_hidden)
+    def _fanout(self, layer: int) -> int:
+        return -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
 
-    # ---- the layer-wise path ------------------------------------------------------------------------------------
+    def _chunk_edges(self, layer: int, a: int, b: int) -> tuple[Tensor, Tensor]:
+        def block_generator(block: int) -> torch.Generator:
+            return self._generator(layer, block)
+        return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator)
+
+    def run(self, open_features: Callable[[], DistFeatures], keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
+        """The logits of every own node [n_p, C]. ``open_features()``: the feature rows of any gid (the rank's
+        feature path; called once, so that the layer-wise paths release it after layer 0); ``on_hidden(l, rows)``
+        receives each hidden layer in ``keep`` when it is complete (to be written)."""
+        if self.from_matrices:
+            return self._run_from_matrices(open_features, keep, on_hidden)
+        if self.layerwise:
+            return self._run_layerwise(open_features(), keep, on_hidden)
+        return self._run_whole(open_features(), keep, on_hidden)
+
+    def _hidden_done(self, layer: int, rows: Tensor, keep: Sequence[int], on_hidden: LayerDone) -> None:
+        if layer < self.num_layers - 1 and layer in keep:
+            on_hidden(layer, rows)
+            self.observed_layers.append(layer)
+
+    # ---- the layer-wise path from whole layer matrices (stages.infer.halo) ----------------------------------------
+    def _run_from_matrices(self, open_features: Callable[[], DistFeatures], keep: Sequence[int],
+                           on_hidden: LayerDone) -> Tensor:
+        model: Any = self.model
+        halo = Halo.of(self.csr)
+        deg = extended_degrees(self.degrees, halo) if self.degrees is not None else None
+        matrix = torch.empty(0)
+        for layer in range(self.num_layers):
+            stats = LayerStats(layer)
+            start = time.perf_counter()
+            if layer == 0:   # the feature path lives only in this call: x is released once its rows are copied
+                matrix, stats.remote_bytes = layer0_matrix(open_features(), halo, self.chunk_edges)
+            else:
+                stats.remote_bytes = halo.fill(matrix, halo.own_source(matrix, self.bounds), self.chunk_edges)
+            stats.remote_rows, stats.source_rows = halo.size, halo.rows
+            last = layer == self.num_layers - 1
+            out: Tensor | None = None
+            for a, b in self.chunks:   # no collective per chunk
+                row_pos, nbr_gid = self._chunk_edges(layer, a, b)
+                edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
+                graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a)
+                block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
+                h = model.block_step(model.convs[layer], matrix, block, 1.0)
+                if not last:
+                    h = after_layer(model, layer, h)
+                if out is None:   # the next layer's matrix: own rows now, the halo's when it starts
+                    out = torch.empty((halo.n if last else halo.rows, h.shape[1]), dtype=h.dtype)
+                out[a:b] = h
+                stats.chunks += 1
+                stats.edges += int(nbr_gid.numel())
+            if out is None:   # a rank without nodes: it still joins the peers' halo exchanges
+                width = model.convs[layer].out_channels
+                out = torch.empty((halo.n if last else halo.rows, width))
+            matrix = out
+            stats.seconds = round(time.perf_counter() - start, 3)
+            self.stats.append(stats)
+            self._hidden_done(layer, matrix[:halo.n], keep, on_hidden)
+        return matrix
+
+    # ---- the layer-wise path with a per-chunk gather of the sources' rows (any block model) ------------------------
     def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
         model: Any = self.model
         source = features
-        del features   # layer 0's source only: x is released once layer 1 reads layer 0's rows
+        del features   # layer 0's source only
         h = torch.empty(0)
         for layer in range(self.num_layers):
             h = self._layer(model, layer, source)
+            self._hidden_done(layer, h, keep, on_hidden)
             if layer < self.num_layers - 1:
-                if layer in keep:
-                    on_hidden(layer, h)
-                    self.observed_layers.append(layer)
                 source = DistFeatures(InMemoryFeatureStore(h), self.bounds)   # the next layer reads these rows
         return h
 
     def _layer(self, model: Any, layer: int, source: DistFeatures) -> Tensor:
         stats = LayerStats(layer)
         start = time.perf_counter()
-        fanout = -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
-
-        def block_generator(block: int) -> torch.Generator:
-            return self._generator(layer, block)
         conv, lo = model.convs[layer], self.csr.start_gid
         row_bytes = source.store.row_bytes
         out: Tensor | None = None
         for c in range(self.num_chunks):
             a, b = self._chunk(c)
-            row_pos, nbr_gid = chunk_edges_of(self.csr, a, b, fanout, block_generator)
+            row_pos, nbr_gid = self._chunk_edges(layer, a, b)
             n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
             rows = source.fetch_rows(n_id).to(torch.float32)            # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective

@@ -87,8 +87,8 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
             write_part_embedding(group, layer, rows.numpy())
 
         setup: dict[str, Any] = {}
-        with torch.inference_mode():   # the feature path is built in the call: nothing here keeps x alive
-            logits = engine.run(feature_path(features, rank, bounds, local_world, setup),
+        with torch.inference_mode():   # the feature path is opened in the engine: nothing here keeps x alive
+            logits = engine.run(lambda: feature_path(features, rank, bounds, local_world, setup),
                                 hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
             prob = torch.softmax(logits, dim=1)
             pred = logits.argmax(dim=1)

@@ -35,3 +35,13 @@ def all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group
     recv = torch.empty((sum(recv_split), *send.shape[1:]), dtype=wire.dtype, device=device)
     dist.all_to_all_single(recv, wire, recv_split, send_split, group=group)
     return recv.to(device=send.device, dtype=send.dtype if wire_dtype is None else torch.long)
+
+
+def max_over_ranks(value: int, group: dist.ProcessGroup | None = None) -> int:
+    """The largest ``value`` over the group's ranks (``value`` itself without a process group). Collective: loops of
+    collectives run that many steps on every rank, the ranks with fewer steps joining with empty ones."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.long, device=comm_device(group))
+    dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+    return int(total.item())

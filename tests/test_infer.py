@@ -257,6 +257,8 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=ATOL)
     for layer in (0, 1):
         torch.testing.assert_close(hidden[layer], captured[layer], rtol=1e-5, atol=ATOL)
+    if not gather:   # the matrices path runs no collective per chunk: no padding chunks
+        return
     # extra empty chunks (a rank past its last chunk) change nothing
     engine = Inference(model, 3, LocalCSR.from_numpy(indptr, indices), np.array([0, x.shape[0]]),
                        engine.degrees, chunk_edges=10**9)
@@ -343,3 +345,52 @@ def test_launcher_failures_are_said_as_inference():
     assert str(err) == "inference failed: rank 1 was killed by SIGKILL; the job was stopped"
     user = InputError("rank 0: something the user can fix")
     assert infer._as_inference_error(user, 5.0) is user
+
+
+def test_layer_matrices_read_a_zarr_feature_store_piece_by_piece(tmp_path):
+    """Past the memory budget the rank's features stay in Zarr: layer 0 gathers each chunk's rows from it (no
+    float32 copy of x), the later layers use the matrices; the same outputs as from RAM."""
+    import zarr
+
+    from stages.runtime.feature_store import ZarrFeatureStore
+
+    indptr, indices, _ = _random_graph()
+    torch.manual_seed(2)
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    array = zarr.open_array(str(tmp_path / "x.zarr"), mode="w", shape=tuple(x.shape), chunks=(37, 8),
+                            dtype="float32")
+    array[:] = x.numpy()
+    model = build_model("gcn", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
+    in_ram, _, engine = _run_one_process(model, 2, x, indptr, indices, chunk_edges=100)
+    n = x.shape[0]
+    assert engine.from_matrices and n > 100
+    zarr_engine = Inference(model, 2, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), engine.degrees,
+                            chunk_edges=100)
+    with torch.inference_mode():
+        from_zarr = zarr_engine.run(lambda: DistFeatures(ZarrFeatureStore(array), [0, n]), [], lambda _l, _r: None)
+    torch.testing.assert_close(from_zarr, in_ram)
+    assert zarr_engine.stats[0].remote_rows == 0 and zarr_engine.stats[0].chunks > 1
+
+
+@pytest.mark.parametrize("kind, split, fanouts", [("gcn", 170, None), ("sage", 0, None), ("sage", 130, (3, 2))])
+def test_layer_matrices_on_two_ranks_equal_one_process(tmp_path, kind, split, fanouts):
+    """Two gloo ranks through the halo exchange (rank 0 owning no node when ``split`` is 0) equal one process
+    (exact) and the per-chunk gather path on the same ranks (the same draws when sampled): every rank joins every
+    halo piece, whatever it owns."""
+    from tests._infer_worker import TIMEOUT_S, WORLD_SIZE, worker
+    from tests._spawn import spawn_ranks
+
+    indptr, indices, _ = _random_graph()
+    n = indptr.shape[0] - 1
+    torch.manual_seed(4)
+    x = torch.randn(n, 8)
+    model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
+    got = spawn_ranks(worker, ((indptr, indices), [0, split, n], kind, model.state_dict(), x, fanouts), tmp_path,
+                      WORLD_SIZE, TIMEOUT_S * 2)
+    assert all(g["path"] == "layer-wise (layer matrices and halo)" for g in got)
+    assert any(h > 0 for g in got for h in g["halo_rows"]) == (split > 0)
+    matrices = torch.cat([g["matrices"] for g in got])
+    torch.testing.assert_close(matrices, torch.cat([g["gather"] for g in got]), rtol=1e-5, atol=ATOL)
+    if fanouts is None:
+        whole, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=200)
+        torch.testing.assert_close(matrices, whole, rtol=1e-5, atol=ATOL)

@@ -79,7 +79,9 @@ def plan_chunks(indptr: Tensor, chunk_edges: int, align: int = 1) -> list[tuple[
     if n <= 0:
         return []
     csum = (indptr[1:].to(torch.long) + torch.arange(1, n + 1, dtype=torch.long)).cpu()   # through lid i, inclusive
-    ends = torch.cat([torch.arange(align, n, align, dtype=torch.long), torch.tensor([n])])   # block ends (lids)
+    # block ends (lids); arange(align, n) is empty (and must not be asked for) when n <= align
+    inner = torch.arange(align, n, align, dtype=torch.long) if n > align else torch.empty(0, dtype=torch.long)
+    ends = torch.cat([inner, torch.tensor([n])])
     at_end = csum.index_select(0, ends - 1)
     out, a, base = [], 0, 0
     while a < n:
@@ -232,39 +234,57 @@ class Inference:
         model: Any = self.model
         halo = Halo.of(self.csr)
         deg = extended_degrees(self.degrees, halo) if self.degrees is not None else None
-        matrix = torch.empty(0)
-        for layer in range(self.num_layers):
-            stats = LayerStats(layer)
-            start = time.perf_counter()
-            if layer == 0:   # the feature path lives only in this call: x is released once its rows are copied
-                matrix, stats.remote_bytes = layer0_matrix(open_features(), halo, self.chunk_edges)
-            else:
+        features = open_features()   # only here: x is released once layer 0 has read it
+        first_stats = LayerStats(0)
+        start = time.perf_counter()
+        # features kept in Zarr (past the host's memory budget) stay there: layer 0 gathers each chunk's rows, as
+        # a float32 [n + H, F] copy could exceed the budget x did not fit; every rank takes the same path
+        if max_over_ranks(int(features.store.kind != "memory")):
+            first = self._layer(model, 0, features)
+            matrix = torch.empty((halo.n if self.num_layers == 1 else halo.rows, first.shape[1]), dtype=first.dtype)
+            matrix[:halo.n] = first
+            del first, features
+            self._hidden_done(0, matrix[:halo.n], keep, on_hidden)
+            done = 1
+        else:
+            matrix, first_stats.remote_bytes = layer0_matrix(features, halo, self.chunk_edges)
+            del features
+            done = 0
+        for layer in range(done, self.num_layers):
+            stats = first_stats if layer == 0 else LayerStats(layer)
+            if layer > 0:
+                start = time.perf_counter()
                 stats.remote_bytes = halo.fill(matrix, halo.own_source(matrix, self.bounds), self.chunk_edges)
             stats.remote_rows, stats.source_rows = halo.size, halo.rows
-            last = layer == self.num_layers - 1
-            out: Tensor | None = None
-            for a, b in self.chunks:   # no collective per chunk
-                row_pos, nbr_gid = self._chunk_edges(layer, a, b)
-                edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
-                graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a)
-                block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
-                h = model.block_step(model.convs[layer], matrix, block, 1.0)
-                if not last:
-                    h = after_layer(model, layer, h)
-                if out is None:   # the next layer's matrix: own rows now, the halo's when it starts
-                    out = torch.empty((halo.n if last else halo.rows, h.shape[1]), dtype=h.dtype)
-                out[a:b] = h
-                stats.chunks += 1
-                stats.edges += int(nbr_gid.numel())
-            if out is None:   # a rank without nodes: it still joins the peers' halo exchanges
-                width = model.convs[layer].out_channels
-                out = torch.empty((halo.n if last else halo.rows, width))
-            matrix = out
+            matrix = self._matrix_layer(model, layer, matrix, halo, deg, stats)
             stats.seconds = round(time.perf_counter() - start, 3)
             self.stats.append(stats)
             self._hidden_done(layer, matrix[:halo.n], keep, on_hidden)
         return matrix
 
+    def _matrix_layer(self, model: Any, layer: int, matrix: Tensor, halo: Halo, deg: Tensor | None,
+                      stats: LayerStats) -> Tensor:
+        """Layer ``layer`` of every own node from ``matrix`` (own rows, then the halo's): the next layer's matrix,
+        its halo rows still to fetch (none for the last layer). No collective."""
+        last = layer == self.num_layers - 1
+        rows = halo.n if last else halo.rows
+        out: Tensor | None = None
+        for a, b in self.chunks:
+            row_pos, nbr_gid = self._chunk_edges(layer, a, b)
+            edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
+            graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a)
+            block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
+            h = model.block_step(model.convs[layer], matrix, block, 1.0)
+            if not last:
+                h = after_layer(model, layer, h)
+            if out is None:
+                out = torch.empty((rows, h.shape[1]), dtype=h.dtype)
+            out[a:b] = h
+            stats.chunks += 1
+            stats.edges += int(nbr_gid.numel())
+        if out is None:   # a rank without nodes: it still joins the peers' halo exchanges, rows of the same dtype
+            out = torch.empty((rows, model.convs[layer].out_channels), dtype=matrix.dtype)
+        return out
     # ---- the layer-wise path with a per-chunk gather of the sources' rows (any block model) ------------------------
     def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
         model: Any = self.model

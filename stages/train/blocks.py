@@ -168,28 +168,32 @@ class BatchGraph:
         not_loop = self.col != self.row + ds
         row, col = self.row[not_loop], self.col[not_loop]
         count = torch.bincount(row, minlength=t)
-        if self.true_deg is None:
-            deg = torch.ones(self.num_nodes, dtype=torch.float32, device=device)
-            deg[ds:ds + t] += count.to(torch.float32)
+        # only the entries' degrees: the sources may be a whole layer matrix (stages.infer.halo), 100x a chunk
+        if self.true_deg is None:   # the subgraph's: in-edges + 1 for a target, 1 for any other source
+            deg_t = count.to(torch.float32) + 1
+            col_deg = torch.ones(col.numel(), dtype=torch.float32, device=device)
+            is_target = (col >= ds) & (col < ds + t)
+            col_deg[is_target] = deg_t.index_select(0, col[is_target] - ds)
             scale = torch.ones(t, device=device)
         else:
             deg = self.true_deg.to(torch.float32)
-            scale = (deg[ds:ds + t] - 1) / count.clamp(min=1)
-        rsqrt = deg.rsqrt()
+            deg_t, col_deg = deg[ds:ds + t], deg.index_select(0, col)
+            scale = (deg_t - 1) / count.clamp(min=1)
         crow = torch.cat([count.new_zeros(1), torch.cumsum(count + 1, 0)])   # one more entry per row: its loop
         edge_slot = torch.arange(row.numel(), device=device) + row + 1
         out_col = torch.empty(row.numel() + t, dtype=torch.long, device=device)
         val = torch.empty(row.numel() + t, dtype=torch.float32, device=device)
         out_col.index_copy_(0, crow[:-1], torch.arange(ds, ds + t, device=device))
-        val.index_copy_(0, crow[:-1], deg[ds:ds + t].reciprocal())
+        val.index_copy_(0, crow[:-1], deg_t.reciprocal())
         out_col.index_copy_(0, edge_slot, col)
-        val.index_copy_(0, edge_slot, (scale * rsqrt[ds:ds + t]).index_select(0, row) * rsqrt.index_select(0, col))
+        val.index_copy_(0, edge_slot, (scale * deg_t.rsqrt()).index_select(0, row) * col_deg.rsqrt())
         return crow, out_col, val
 
 
 @dataclass(frozen=True)
 class Block:
-    """One layer's bipartite step: targets are the batch's first ``num_dst`` nodes, sources its first ``num_src``."""
+    """One layer's bipartite step: sources are the first ``num_src`` nodes, targets the ``num_dst`` from
+    ``dst_start`` (a batch's first ones; a chunk of a layer matrix's own rows in layer-wise inference)."""
 
     num_src: int
     num_dst: int

@@ -77,8 +77,10 @@ class EdgeType:
 
 
 def _check_name(name: str, what: str) -> None:
-    if not name or KEY_SEPARATOR in name or "/" in name or name != name.strip():
-        raise ValueError(f"{what} name {name!r}: non-empty, no '/', no {KEY_SEPARATOR!r}, no surrounding spaces")
+    # a name may not start or end with "_": ("paper_", "cites", ...) would share the key of ("paper", "_cites", ...)
+    if not name or KEY_SEPARATOR in name or "/" in name or name != name.strip().strip("_"):
+        raise ValueError(f"{what} name {name!r}: non-empty, no '/', no {KEY_SEPARATOR!r}, no surrounding spaces or "
+                         "underscores")
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ class RangeTable:
 
     def __post_init__(self) -> None:
         tb = np.asarray(self.type_bounds, dtype=np.int64)
+        if self.num_types < 1:
+            raise ValueError(f"a range table needs at least one node type, got {self.num_types}")
         if tb.ndim != 1 or (tb.size - 1) % self.num_types or tb.size < 2 or tb[0] != 0 or np.any(np.diff(tb) < 0):
             raise ValueError("type_bounds: P * T + 1 non-decreasing gids from 0")
         object.__setattr__(self, "type_bounds", tb)
@@ -175,17 +179,19 @@ class RangeTable:
         first = self.type_bounds[node_type:-1:self.num_types]
         return first, self.type_bounds[node_type + 1::self.num_types]
 
-    def locate(self, gid: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(owner part, node type)`` of each gid."""
-        gid = np.asarray(gid, dtype=np.int64)
+    def _range_of(self, gid: np.ndarray) -> np.ndarray:
+        """The (part * T + type) range holding each gid."""
         if gid.size and (gid.min() < 0 or gid.max() >= self.type_bounds[-1]):
             raise IndexError(f"gids must lie in [0, {int(self.type_bounds[-1])})")
         # right side: an empty (p, t) range shares its start with the next one, which owns the gid
-        k = np.searchsorted(self.type_bounds, gid, side="right") - 1
+        return np.searchsorted(self.type_bounds, gid, side="right") - 1
+
+    def locate(self, gid: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(owner part, node type)`` of each gid."""
+        k = self._range_of(np.asarray(gid, dtype=np.int64))
         return k // self.num_types, k % self.num_types
 
     def tlid(self, gid: np.ndarray | Sequence[int]) -> np.ndarray:
         """A gid's row among its part's nodes of its type."""
         gid = np.asarray(gid, dtype=np.int64)
-        k = np.searchsorted(self.type_bounds, gid, side="right") - 1
-        return gid - self.type_bounds[k]
+        return gid - self.type_bounds[self._range_of(gid)]

@@ -19,7 +19,7 @@ def test_edge_type_keys_round_trip_and_reverse():
     for bad in ("a___b", "a___b___c___d"):
         with pytest.raises(ValueError, match="is not src"):
             EdgeType.from_key(bad)
-    for name in ("", "a/b", "a___b", " a"):
+    for name in ("", "a/b", "a___b", " a", "paper_", "_cites"):
         with pytest.raises(ValueError, match="name"):
             EdgeType(name, "r", "paper")
 
@@ -66,6 +66,7 @@ def test_range_table_owner_type_and_tlid_equal_a_brute_force_table():
     counts[1, 2] = 0              # a part with no node of a type
     counts[:, 0] = 0              # a type with no node anywhere
     counts[2] = 0                 # a part with no node at all
+    counts[3] = 0                 # ... and the last one too
     table = RangeTable.from_counts(counts)
     owner_of, type_of, tlid_of = [], [], []
     for p in range(4):
@@ -84,7 +85,12 @@ def test_range_table_owner_type_and_tlid_equal_a_brute_force_table():
     for p in range(4):
         assert table.type_range(p, 2) == (start[p], stop[p])
     assert table.num_parts == 4
-    with pytest.raises(IndexError):
-        table.locate([int(counts.sum())])
+    for outside in (int(counts.sum()), -1):
+        with pytest.raises(IndexError):
+            table.locate([outside])
+        with pytest.raises(IndexError):
+            table.tlid([outside])
+    with pytest.raises(ValueError, match="at least one node type"):
+        RangeTable(np.array([0]), 0)
     with pytest.raises(ValueError, match="non-decreasing"):
         RangeTable(np.array([0, 3, 2]), 1)

@@ -25,8 +25,10 @@ class Params(StageParams):
                                                             "layer's input); all: every hidden layer's")
     seed: Seed = Field(0, description="sampled inference only: the sampling streams")
     chunk_edges: int = runtime(1 << 18, ge=1, description="nodes per chunk as in-edges + 1 each: a rank computes a "
-                                                          "layer for its nodes in chunks of at most this many, "
-                                                          "which bounds the neighbour rows held at once")
+                                                          "layer for its nodes in chunks of at most this many; "
+                                                          "it bounds a chunk's temporaries and the rows per halo "
+                                                          "piece (SAGE, GCN) or the gathered neighbour rows "
+                                                          "(other models)")
     job_timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
     peer_timeout_s: float = runtime(300.0, gt=0, description="a rank silent this long inside an exchange fails "
                                                              "the job")

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from stages.runtime.collectives import max_over_ranks
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
@@ -72,10 +71,7 @@ class Halo:
     def fill(self, matrix: Tensor, source: DistFeatures, piece_rows: int) -> int:
         """``matrix[n:] = rows of gid`` from their owners' ``source``, in pieces of ``piece_rows``. Collective (every
         rank, the same piece count). Returns the bytes received."""
-        pieces = max_over_ranks(-(-self.size // piece_rows))
-        for k in range(pieces):
-            start, stop = min(k * piece_rows, self.size), min((k + 1) * piece_rows, self.size)
-            matrix[self.n + start:self.n + stop] = source.fetch_rows(self.gid[start:stop])
+        source.fetch_rows_into(self.gid, matrix[self.n:], piece_rows)
         return self.size * source.store.row_bytes
 
     def own_source(self, matrix: Tensor, bounds: np.ndarray) -> DistFeatures:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device
+from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore
 
@@ -92,14 +92,8 @@ class DistFeatures:
         A collective: every rank calls it; ranks with shorter lists join the remaining exchanges with empty ones.
         """
         gid_sorted = torch.unique(gid.to(device=self.device, dtype=torch.long))
-        num_chunks = -(-gid_sorted.numel() // chunk_rows)
-        if self.world_size > 1:
-            count = torch.tensor([num_chunks], dtype=torch.long, device=self._comm_device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
-            num_chunks = int(count.item())
-        parts = [self.fetch_rows(gid_sorted[c * chunk_rows:(c + 1) * chunk_rows]) for c in range(num_chunks)]
-        rows = torch.cat(parts) if parts else torch.empty((0, self.num_features), dtype=self.store.dtype,
-                                                          device=self.device)
+        rows = torch.empty((gid_sorted.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
+        self.fetch_rows_into(gid_sorted, rows, chunk_rows)
         self.cache = FeatureCache(gid_sorted, rows)
         return self.cache
 
@@ -126,6 +120,15 @@ class DistFeatures:
         out = torch.empty((gid.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
         self._fill(gid, torch.arange(gid.numel(), device=self.device), out)
         return out
+
+    def fetch_rows_into(self, gid: Tensor, out: Tensor, piece_rows: int) -> None:
+        """``out[i] = row of gid[i]`` (any owner, in ``out``'s dtype), fetched ``piece_rows`` at a time, which bounds
+        the exchange's buffers. Collective: every rank runs the largest rank's piece count, ranks with fewer joining
+        with empty pieces."""
+        n = gid.numel()
+        for k in range(max_over_ranks(-(-n // piece_rows), self.group)):
+            start, stop = min(k * piece_rows, n), min((k + 1) * piece_rows, n)
+            out[start:stop] = self.fetch_rows(gid[start:stop])
 
     def _fill(self, gid: Tensor, out_pos: Tensor, out: Tensor) -> tuple[int, int]:
         """``out[out_pos] = rows of gid``: own rows from the store, others from their owners. Returns the counts."""

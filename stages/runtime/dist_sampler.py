@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device
+from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
 from stages.runtime.sampler import LocalCSR, MultiHopSampler, repeat_positions, sample_neighbors_with_counts, shuffled
 
 
@@ -96,10 +96,7 @@ def equal_batch_count(num_local_seeds: int, batch_size: int, group: dist.Process
     """Batches per epoch that every rank runs: the largest ``ceil(num_local_seeds / batch_size)`` (a collective)."""
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
-    num_batches = torch.tensor([math.ceil(num_local_seeds / batch_size)], dtype=torch.long,
-                               device=comm_device(group))
-    dist.all_reduce(num_batches, op=dist.ReduceOp.MAX, group=group)
-    return int(num_batches.item())
+    return max_over_ranks(math.ceil(num_local_seeds / batch_size), group)
 
 
 def iter_equal_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Generator | None = None,

@@ -37,6 +37,21 @@ def test_counts_equal_batch_membership():
     assert empty.sum() == 0
 
 
+def test_counts_follow_the_generator_alone():
+    # a star of 50 leaves into node 0, fanout 3: the counts depend on the draws, which must come from the
+    # generator (torch's global one moves between the two calls here)
+    indptr = np.concatenate([[0], np.full(51, 50)])
+    sampler = NeighborSampler(LocalCSR.from_numpy(indptr, np.arange(1, 51)), [3])
+
+    def counts() -> torch.Tensor:
+        torch.rand(7)
+        return count_requests(sampler, torch.tensor([0]), batch_size=1, epochs=20,
+                              generator=torch.Generator().manual_seed(4))
+
+    first = counts()
+    assert first.sum() == 20 * 4 and torch.equal(first, counts())
+
+
 def test_hit_rates_by_hand():
     eval_count = np.array([5, 0, 3, 2])
     order = np.array([0, 2, 3, 1])

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from stages.runtime.sampler import NeighborSampler
 
 NAME = "hotness"
-VERSION = 2
+VERSION = 3   # 3: the neighbour draws come from the stage's seed (torch's global generator before: plans varied)
 UPSTREAM = ("partition", "features")
 
 

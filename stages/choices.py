@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Dataset = Literal["synthetic", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M", "files"]
+Dataset = Literal["synthetic", "synthetic-hetero", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M", "files"]
 PartitionMethod = Literal["metis", "random"]
 Compressor = Literal["lz4", "zstd"]
 # the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept (stages/features/dtypes.py)

@@ -1,13 +1,18 @@
-"""The canonical dataset format written by the download stage (``graph.zarr``).
+"""The canonical dataset format written by the download stage (``graph.zarr``): one typed graph.
 
-ID space: everything here is in **orig** ids (as the dataset numbers its nodes).
+ID space: everything here is in **orig** ids. A graph has T node types and R edge types (``storage.schema``); its
+nodes are numbered type after type (schema order), so node type t's own id ``i`` is the graph's orig id
+``schema.orig_offsets()[t] + i``. A homogeneous graph is T = R = 1 and reads exactly as an untyped one.
 
-- ``indptr`` int64 [N+1], ``indices`` int64 [E]: CSR of *incoming* edges: ``indices[indptr[v]:indptr[v+1]]`` are
-  the sources u of the edges u -> v (messages flow u -> v). Undirected graphs are stored symmetrised; self-loops and
-  duplicate edges are removed; each row is sorted.
-- ``x`` [N, F] (the dataset's dtype, every value finite), ``y`` int64 [N] (-1 = unlabelled).
+- ``indptr`` int64 [N*R+1], ``indices`` int64 [E]: CSR of *incoming* edges whose row ``v * R + e`` lists the
+  sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one range
+  ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
+  stored symmetrised; self-loops and duplicate edges are removed; each row is sorted.
+- ``x/<node type>`` [N_t, F_t] for the node types that have features (the dataset's dtype, every value finite).
+- ``y`` int64 [N] (-1 = unlabelled; a labelled type's classes are ``[0, num_classes_t)``).
 - ``split/train``, ``split/valid``, ``split/test``: int64 orig ids (OGB's split names).
-- attrs: name, source, num_nodes, num_edges, num_features, num_classes, directed, split sizes.
+- attrs: ``schema`` (``GraphSchema.to_dict``), name, source, num_nodes, num_edges, num_features, num_classes,
+  directed, split sizes, edges per edge type.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
+from storage.schema import GraphSchema
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, attr_str, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import attr_str, open_group, open_subgroup, read_array, write_array
 
 SPLITS = ("train", "valid", "test")
 _GROUP = "graph.zarr"
@@ -27,42 +33,75 @@ _GROUP = "graph.zarr"
 
 @dataclass
 class Graph:
-    """A whole graph in orig ids, in memory."""
+    """A whole typed graph in orig ids, in memory (module docstring)."""
 
-    indptr: np.ndarray
-    indices: np.ndarray
-    x: np.ndarray | None
-    y: np.ndarray
-    splits: dict[str, np.ndarray]
-    num_classes: int
+    schema: GraphSchema
+    indptr: np.ndarray                 # int64 [N*R+1]: row v * R + e
+    indices: np.ndarray                # int64 [E]: orig ids
+    features: dict[str, np.ndarray]    # node type -> [N_t, F_t], featured types only (empty: not read)
+    y: np.ndarray                      # int64 [N]
+    splits: dict[str, np.ndarray]      # orig ids
     directed: bool = False
     name: str = ""
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def homogeneous(cls, indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, y: np.ndarray,
+                    splits: dict[str, np.ndarray], num_classes: int, **kwargs: Any) -> Graph:
+        """The one-type graph of an untyped dataset (node type ``node``, edge type ``(node, edge, node)``)."""
+        schema = GraphSchema.homogeneous(int(indptr.shape[0] - 1), int(x.shape[1]), int(num_classes))
+        return cls(schema, indptr, indices, {"node": x}, y, splits, **kwargs)
+
     @property
     def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1)
+        return self.schema.num_nodes
 
     @property
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
 
     @property
+    def node_indptr(self) -> np.ndarray:
+        """int64 [N+1]: node v's incoming edges of every type are ``indices[node_indptr[v]:node_indptr[v+1]]`` (a
+        view of ``indptr``; within a node sorted by edge type, then source)."""
+        return self.indptr[::self.schema.num_edge_types]
+
+    @property
+    def x(self) -> np.ndarray:
+        """The features of the one featured node type (every homogeneous graph); typed code reads ``features``."""
+        if len(self.features) != 1:
+            raise ValueError(f"x is the one featured node type's features; this graph has {sorted(self.features)}")
+        return next(iter(self.features.values()))
+
+    @property
+    def num_classes(self) -> int:
+        return max((t.num_classes for t in self.schema.node_types), default=0)
+
+    @property
     def num_features(self) -> int:
-        return 0 if self.x is None else int(self.x.shape[1])
+        """The widest featured type's columns (the only one's, for a homogeneous graph)."""
+        return max((t.num_features or 0 for t in self.schema.node_types), default=0)
+
+    def edges_per_type(self) -> dict[str, int]:
+        r = self.schema.num_edge_types
+        per_row = np.diff(self.indptr)
+        return {e.key: int(per_row[i::r].sum()) for i, e in enumerate(self.schema.edge_types)}
 
     def attrs(self) -> dict[str, Any]:
+        dtypes = sorted({str(x.dtype) for x in self.features.values()})
         return {
+            "schema": self.schema.to_dict(),
             "name": self.name,
             "source": self.source,
             "num_nodes": self.num_nodes,
             "num_edges": self.num_edges,
             "num_features": self.num_features,
-            "feature_dtype": None if self.x is None else str(self.x.dtype),
+            "feature_dtype": dtypes[0] if len(dtypes) == 1 else (None if not dtypes else ",".join(dtypes)),
             "num_classes": int(self.num_classes),
             "directed": bool(self.directed),
             "split_sizes": {s: int(self.splits[s].shape[0]) for s in SPLITS},
+            "edges_per_type": self.edges_per_type(),
             **self.extra,
         }
 
@@ -72,8 +111,13 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
     root = open_group(writer.file_url(_GROUP), mode="w")
     write_array(root, "indptr", graph.indptr.astype(np.int64, copy=False))
     write_array(root, "indices", graph.indices.astype(np.int64, copy=False), progress=progress)
-    assert graph.x is not None, "write_graph needs features"
-    write_array(root, "x", graph.x, progress=progress)
+    featured = {t.name for t in graph.schema.featured}
+    if set(graph.features) != featured:
+        raise ValueError(f"features given for {sorted(graph.features)}, the schema's featured types are "
+                         f"{sorted(featured)}")
+    x_group = root.create_group("x")
+    for name, x in graph.features.items():
+        write_array(x_group, name, x, progress=progress)
     write_array(root, "y", graph.y.astype(np.int64, copy=False))
     split = root.create_group("split")
     for name in SPLITS:
@@ -92,27 +136,32 @@ class GraphArtifact(ArtifactHandle):
     def num_nodes(self) -> int:
         return int(self.manifest.summary["num_nodes"])
 
+    @property
+    def schema(self) -> GraphSchema:
+        return GraphSchema.from_dict(self.manifest.summary["schema"])
+
     def read(self, features: bool = True) -> Graph:
         """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only)."""
         return _read_graph(self._url(_GROUP), features=features)
 
 
 def _read_graph(url: str, *, features: bool = True) -> Graph:
-    """Read the whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only)."""
     root = open_group(url)
     attrs = dict(root.attrs)
-    if "num_nodes" not in attrs:
-        raise ArtifactError(f"{url} is not a gnnpipe graph (no attrs); rerun the download stage")
+    if "schema" not in attrs:
+        raise ArtifactError(f"{url} is not a gnnpipe typed graph (no schema attr); rerun the download stage")
+    schema = GraphSchema.from_dict(attrs["schema"])   # type: ignore[arg-type]
     splits = {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
-    known = {"name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
-             "directed", "split_sizes"}
+    x_group = open_subgroup(root, "x") if features else None
+    known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
+             "directed", "split_sizes", "edges_per_type"}
     return Graph(
+        schema=schema,
         indptr=read_array(root, "indptr"),
         indices=read_array(root, "indices"),
-        x=read_array(root, "x") if features else None,
+        features={t.name: read_array(x_group, t.name) for t in schema.featured} if x_group is not None else {},
         y=read_array(root, "y"),
         splits=splits,
-        num_classes=attr_int(attrs, "num_classes", url),
         directed=bool(attrs["directed"]),
         name=attr_str(attrs, "name", url, default=""),
         source=attr_str(attrs, "source", url, default=""),

@@ -4,10 +4,12 @@ ID spaces (docs/design.md):
 
 - ``orig``: dataset ids. ``gid``: global ids after relabelling, so that partition p owns the contiguous range
   ``[bounds[p], bounds[p+1])``. ``lid = gid - bounds[p]``: local to partition p.
-- ``book.zarr``: ``bounds`` int64 [P+1], ``orig_of_gid`` int64 [N], ``gid_of_orig`` int64 [N].
-- ``part-<p>.zarr``: ``indptr`` int64 [n_p+1] over lids, ``indices`` int64 [e_p] in **gids**: the CSR of incoming
-  edges of the nodes p owns. Concatenating the parts' CSRs (offsetting indptr) gives the whole graph's CSR in
-  gid order.
+- ``book.zarr``: ``bounds`` int64 [P+1], ``type_bounds`` int64 [P*T+1] (``storage.schema.RangeTable``: part p's
+  nodes of type t are ``[type_bounds[p*T+t], type_bounds[p*T+t+1])``; gids follow (part, type, orig)),
+  ``orig_of_gid`` int64 [N], ``gid_of_orig`` int64 [N]; attrs: the graph's ``schema`` and the figures.
+- ``part-<p>.zarr``: ``indptr`` int64 [n_p*R+1] over (lid, edge type) rows ``lid * R + e``, ``indices`` int64
+  [e_p] in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
+  parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import ArtifactError
+from storage.errors import ArtifactError, InputError
+from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_int, open_group, read_array, write_array
 
@@ -35,6 +38,12 @@ class PartitionBook:
     bounds: np.ndarray       # int64 [P+1]
     orig_of_gid: np.ndarray  # int64 [N]
     gid_of_orig: np.ndarray  # int64 [N]
+    type_bounds: np.ndarray | None = None   # int64 [P*T+1]; None: one node type (== bounds)
+
+    def range_table(self) -> RangeTable:
+        """Owner, node type and tlid of gids (``storage.schema.RangeTable``)."""
+        return RangeTable(self.bounds if self.type_bounds is None else self.type_bounds,
+                          1 if self.type_bounds is None else (self.type_bounds.shape[0] - 1) // self.num_partitions)
 
     @property
     def num_partitions(self) -> int:
@@ -54,16 +63,23 @@ class PartitionBook:
 
 @dataclass
 class PartCSR:
-    """Partition p's incoming-edge CSR: rows are lids, ``indices`` are gids."""
+    """Partition p's incoming-edge CSR: row ``lid * R + e`` lists the gids of lid's type-e in-neighbours (R edge
+    types; rows are lids when R = 1)."""
 
     part: int
     start_gid: int
-    indptr: np.ndarray   # int64 [n_p+1], over lids
+    indptr: np.ndarray   # int64 [n_p * R + 1], over (lid, edge type) rows
     indices: np.ndarray  # int64 [e_p], gids
+    num_edge_types: int = 1
 
     @property
     def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1)
+        return int(self.indptr.shape[0] - 1) // self.num_edge_types
+
+    @property
+    def node_indptr(self) -> np.ndarray:
+        """[n_p + 1]: lid's in-edges of every type are ``indices[node_indptr[lid]:node_indptr[lid + 1]]``."""
+        return self.indptr[::self.num_edge_types]
 
 
 def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) -> None:
@@ -72,6 +88,7 @@ def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) 
     write_array(g, "bounds", book.bounds.astype(np.int64, copy=False))
     write_array(g, "orig_of_gid", book.orig_of_gid.astype(np.int64, copy=False))
     write_array(g, "gid_of_orig", book.gid_of_orig.astype(np.int64, copy=False))
+    write_array(g, "type_bounds", book.range_table().type_bounds)
     g.attrs.update(attrs)
 
 
@@ -81,6 +98,7 @@ def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False) -> 
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
     write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
     g.attrs.update({"part": csr.part, "start_gid": csr.start_gid, "num_nodes": csr.num_nodes,
+                    "num_edge_types": csr.num_edge_types,
                     "num_edges": int(csr.indices.shape[0])})
 
 
@@ -90,7 +108,7 @@ def _read_part(url: str) -> PartCSR:
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe partition (no attrs); rerun the partition stage")
     return PartCSR(attr_int(attrs, "part", url), attr_int(attrs, "start_gid", url), read_array(g, "indptr"),
-                   read_array(g, "indices"))
+                   read_array(g, "indices"), attr_int(attrs, "num_edge_types", url))
 
 
 def concat_parts(parts: list[PartCSR]) -> tuple[np.ndarray, np.ndarray]:
@@ -117,9 +135,28 @@ class PartitionArtifact(ArtifactHandle):
         """int64 [P+1]: partition p owns gids ``[bounds[p], bounds[p+1])`` (reads only this array of the book)."""
         return read_array(open_group(self._url(_BOOK)), "bounds")
 
+    @property
+    def schema(self) -> GraphSchema:
+        """The partitioned graph's node and edge types."""
+        return GraphSchema.from_dict(self.manifest.summary["schema"])
+
+    def require_one_type(self, stage: str) -> None:
+        """Refuse a typed graph in a stage that does not sample or train them yet, in one line."""
+        schema = self.schema
+        if schema.is_homogeneous:
+            return
+        raise InputError(f"the {stage} stage does not handle typed graphs yet ({len(schema.node_types)} node types, "
+                         f"{schema.num_edge_types} edge types): their download, partition and features stages "
+                         "are built, typed sampling and training are not; run with --until features")
+
+    def range_table(self) -> RangeTable:
+        """Owner, node type and tlid of gids (reads only ``type_bounds``)."""
+        return RangeTable(read_array(open_group(self._url(_BOOK)), "type_bounds"), len(self.schema.node_types))
+
     def book(self) -> PartitionBook:
         g = open_group(self._url(_BOOK))
-        return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"))
+        return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"),
+                             read_array(g, "type_bounds"))
 
     def csr(self, p: int) -> PartCSR:
         """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""
@@ -128,5 +165,6 @@ class PartitionArtifact(ArtifactHandle):
     def in_degree(self) -> np.ndarray:
         """int64 [N]: the in-degree of every gid, from the parts' ``indptr`` arrays only (8 bytes a node, no edges
         read)."""
-        return np.concatenate([np.diff(read_array(open_group(self._url(_part_name(p))), "indptr"))
+        r = self.schema.num_edge_types
+        return np.concatenate([np.diff(read_array(open_group(self._url(_part_name(p))), "indptr")[::r])
                                for p in range(self.num_partitions)])

@@ -111,6 +111,31 @@ class GraphSchema:
     def is_homogeneous(self) -> bool:
         return len(self.node_types) == 1 and len(self.edge_types) == 1
 
+    @property
+    def num_nodes(self) -> int:
+        return sum(t.num_nodes for t in self.node_types)
+
+    @property
+    def num_edge_types(self) -> int:
+        return len(self.edge_types)
+
+    def orig_offsets(self) -> np.ndarray:
+        """int64 [T + 1]: a graph's nodes are numbered type after type (PyG's ``to_homogeneous`` order), so type
+        t's per-type orig id ``i`` is the graph's ``orig_offsets[t] + i``; ``[0, N]`` for one type."""
+        return np.concatenate([[0], np.cumsum([t.num_nodes for t in self.node_types])]).astype(np.int64)
+
+    def edge_type_id(self, edge_type: EdgeType) -> int:
+        try:
+            return self.edge_types.index(edge_type)
+        except ValueError:
+            raise KeyError(f"no edge type {edge_type.key!r} (have {', '.join(e.key for e in self.edge_types)})"
+                           ) from None
+
+    @property
+    def featured(self) -> tuple[NodeType, ...]:
+        """The node types with stored features (the others learn embeddings)."""
+        return tuple(t for t in self.node_types if t.num_features is not None)
+
     def node_type(self, name: str) -> NodeType:
         return self.node_types[self.type_id(name)]
 

@@ -3,8 +3,8 @@
 The digests below were recorded on the code before typed graphs (commit dd701db) and are of the *contents* read
 through the storage handles (arrays by id space), not of file layouts, so a new layout that keeps every value
 passes and any changed node order, edge, feature row, split or cache plan fails. (The cache plans' digest is from
-hotness VERSION 3, whose draws follow the stage's seed: this test found that they did not.) Update them only for a change
-that is meant to alter homogeneous results, and say so in the commit.
+hotness VERSION 3, whose draws follow the stage's seed: this test found that they did not.) Update them only for a
+change that is meant to alter homogeneous results, and say so in the commit.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_features_follow_the_relabelling(built):
             expect_orig = np.intersect1d(g.splits[name], book.orig_of_gid[gids])
             got_orig = book.orig_of_gid[part.split_lids[name] + part.start_gid]
             assert np.array_equal(np.sort(got_orig), expect_orig)
-        assert part.attrs["chunk_rows"] == 128
+        assert part.attrs["types"]["node"]["chunk_rows"] == 128
     assert sum(r["rows"] for r in ft.summary["parts"]) == g.num_nodes
 
 

@@ -147,8 +147,9 @@ def test_uneven_train_counts_finish(art):
         for p in range(3):
             part = FeaturesArtifact(art, up["features"]).part(p)
             splits = {**part.split_lids, "train": part.split_lids["train"][:keep[p]]}
-            write_part_features(writer, part=p, start_gid=part.start_gid, x=part.x, y=part.y, split_lids=splits,
-                                num_classes=part.attrs["num_classes"], chunk_rows=part.attrs["chunk_rows"])
+            write_part_features(writer, part=p, start_gid=part.start_gid, features=part.features, y=part.y,
+                                split_lids=splits, num_classes=part.attrs["num_classes"],
+                                chunk_rows={t: a["chunk_rows"] for t, a in part.attrs["types"].items()})
         writer.summary.update(up["features"].summary)
 
     ft = art.build("features", features.VERSION, {"test": "uneven train nodes"},

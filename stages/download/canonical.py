@@ -15,6 +15,10 @@ values and permutation indices.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from storage.errors import InputError
@@ -30,44 +34,79 @@ FINITE_CHECK_BYTES = 16 << 20
 def to_csr_incoming(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
                     directed: bool) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(indptr int64 [N+1], indices int64 [E])`` with ``indices[indptr[v]:indptr[v+1]]`` the sorted,
-    distinct sources u != v of edges u -> v.
+    distinct sources u != v of edges u -> v: the one-edge-type case of :func:`typed_csr_incoming`.
 
     ``directed=False`` adds every reversed edge first. ``src``/``dst`` may be any integer dtype; they are not
     modified.
     """
-    src, dst = _check_edges(src, dst, num_nodes)
-    keys = _edge_keys(src, dst, num_nodes, symmetrise=not directed)
-    keys.sort()  # in place: CSR order (by dst, then src)
+    return typed_csr_incoming([Relation(src, dst, symmetrise=not directed)], num_nodes)
+
+
+@dataclass(frozen=True)
+class Relation:
+    """One edge type's edges in the graph's (type-offset) orig ids; ``symmetrise`` adds each reversed edge to it."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    symmetrise: bool = False
+    name: str = ""   # for error messages: the edge type's key
+
+
+def typed_csr_incoming(relations: Sequence[Relation], num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The incoming CSR of a graph with R = ``len(relations)`` edge types: ``(indptr int64 [N*R + 1], indices int64
+    [E])``, row ``v * R + e`` holding the sorted, distinct sources u != v of v's incoming type-e edges.
+
+    One CSR whose rows are (node, edge type) is every edge type's CSR interleaved: a node's edges stay one range
+    ``[indptr[v * R], indptr[(v + 1) * R])`` (what METIS and the degree counts read) and a type-e row is one
+    lookup (what typed sampling reads); with R = 1 it is the plain CSR.
+    """
+    r = len(relations)
+    if r < 1:
+        raise InputError("a graph needs at least one edge type")
+    max_nodes = int(_MAX_NODES / math.sqrt(r))   # keys (v * R + e) * N + u < 2**63
+    if not 0 <= num_nodes <= max_nodes:
+        with_types = f" with {r} edge types" if r > 1 else ""
+        raise InputError(f"num_nodes={num_nodes} is out of range; a graph needs 0 <= num_nodes <= {max_nodes}"
+                         f"{with_types}")
+    parts = []
+    for e, rel in enumerate(relations):
+        src, dst = _check_edges(rel.src, rel.dst, num_nodes, rel.name)
+        parts.append(_edge_keys(src, dst, num_nodes, symmetrise=rel.symmetrise, num_types=r, edge_type=e))
+    # one relation (every homogeneous graph): its key buffer is sorted in place, no second copy
+    keys = parts[0] if r == 1 else np.concatenate(parts)
+    del parts
+    keys.sort()  # in place: CSR order (by dst, edge type, then src)
     keys = _drop_duplicates_sorted(keys)
-    indptr = np.searchsorted(keys, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
+    indptr = np.searchsorted(keys, np.arange(num_nodes * r + 1, dtype=np.int64) * num_nodes).astype(np.int64)
     # The key's low "digit" is the source; reuse the key buffer for it instead of allocating another E-long array.
     np.remainder(keys, num_nodes, out=keys)
     return indptr, keys
 
 
-def _check_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, name: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Shapes, integer dtypes and id range; returns 1-D views (no copies)."""
-    if not 0 <= num_nodes <= _MAX_NODES:
-        raise InputError(f"num_nodes={num_nodes} is out of range; a graph needs 0 <= num_nodes <= {_MAX_NODES}")
+    of = f" of edge type {name}" if name else ""
     src, dst = np.asarray(src), np.asarray(dst)
     if src.ndim != 1 or dst.ndim != 1 or src.shape != dst.shape:
-        raise InputError(f"edge sources {src.shape} and destinations {dst.shape} must be 1-D arrays of one length; "
-                         "pass edge_index as [2, E]")
+        raise InputError(f"edge sources {src.shape} and destinations {dst.shape}{of} must be 1-D arrays of one "
+                         "length; pass edge_index as [2, E]")
     for what, a in (("source", src), ("destination", dst)):
         if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise InputError(f"edge {what} ids have dtype {a.dtype}; node ids must be integers")
+            raise InputError(f"edge {what} ids{of} have dtype {a.dtype}; node ids must be integers")
         if a.size and (int(a.min()) < 0 or int(a.max()) >= num_nodes):
-            raise InputError(f"edge {what} ids span [{int(a.min())}, {int(a.max())}] but the graph has {num_nodes} "
-                             f"nodes; ids must be in [0, {num_nodes - 1}]")
+            raise InputError(f"edge {what} ids{of} span [{int(a.min())}, {int(a.max())}] but the graph has "
+                             f"{num_nodes} nodes; ids must be in [0, {num_nodes - 1}]")
     # uint64 + int64 promotes to float64 in NumPy, which would silently round large keys; ids fit in int64.
     return (src.astype(np.int64) if src.dtype == np.uint64 else src,
             dst.astype(np.int64) if dst.dtype == np.uint64 else dst)
 
 
-def _edge_keys(src: np.ndarray, dst: np.ndarray, n: int, *, symmetrise: bool) -> np.ndarray:
-    """int64 keys ``dst * n + src`` without self-loops (and with reversed edges if ``symmetrise``).
+def _edge_keys(src: np.ndarray, dst: np.ndarray, n: int, *, symmetrise: bool, num_types: int = 1,
+               edge_type: int = 0) -> np.ndarray:
+    """int64 keys ``(dst * num_types + edge_type) * n + src`` without self-loops (and with reversed edges if
+    ``symmetrise``).
 
-    Computed straight into one preallocated buffer so no E-long int64 temporaries pile up.
+    Computed straight into one preallocated buffer so no E-long int64 temporaries pile up (one edge type).
     """
     keep = src != dst  # self-loops are dropped here, before they cost a slot in the sort
     e = int(np.count_nonzero(keep))
@@ -75,9 +114,10 @@ def _edge_keys(src: np.ndarray, dst: np.ndarray, n: int, *, symmetrise: bool) ->
         src, dst = src[keep], dst[keep]
     del keep
     keys = np.empty(2 * e if symmetrise else e, dtype=np.int64)
-    _fill_keys(keys[:e], dst, src, n)
-    if symmetrise:
-        _fill_keys(keys[e:], src, dst, n)
+    for out, hi, lo in ((keys[:e], dst, src), (keys[e:], src, dst))[:2 if symmetrise else 1]:
+        if num_types > 1:
+            hi = hi.astype(np.int64) * num_types + edge_type
+        _fill_keys(out, hi, lo, n)
     return keys
 
 

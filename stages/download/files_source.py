@@ -51,7 +51,7 @@ def load_files(directory: str) -> Graph:
     _check_disjoint(splits)
     check_finite(x, f"x.npy in {directory}")   # reads all of x (0.06 s at products scale): after the cheap checks
     indptr, indices = to_csr_incoming(src, dst, num_nodes, directed=meta.get("directed", False))
-    return Graph(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
+    return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
                  directed=meta.get("directed", False), name=meta.get("name", os.path.basename(directory.rstrip("/"))),
                  source=f"files({os.path.abspath(directory)})")
 

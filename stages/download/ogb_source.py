@@ -62,9 +62,10 @@ def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
     indptr, indices = to_csr_incoming(edge_index[0], edge_index[1], num_nodes, directed=True)
     del edge_index
     steps.update()
-    result = Graph(indptr=indptr, indices=indices, x=_features(graph.get("node_feat"), num_nodes),
-                   y=_labels(labels, num_nodes), splits=_splits(split, num_nodes), num_classes=int(dataset.num_classes),
-                   directed=not undirected, name=name, source=f"ogb:{name} (v{meta['version']}, {meta['url']})")
+    result = Graph.homogeneous(indptr=indptr, indices=indices, x=_features(graph.get("node_feat"), num_nodes),
+                               y=_labels(labels, num_nodes), splits=_splits(split, num_nodes),
+                               num_classes=int(dataset.num_classes), directed=not undirected, name=name,
+                               source=f"ogb:{name} (v{meta['version']}, {meta['url']})")
     steps.update()
     steps.close()
     return result

@@ -15,28 +15,35 @@ from pydantic import Field, model_validator
 from stages.choices import Dataset
 from stages.download.canonical import check_classes, check_finite
 from stages.download.synthetic import check_synthetic, generate_synthetic
+from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero
 from stages.meter import measure
 from stages.params import Seed, StageParams, runtime
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
+from storage.schema import GraphSchema
 
 NAME = "download"
-VERSION = 1
+VERSION = 2   # 2: typed graphs (graph.zarr holds a schema, x per node type, one CSR row per node and edge type)
 UPSTREAM: tuple[str, ...] = ()
 
 
 class Params(StageParams):
     """What defines the dataset; ``key_params`` keeps only the fields that matter for the chosen one."""
 
-    dataset: Dataset = Field("synthetic", description="synthetic (no network), an OGB node dataset, or files")
-    num_nodes: int = Field(100_000, ge=2, description="synthetic: nodes")
+    dataset: Dataset = Field("synthetic", description="synthetic or synthetic-hetero (MAG-like, typed; no "
+                                                      "network), an OGB node dataset, or files")
+    num_nodes: int = Field(100_000, ge=2, description="synthetic: nodes (synthetic-hetero: of all types, in "
+                                                      "ogbn-mag's shares)")
     avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
-    num_features: int = Field(64, ge=1, description="synthetic: feature columns")
+    num_features: int = Field(64, ge=1, description="synthetic: feature columns (synthetic-hetero: papers')")
     num_classes: int = Field(16, ge=2, description="synthetic: classes")
     seed: Seed = Field(0, description="synthetic: generator seed")
     split: tuple[float, float, float] = Field((0.08, 0.02, 0.90),
                                               description="synthetic: train, valid, test fractions")
+    add_reverse: bool = Field(True, description="synthetic-hetero: add (dst, rev_<rel>, src) for each edge type "
+                                                "between two node types and symmetrise those within one (PyG's "
+                                                "ToUndirected)")
     path: str | None = Field(None, description="files: directory with edge_index.npy, x.npy, y.npy, ...")
     fingerprint: str | None = Field(None, description="files: overrides the files' fingerprint in the key "
                                                       "(default: names, sizes and mtimes)")
@@ -49,13 +56,17 @@ class Params(StageParams):
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
         if self.dataset == "synthetic":
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
+        if self.dataset == "synthetic-hetero":
+            check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
+            check_synthetic_hetero(self.num_nodes, self.num_classes, self.split)
         return self
 
     def key_params(self) -> dict[str, Any]:
         """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download."""
-        if self.dataset == "synthetic":
+        if self.dataset in ("synthetic", "synthetic-hetero"):
+            typed = {"add_reverse"} if self.dataset == "synthetic-hetero" else set()
             return self.model_dump(mode="json", include={"dataset", "num_nodes", "avg_degree", "num_features",
-                                                         "num_classes", "seed", "split"})
+                                                         "num_classes", "seed", "split"} | typed)
         if self.dataset == "files":
             path = os.path.abspath(self.path or "")
             return {"dataset": "files", "path": path, "fingerprint": self.fingerprint or files_fingerprint(path)}
@@ -80,6 +91,10 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
         from stages.download.files_source import load_files
 
         return load_files(os.path.abspath(params.path or ""))   # names x.npy in its own finite check
+    if params.dataset == "synthetic-hetero":   # build_graph checks features and classes per type
+        return generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
+                                         params.num_classes, params.seed, split=params.split,
+                                         add_reverse=params.add_reverse)
     if params.dataset == "synthetic":
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
                                    params.seed, split=params.split, progress=progress)
@@ -87,7 +102,6 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
         from stages.download.ogb_source import load_ogb
 
         graph = load_ogb(params.dataset, download_dir, progress=progress)
-    assert graph.x is not None
     check_finite(graph.x, f"the features (x) of dataset {params.dataset}")
     check_classes(graph.y, graph.num_classes, f"dataset {params.dataset}")   # files: checked in load_files
     return graph
@@ -106,7 +120,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         writer.summary.update(cost)
         writer.summary["avg_degree"] = round(graph.num_edges / max(graph.num_nodes, 1), 3)
         writer.summary["bytes_graph"] = int(graph.indptr.nbytes + graph.indices.nbytes)
-        writer.summary["bytes_features"] = int(graph.x.nbytes) if graph.x is not None else 0
+        writer.summary["bytes_features"] = sum(int(x.nbytes) for x in graph.features.values())
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -120,4 +134,15 @@ def report(manifest: Manifest) -> Report:
     headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges, {s['num_features']} features, "
                 f"{s['num_classes']} classes")
     md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
+    schema = GraphSchema.from_dict(s["schema"])
+    if not schema.is_homogeneous:
+        md += _typed_tables(schema, s["edges_per_type"])
     return Report(headline, rows, md)
+
+
+def _typed_tables(schema: GraphSchema, edges_per_type: dict[str, int]) -> str:
+    """Per node type and per edge type figures of a typed graph."""
+    nodes = [{"node_type": t.name, "nodes": t.num_nodes, "features": t.num_features or "none (embeddings)",
+              "classes": t.num_classes or ""} for t in schema.node_types]
+    edges = [{"edge_type": e.key, "edges": edges_per_type[e.key]} for e in schema.edge_types]
+    return f"\n{markdown_table(nodes)}\n\n{markdown_table(edges)}\n"

@@ -90,10 +90,10 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     y = _labels(rng_labels, comm_class[comm_final], num_classes)
     x = _features(rng_features, comm_final, comm_class, num_classes, num_features, progress=progress)
     steps.update()
-    splits = _split(rng_split, num_nodes, split)
+    splits = random_split(rng_split, num_nodes, split)
     steps.update()
     steps.close()
-    return Graph(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
+    return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
                  directed=False, name="synthetic", source=f"synthetic(seed={seed})")
 
 
@@ -258,7 +258,7 @@ def _features(rng: np.random.Generator, comm: np.ndarray, comm_class: np.ndarray
     return x
 
 
-def _split(rng: np.random.Generator, num_nodes: int, split: tuple[float, float, float]) -> dict[str, np.ndarray]:
+def random_split(rng: np.random.Generator, num_nodes: int, split: tuple[float, float, float]) -> dict[str, np.ndarray]:
     """Disjoint random train/valid/test node sets (sorted int64 ids) of the requested fractions."""
     # Round the cumulative boundaries, not each size, so rounding can never overshoot num_nodes.
     bounds = np.minimum(np.round(np.cumsum([0.0, *split]) * num_nodes).astype(np.int64), num_nodes)

@@ -1,4 +1,4 @@
-"""Features stage: graph.zarr + partition book → one Zarr v3 store of x, y, split lids per partition.
+"""Features stage: graph.zarr + partition book → one Zarr v3 store per partition: x per node type, y, split lids.
 
 Contract: download + partition manifests + params → artifact ``features/<key>/part-<p>.zarr`` (format in
 ``storage.features``). Row chunks with no compressor and a crc32c codec: chosen by measurement
@@ -28,8 +28,8 @@ from storage.report import Report, markdown_table
 from storage.zarr_io import chunk_rows_for
 
 NAME = "features"
-VERSION = 2   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);
-#   rows l1-normalised on request (features.normalize)
+VERSION = 3   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);
+#   rows l1-normalised on request (features.normalize); 3: one x per featured node type, rows by tlid
 UPSTREAM = ("download", "partition")
 # ~16 MiB chunks within [8 192, 65 536] rows: the fastest whole loads measured (benchmarks/RESULTS.md, "Chunk
 # shape and codec"); storage's 64 MiB default suits the download stage's sequentially read arrays.
@@ -77,31 +77,48 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             # P scattered passes over the chunked source.
             graph = GraphArtifact(store, download).read()
             book = PartitionArtifact(store, partition).book()
-            x_orig = graph.x
-            assert x_orig is not None
-            dtype = storage_dtype(normalized_dtype(x_orig.dtype, params.normalize), params.dtype)
-            row_bytes = dtype.itemsize * x_orig.shape[1]   # the stored row: sizes the chunks
+            table, offsets = book.range_table(), graph.schema.orig_offsets()
+            types = {t.name: i for i, t in enumerate(graph.schema.node_types)}
+            dtypes = {name: storage_dtype(normalized_dtype(x.dtype, params.normalize), params.dtype)
+                      for name, x in graph.features.items()}
             parts = range(book.num_partitions)
             for p in tqdm(parts, desc="features: write parts", disable=not progress, leave=False):
                 lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
-                orig_ids = book.orig_of_gid[lo:hi]
-                chunk_rows = params.chunk_rows or default_chunk_rows(hi - lo, row_bytes)
+                rows, chunks = {}, {}
+                for name, x_orig in graph.features.items():
+                    t_lo, t_hi = table.type_range(p, types[name])
+                    type_orig = book.orig_of_gid[t_lo:t_hi] - offsets[types[name]]   # the type's own ids
+                    chunks[name] = params.chunk_rows or default_chunk_rows(t_hi - t_lo,
+                                                                           dtypes[name].itemsize * x_orig.shape[1])
+                    rows[name] = to_storage(normalize_rows(x_orig[type_orig], params.normalize), dtypes[name],
+                                            type_orig)
                 attrs = write_part_features(
-                    writer, part=p, start_gid=lo,
-                    x=to_storage(normalize_rows(x_orig[orig_ids], params.normalize), dtype, orig_ids),
-                    y=graph.y[orig_ids],
+                    writer, part=p, start_gid=lo, features=rows, y=graph.y[book.orig_of_gid[lo:hi]],
                     split_lids=split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
-                    num_classes=graph.num_classes, chunk_rows=chunk_rows, compressor=params.compressor,
+                    num_classes=graph.num_classes, chunk_rows=chunks, compressor=params.compressor,
                     progress=progress)
-                per_part.append({"part": p, "rows": attrs["num_nodes"], "chunk_rows": chunk_rows,
-                                 **attrs["split_sizes"]})
+                per_part.append({"part": p, "rows": attrs["num_nodes"],
+                                 "chunk_rows": max(chunks.values(), default=0), **attrs["split_sizes"]})
         writer.summary.update({
-            "num_partitions": book.num_partitions, "num_features": int(x_orig.shape[1]),
-            "feature_dtype": dtype.name, "source_dtype": x_orig.dtype.name, "num_classes": graph.num_classes,
+            "num_partitions": book.num_partitions, "num_classes": graph.num_classes,
+            "types": {name: {"num_features": int(x.shape[1]), "feature_dtype": dtypes[name].name,
+                             "source_dtype": x.dtype.name,
+                             "bytes_features": dtypes[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
+                      for name, x in graph.features.items()},
             "normalize": params.normalize, "compressor": params.compressor or "none", "parts": per_part,
-            "bytes_features": row_bytes * int(x_orig.shape[0]), **cost})
+            **_single_type_figures(graph.features, dtypes), **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def _single_type_figures(features: dict[str, np.ndarray], dtypes: dict[str, np.dtype]) -> dict[str, Any]:
+    """The report's headline figures: the featured type's, or the sums over several."""
+    width = sum(int(x.shape[1]) for x in features.values())
+    stored = sorted({d.name for d in dtypes.values()})
+    source = sorted({x.dtype.name for x in features.values()})
+    return {"num_features": width, "feature_dtype": ",".join(stored), "source_dtype": ",".join(source),
+            "bytes_features": sum(dtypes[n].itemsize * int(x.shape[1]) * int(x.shape[0])
+                                  for n, x in features.items())}
 
 
 def report(manifest: Manifest) -> Report:

@@ -85,6 +85,7 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     partition = PartitionArtifact(store, upstream["partition"])
+    partition.require_one_type(NAME)
     features = FeaturesArtifact(store, upstream["features"])
     row_bytes = features.row_bytes
 

@@ -49,19 +49,26 @@ def check_inputs(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     return num_nodes
 
 
-def random_parts(num_nodes: int, num_parts: int, seed: int, train_mask: np.ndarray | None = None) -> np.ndarray:
-    """A seeded, exactly node-balanced random split (part sizes differ by at most one).
+def random_parts(num_nodes: int, num_parts: int, seed: int, train_mask: np.ndarray | None = None,
+                 node_type: np.ndarray | None = None) -> np.ndarray:
+    """A seeded, exactly node-balanced random split (part sizes differ by at most one, per node type too).
 
-    The nodes are dealt round-robin in a random order; with ``train_mask`` the train nodes are dealt first, so
-    train counts are exactly balanced too (instead of only in expectation) at no cost to node balance.
+    The nodes are dealt round-robin in a random order, type after type; with ``train_mask`` a type's train nodes
+    are dealt first, so train counts are exactly balanced too (instead of only in expectation) at no cost to node
+    balance.
     """
     rng = np.random.default_rng(seed)
-    if train_mask is None:
-        order_orig = rng.permutation(num_nodes)
-    else:
-        train_orig = np.flatnonzero(train_mask)
-        other_orig = np.flatnonzero(~train_mask)
-        order_orig = np.concatenate([rng.permutation(train_orig), rng.permutation(other_orig)])
+    types = [np.ones(num_nodes, dtype=bool)] if node_type is None else [node_type == t for t in
+                                                                       np.unique(node_type)]
+    runs = []
+    for in_type in types:
+        if train_mask is None:
+            runs.append(rng.permutation(np.flatnonzero(in_type)) if node_type is not None
+                        else rng.permutation(num_nodes))
+        else:
+            runs += [rng.permutation(np.flatnonzero(train_mask & in_type)),
+                     rng.permutation(np.flatnonzero(~train_mask & in_type))]
+    order_orig = np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
     part_of_orig = np.empty(num_nodes, dtype=np.int64)
     part_of_orig[order_orig] = np.arange(num_nodes, dtype=np.int64) % num_parts
     return part_of_orig
@@ -109,13 +116,15 @@ def run_metis(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweights:
 def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray, num_parts: int, *,
                  method: str = "metis", seed: int = 0, directed: bool = False, balance_train: bool = True,
                  balance_edges: bool = True, progress: bool = False, tolerance: float = DEFAULT_TOLERANCE,
-                 metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None) -> np.ndarray:
+                 metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None,
+                 node_type: np.ndarray | None = None) -> np.ndarray:
     """``part_of_orig`` int64 [N] in [0, num_parts): the part each orig node goes to.
 
     ``indptr``/``indices``: the incoming-edge CSR in orig ids (``storage.graph``). ``tolerance``: the max/mean
     node, train-node and edge counts the METIS result is repaired to. ``metis_edge_budget``: CSR entries above
     which METIS gets a sparsified graph (default ``adjacency.default_budget``). ``stats``, if given, receives
-    timings and move counts (for reports and benchmarks).
+    timings and move counts (for reports and benchmarks). ``node_type`` (typed graphs, int [N]): nodes and train
+    nodes are balanced per type (``balance.rebalance``).
     """
     num_nodes = check_inputs(indptr, indices, train_mask, num_parts, method)
     train_mask = np.asarray(train_mask, dtype=bool)
@@ -123,7 +132,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     if num_parts == 1:
         return np.zeros(num_nodes, dtype=np.int64)
     if method == "random":
-        return random_parts(num_nodes, num_parts, seed, train_mask if balance_train else None)
+        return random_parts(num_nodes, num_parts, seed, train_mask if balance_train else None, node_type)
 
     bar = tqdm(total=4, desc="partition: adjacency", disable=not progress, leave=False)
     t0 = time.perf_counter()
@@ -144,7 +153,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     t3 = time.perf_counter()
     part_of_orig, moves = rebalance(xadj, adjncy, part_of_orig, train_mask, num_parts,
                                     balance_train=balance_train, tolerance=tolerance,
-                                    edge_weight=degrees(indptr) if balance_edges else None)
+                                    edge_weight=degrees(indptr) if balance_edges else None, node_type=node_type)
     bar.update()
     bar.close()
     stats.update(moves)

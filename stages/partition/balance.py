@@ -24,6 +24,7 @@ through ctypes for the comparison): cut 0.186 vs 0.183 (2 parts), 0.35 vs 0.345 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -110,61 +111,89 @@ def _flows(counts: np.ndarray, tolerance: float, rounds_left: int) -> list[tuple
 
 
 def rebalance(xadj: np.ndarray, adjncy: np.ndarray, part: np.ndarray, train_mask: np.ndarray, num_parts: int, *,
-              balance_train: bool = True, edge_weight: np.ndarray | None = None,
+              balance_train: bool = True, edge_weight: np.ndarray | None = None, node_type: np.ndarray | None = None,
               tolerance: float = DEFAULT_TOLERANCE, rounds: int = ROUNDS) -> tuple[np.ndarray, dict[str, int]]:
     """Repair node, train-node (if ``balance_train``) and edge (if ``edge_weight``) balance of ``part`` in place,
     then refine the cut (module docstring); returns ``(part, stats)`` with the number of nodes moved per phase.
 
     ``xadj``/``adjncy`` must be the whole symmetric adjacency (gains are measured on it). ``edge_weight``: the
-    edges each node brings to its part (its in-degree). Phases aim at half the tolerance, refinement may use all.
+    edges each node brings to its part (its in-degree). ``node_type`` (typed graphs): the nodes and train nodes
+    are balanced per type, and every move or swap stays within a type, so a part's counts of each type are
+    constraints of their own (one type: the untyped repair). Phases aim at half the tolerance, refinement may use
+    all.
     """
     mover = _Mover(xadj, adjncy, part, num_parts)
-    movable_for_nodes = ~train_mask if balance_train else np.ones_like(train_mask)
+    groups = _type_groups(node_type, part.shape[0])
     stats = {"moved_for_nodes": 0, "moved_for_train": 0}
-
-    for r in range(rounds):
-        counts = np.bincount(mover.part, minlength=num_parts)
-        if _balanced_enough(counts, tolerance):
-            break
-        for p, q, k in _flows(counts, tolerance, rounds - r):
-            candidates = np.flatnonzero((mover.part == p) & movable_for_nodes)
-            mover.move(mover.best(candidates, q, k), q)
+    for in_type in groups:
+        movable = in_type & ~train_mask if balance_train else in_type
+        _balance_nodes(mover, in_type, movable, tolerance, rounds)
     stats["moved_for_nodes"] = mover.moved
 
-    num_train = int(np.count_nonzero(train_mask))
-    if balance_train and 0 < num_train < train_mask.shape[0]:
-        for r in range(rounds):
-            counts = np.bincount(mover.part[train_mask], minlength=num_parts)
-            if _balanced_enough(counts, tolerance):
-                break
-            for p, q, k in _flows(counts, tolerance, rounds - r):
-                out_nodes = np.flatnonzero((mover.part == p) & train_mask)
-                back_nodes = np.flatnonzero((mover.part == q) & ~train_mask)
-                k = min(k, out_nodes.shape[0], back_nodes.shape[0])
-                mover.move(mover.best(out_nodes, q, k), q)
-                # Chosen after the train nodes moved, so the gains see them (a node whose neighbours just came stays).
-                mover.move(mover.best(back_nodes, p, k), p)
+    if balance_train:
+        for in_type in groups:
+            _balance_train(mover, train_mask & in_type, ~train_mask & in_type, tolerance, rounds)
         stats["moved_for_train"] = mover.moved - stats["moved_for_nodes"]
 
     if edge_weight is not None:
         before = mover.moved
-        _balance_edges(mover, edge_weight, ~train_mask if balance_train else np.ones_like(train_mask),
+        _balance_edges(mover, edge_weight, ~train_mask if balance_train else np.ones_like(train_mask), groups,
                        tolerance, rounds)
         stats["moved_for_edges"] = mover.moved - before
 
     before = mover.moved
-    _refine(mover, train_mask if balance_train else None, edge_weight, tolerance, rounds)
+    _refine(mover, groups, train_mask if balance_train else None, edge_weight, tolerance, rounds)
     stats["moved_for_cut"] = mover.moved - before
     return mover.part, stats
 
 
-def _refine(mover: _Mover, train_mask: np.ndarray | None, edge_weight: np.ndarray | None, tolerance: float,
-            rounds: int) -> None:
+def _type_groups(node_type: np.ndarray | None, num_nodes: int) -> list[np.ndarray]:
+    """One boolean mask per node type (one all-true mask without types)."""
+    if node_type is None:
+        return [np.ones(num_nodes, dtype=bool)]
+    return [node_type == t for t in range(int(node_type.max()) + 1 if node_type.size else 0)]
+
+
+def _flow_rounds(mover: _Mover, members: np.ndarray, tolerance: float, rounds: int
+                 ) -> Iterator[tuple[int, int, int]]:
+    """The (from part, to part, how many) flows of each round, counted again before each round, until the
+    ``members``' counts per part are balanced enough."""
+    for r in range(rounds):
+        counts = np.bincount(mover.part[members], minlength=mover.num_parts)
+        if _balanced_enough(counts, tolerance):
+            return
+        yield from _flows(counts, tolerance, rounds - r)
+
+
+def _balance_nodes(mover: _Mover, members: np.ndarray, movable: np.ndarray, tolerance: float, rounds: int) -> None:
+    """Phase 1 for one type: movable nodes of over-full parts go to under-full parts."""
+    for p, q, k in _flow_rounds(mover, members, tolerance, rounds):
+        candidates = np.flatnonzero((mover.part == p) & movable)
+        mover.move(mover.best(candidates, q, k), q)
+
+
+def _balance_train(mover: _Mover, train: np.ndarray, others: np.ndarray, tolerance: float, rounds: int) -> None:
+    """Phase 2 for one type: train nodes of parts with too many move to parts with too few, as many of the type's
+    other nodes move back (node counts unchanged)."""
+    num_train = int(np.count_nonzero(train))
+    if not 0 < num_train < num_train + int(np.count_nonzero(others)):
+        return
+    for p, q, k in _flow_rounds(mover, train, tolerance, rounds):
+        out_nodes = np.flatnonzero((mover.part == p) & train)
+        back_nodes = np.flatnonzero((mover.part == q) & others)
+        k = min(k, out_nodes.shape[0], back_nodes.shape[0])
+        mover.move(mover.best(out_nodes, q, k), q)
+        # Chosen after the train nodes moved, so the gains see them (a node whose neighbours just came stays).
+        mover.move(mover.best(back_nodes, p, k), p)
+
+
+def _refine(mover: _Mover, groups: list[np.ndarray], train_mask: np.ndarray | None, edge_weight: np.ndarray | None,
+            tolerance: float, rounds: int) -> None:
     """Win back cut: move nodes with a positive gain to their best part while every constraint of the receiving
     part stays within ``tolerance``. Movers of one (from, to) group only help each other (an edge between two of
     them stays uncut), so each group's real gain is at least the sum of its gains and the cut never grows."""
     num_parts = mover.num_parts
-    columns = [np.ones(mover.part.shape[0], dtype=np.int64)]
+    columns = [in_type.astype(np.int64) for in_type in groups]   # nodes of each type
     if train_mask is not None:
         columns.append(train_mask.astype(np.int64))
     if edge_weight is not None:
@@ -205,26 +234,36 @@ def _refine(mover: _Mover, train_mask: np.ndarray | None, edge_weight: np.ndarra
             break
 
 
-def _balance_edges(mover: _Mover, edge_weight: np.ndarray, movable: np.ndarray, tolerance: float,
-                   rounds: int) -> None:
-    """Swap heavy movable nodes of edge-heavy parts for light ones of edge-light parts, one for one, so node and
-    train counts stay. Heavy/light = above/below the mean weight, so every swap moves a positive amount; heavy
-    candidates are capped at mean + what still has to move, so a hub cannot overshoot the target."""
-    mean_w = float(edge_weight.mean())
+def _balance_edges(mover: _Mover, edge_weight: np.ndarray, movable: np.ndarray, groups: list[np.ndarray],
+                   tolerance: float, rounds: int) -> None:
+    """Swap heavy movable nodes of edge-heavy parts for light ones of edge-light parts, one for one and within a
+    type, so node and train counts stay. Heavy/light = above/below the type's mean weight, so every swap moves a
+    positive amount; heavy candidates are capped at mean + what still has to move, so a hub cannot overshoot."""
+    means = [float(edge_weight[in_type].mean()) if in_type.any() else 0.0 for in_type in groups]
     for r in range(rounds):
         counts = np.bincount(mover.part, weights=edge_weight, minlength=mover.num_parts).astype(np.int64)
         if _balanced_enough(counts, tolerance):
             break
         for p, q, amount in _flows(counts, tolerance, rounds - r):
-            heavy = np.flatnonzero((mover.part == p) & movable & (edge_weight > mean_w)
-                                   & (edge_weight <= mean_w + amount))
-            light = np.flatnonzero((mover.part == q) & movable & (edge_weight < mean_w))
-            k = min(heavy.shape[0], light.shape[0])
-            if k == 0:
-                continue
-            heavy, light = mover.best(heavy, q, k), mover.best(light, p, k)
-            # the first swaps (best gains) that together move `amount`
-            moved = np.cumsum(edge_weight[heavy] - edge_weight[light])
-            k = min(k, int(np.searchsorted(moved, amount)) + 1)
-            mover.move(heavy[:k], q)
-            mover.move(light[:k], p)
+            for in_type, mean_w in zip(groups, means):
+                if amount <= 0:
+                    break
+                amount -= _swap(mover, edge_weight, movable & in_type, mean_w, p, q, amount)
+
+
+def _swap(mover: _Mover, edge_weight: np.ndarray, movable: np.ndarray, mean_w: float, p: int, q: int,
+          amount: int) -> int:
+    """Swap heavy movable nodes of p with light ones of q, best gains first, until ``amount`` edge weight moved;
+    returns the weight moved."""
+    heavy = np.flatnonzero((mover.part == p) & movable & (edge_weight > mean_w) & (edge_weight <= mean_w + amount))
+    light = np.flatnonzero((mover.part == q) & movable & (edge_weight < mean_w))
+    k = min(heavy.shape[0], light.shape[0])
+    if k == 0:
+        return 0
+    heavy, light = mover.best(heavy, q, k), mover.best(light, p, k)
+    # the first swaps (best gains) that together move `amount`
+    moved = np.cumsum(edge_weight[heavy] - edge_weight[light])
+    k = min(k, int(np.searchsorted(moved, amount)) + 1)
+    mover.move(heavy[:k], q)
+    mover.move(light[:k], p)
+    return int(moved[k - 1])

@@ -8,6 +8,7 @@ import numpy as np
 
 from stages.partition.balance import imbalance
 from stages.partition.csr_ops import degrees, row_chunks
+from storage.schema import GraphSchema
 
 
 def edge_cut(indptr: np.ndarray, indices: np.ndarray, part_of_orig: np.ndarray) -> int:
@@ -44,4 +45,27 @@ def partition_report(indptr: np.ndarray, indices: np.ndarray, part_of_orig: np.n
         "train_nodes": [int(c) for c in train_nodes],
         "imbalance": {"nodes": round(imbalance(nodes), 4), "edges": round(imbalance(edges), 4),
                       "train_nodes": round(imbalance(train_nodes), 4)},
+    }
+
+
+def typed_report(indptr: np.ndarray, indices: np.ndarray, part_of_orig: np.ndarray, node_type: np.ndarray,
+                 schema: GraphSchema, num_parts: int) -> dict[str, Any]:
+    """Per node type: nodes per part and their imbalance; per edge type: the cut (CSR entries whose endpoints lie
+    in different parts) and its fraction. ``indptr`` has the typed graph's (node, edge type) rows."""
+    r = schema.num_edge_types
+    nodes = {t.name: np.bincount(part_of_orig[node_type == i], minlength=num_parts)
+             for i, t in enumerate(schema.node_types)}
+    cut, total = np.zeros(r, dtype=np.int64), np.zeros(r, dtype=np.int64)
+    deg = degrees(indptr)
+    for r0, r1 in row_chunks(indptr):
+        row = np.repeat(np.arange(r0, r1, dtype=np.int64), deg[r0:r1])
+        crossing = part_of_orig[row // r] != part_of_orig[indices[indptr[r0]:indptr[r1]]]
+        cut += np.bincount(row[crossing] % r, minlength=r)
+        total += np.bincount(row % r, minlength=r)
+    return {
+        "node_types": {name: {"nodes": [int(c) for c in counts], "imbalance": round(imbalance(counts), 4)}
+                       for name, counts in nodes.items()},
+        "edge_types": {e.key: {"edge_cut": int(cut[i]),
+                               "edge_cut_fraction": round(int(cut[i]) / int(total[i]), 6) if total[i] else 0.0}
+                       for i, e in enumerate(schema.edge_types)},
     }

@@ -20,6 +20,7 @@ from storage.graph import GraphArtifact
 from storage.partition import write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
+from storage.schema import GraphSchema
 
 NAME = "partition"
 VERSION = 1
@@ -39,7 +40,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         progress: bool = True) -> Manifest:
     from stages.partition.assign import assign_parts
     from stages.partition.relabel import build_part_csr, relabel
-    from stages.partition.report import partition_report
+    from stages.partition.report import partition_report, typed_report
 
     download = upstream["download"]
     num_nodes = GraphArtifact(store, download).num_nodes
@@ -50,24 +51,34 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     def body(writer: StageWriter) -> None:
         with measure() as cost:
             graph = GraphArtifact(store, download).read(features=False)
+            schema, num_parts = graph.schema, params.num_partitions
             train_mask = np.zeros(graph.num_nodes, dtype=bool)
             train_mask[graph.splits["train"]] = True
-            part_of_orig = assign_parts(graph.indptr, graph.indices, train_mask, params.num_partitions,
-                                        method=params.method, seed=params.seed, directed=graph.directed,
+            # typed graphs: METIS sees the homogenised graph (a node's edges of every type), which may repeat a
+            # pair under two relations, hence "directed" (the symmetrising path dedups)
+            node_indptr = np.ascontiguousarray(graph.node_indptr)
+            node_type = None if schema.is_homogeneous else node_types_of(schema)
+            part_of_orig = assign_parts(node_indptr, graph.indices, train_mask, num_parts,
+                                        method=params.method, seed=params.seed,
+                                        directed=graph.directed or not schema.is_homogeneous,
                                         balance_train=params.balance_train, balance_edges=params.balance_edges,
-                                        progress=progress)
-            stats = partition_report(graph.indptr, graph.indices, part_of_orig, train_mask, params.num_partitions)
-            book = relabel(part_of_orig, params.num_partitions)
-            del part_of_orig
-            write_book(writer, book, {"num_partitions": params.num_partitions, "method": params.method,
-                                      "num_nodes": graph.num_nodes, "num_edges": graph.num_edges})
-            parts = range(params.num_partitions)
-            for p in tqdm(parts, desc="partition: write parts", disable=not progress, leave=False):
-                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p))
+                                        progress=progress, node_type=node_type)
+            stats = partition_report(node_indptr, graph.indices, part_of_orig, train_mask, num_parts)
+            if node_type is not None:
+                stats["typed"] = typed_report(graph.indptr, graph.indices, part_of_orig, node_type, schema,
+                                              num_parts)
+            book = relabel(part_of_orig, num_parts, node_type, len(schema.node_types))
+            del part_of_orig, node_indptr
+            write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
+                                      "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                                      "schema": schema.to_dict()})
+            for p in tqdm(range(num_parts), desc="partition: write parts", disable=not progress, leave=False):
+                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, schema.num_edge_types))
         writer.summary.update(stats)
-        writer.summary.update({"num_partitions": params.num_partitions, "method": params.method,
+        writer.summary.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
                                "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                               "bounds": [int(b) for b in book.bounds], **cost})
+                               "bounds": [int(b) for b in book.bounds],
+                               "type_bounds": [int(b) for b in book.range_table().type_bounds], **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -83,4 +94,20 @@ def report(manifest: Manifest) -> Report:
                 f"peak {s['peak_rss_bytes'] / 2**30:.2f} GiB")
     md = (f"## partition `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n\n"
           f"imbalance = max / mean per constraint.\n")
+    if "typed" in s:
+        md += _typed_tables(s["typed"], s["num_partitions"])
     return Report(headline, rows, md)
+
+
+def node_types_of(schema: GraphSchema) -> np.ndarray:
+    """int8/int64 [N]: the node type of every orig id (types are numbered type after type)."""
+    counts = [t.num_nodes for t in schema.node_types]
+    return np.repeat(np.arange(len(counts), dtype=np.int8 if len(counts) < 128 else np.int64), counts)
+
+
+def _typed_tables(typed: dict[str, Any], num_parts: int) -> str:
+    nodes = [{"node_type": name, **{f"part {p}": f["nodes"][p] for p in range(num_parts)},
+              "imbalance": f["imbalance"]} for name, f in typed["node_types"].items()]
+    edges = [{"edge_type": key, "edge_cut": f["edge_cut"], "cut_%": round(100 * f["edge_cut_fraction"], 2)}
+             for key, f in typed["edge_types"].items()]
+    return f"\nPer node type:\n\n{markdown_table(nodes)}\n\nPer edge type:\n\n{markdown_table(edges)}\n"

@@ -217,3 +217,16 @@ def test_stages_that_do_not_train_typed_graphs_yet_say_so(typed_build) -> None:
     with pytest.raises(InputError, match="the hotness stage does not handle typed graphs yet .4 node types, 7 edge "
                                          "types.*--until features"):
         hotness.run(store, hotness.Params(), {"partition": m["partition"], "features": m["features"]})
+
+
+def test_typed_reports_name_every_type(typed_build) -> None:
+    from stages.download import stage as download
+    from stages.partition import stage as partition
+
+    _, m = typed_build
+    dl, pt = download.report(m["download"]), partition.report(m["partition"])
+    assert "(4 node types, 7 edge types)" in dl.headline
+    for text in (dl.markdown, pt.markdown):
+        assert all(name in text for name in ("author", "field_of_study", "institution", "paper"))
+        assert "paper___rev_writes___author" in text
+    assert "Per edge type" in pt.markdown and "none (embeddings)" in dl.markdown

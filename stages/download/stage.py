@@ -131,10 +131,12 @@ def report(manifest: Manifest) -> Report:
              "avg_degree": s["avg_degree"], "features": s["num_features"], "classes": s["num_classes"],
              "directed": s["directed"], **{f"{k}_nodes": v for k, v in s["split_sizes"].items()},
              "wall_s": s["wall_s"], "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}]
-    headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges, {s['num_features']} features, "
-                f"{s['num_classes']} classes")
-    md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     schema = GraphSchema.from_dict(s["schema"])
+    typed = "" if schema.is_homogeneous else (f" ({len(schema.node_types)} node types, {schema.num_edge_types} "
+                                              "edge types)")
+    headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges{typed}, {s['num_features']} "
+                f"features, {s['num_classes']} classes")
+    md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     if not schema.is_homogeneous:
         md += _typed_tables(schema, s["edges_per_type"])
     return Report(headline, rows, md)

@@ -156,7 +156,7 @@ def test_corrupted_manifest_and_chunk_via_cli(prefect_server: str, tiny: dict[st
     assert proc.returncode == 2 and "corrupted manifest" in proc.stderr and str(manifest) in proc.stderr
     assert states(run_flow(tiny))["partition"] == "Completed"
     # a corrupted chunk (same size) of the features' source: rerunning features fails with a one-line error
-    chunk = next(p for p in sorted((Path(first["download"]["uri"]) / "graph.zarr" / "x" / "c").rglob("*"))
+    chunk = next(p for p in sorted((Path(first["download"]["uri"]) / "graph.zarr" / "x" / "node" / "c").rglob("*"))
                  if p.is_file())
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0xFF

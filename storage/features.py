@@ -24,6 +24,7 @@ import zarr
 
 from storage.errors import ArtifactError
 from storage.graph import SPLITS
+from storage.schema import only_type
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import BloscCname, attr_int, open_array, open_group, open_subgroup, read_array, write_array
 
@@ -44,13 +45,7 @@ class PartFeatures:
     @property
     def x(self) -> np.ndarray:
         """The one featured node type's rows (every homogeneous graph's; there tlid = lid)."""
-        return _only(self.features, "x")
-
-
-def _only(by_type: dict[str, Any], what: str) -> Any:
-    if len(by_type) != 1:
-        raise ValueError(f"{what} is the one featured node type's; this graph has {sorted(by_type)}: name a type")
-    return next(iter(by_type.values()))
+        return self.features[only_type(self.features, "x")]
 
 
 def write_part_features(writer: StageWriter, *, part: int, start_gid: int, features: dict[str, np.ndarray],
@@ -102,9 +97,12 @@ class FeaturesArtifact(ArtifactHandle):
 
     STAGE = "features"
 
+    def _type_name(self, node_type: str | None, what: str) -> str:
+        return node_type if node_type is not None else only_type(self.manifest.summary["types"], what)
+
     def _type(self, node_type: str | None) -> dict[str, Any]:
         types: dict[str, dict[str, Any]] = self.manifest.summary["types"]
-        return _only(types, "the feature width") if node_type is None else types[node_type]
+        return types[self._type_name(node_type, "the feature width")]
 
     @property
     def featured_types(self) -> tuple[str, ...]:
@@ -142,10 +140,7 @@ class FeaturesArtifact(ArtifactHandle):
         """Partition p's rows of a node type (``None``: the one featured type) [n_pt, F_t] by tlid, opened lazily
         (nothing read yet): what a rank's feature store loads, or reads chunk-wise when it is over the memory
         budget (``storage.zarr_io.read_into`` reads it whole, turning a bad checksum into ArtifactError)."""
-        if node_type is None:
-            _only(self.manifest.summary["types"], "x")
-        name = node_type if node_type is not None else self.featured_types[0]
-        return open_array(open_subgroup(open_group(self._url(_part_store(p))), "x"), name)
+        return open_array(open_subgroup(open_group(self._url(_part_store(p))), "x"), self._type_name(node_type, "x"))
 
     def part(self, p: int, load_x: bool = True) -> PartFeatures:
         """Partition p's labels and split lids, and its ``x`` unless ``load_x=False`` (then an empty [0, F])."""

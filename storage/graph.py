@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.schema import GraphSchema
+from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_str, open_group, open_subgroup, read_array, write_array
 
@@ -70,9 +70,7 @@ class Graph:
     @property
     def x(self) -> np.ndarray:
         """The features of the one featured node type (every homogeneous graph); typed code reads ``features``."""
-        if len(self.features) != 1:
-            raise ValueError(f"x is the one featured node type's features; this graph has {sorted(self.features)}")
-        return next(iter(self.features.values()))
+        return self.features[only_type(self.features, "x")]
 
     @property
     def num_classes(self) -> int:
@@ -97,7 +95,7 @@ class Graph:
             "num_nodes": self.num_nodes,
             "num_edges": self.num_edges,
             "num_features": self.num_features,
-            "feature_dtype": dtypes[0] if len(dtypes) == 1 else (None if not dtypes else ",".join(dtypes)),
+            "feature_dtype": ",".join(dtypes) or None,
             "num_classes": int(self.num_classes),
             "directed": bool(self.directed),
             "split_sizes": {s: int(self.splits[s].shape[0]) for s in SPLITS},

@@ -19,7 +19,7 @@ Torch-free (numpy), like the rest of ``storage``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,6 +76,14 @@ class EdgeType:
         return self.src, self.rel, self.dst
 
 
+def only_type(by_type: Mapping[str, Any], what: str) -> str:
+    """The one node type keyed in ``by_type`` (every homogeneous graph's featured type), refused in one line when
+    there are several: then the caller must name one."""
+    if len(by_type) != 1:
+        raise ValueError(f"{what} is the one featured node type's; this graph has {sorted(by_type)}: name a type")
+    return next(iter(by_type))
+
+
 def _check_name(name: str, what: str) -> None:
     # a name may not start or end with "_": ("paper_", "cites", ...) would share the key of ("paper", "_cites", ...)
     if not name or KEY_SEPARATOR in name or "/" in name or name != name.strip().strip("_"):
@@ -130,6 +138,12 @@ class GraphSchema:
         except ValueError:
             raise KeyError(f"no edge type {edge_type.key!r} (have {', '.join(e.key for e in self.edge_types)})"
                            ) from None
+
+    def node_type_of_orig(self) -> np.ndarray:
+        """int8 (int64 past 127 types) [N]: the node type of every orig id (types are numbered one after
+        another)."""
+        counts = [t.num_nodes for t in self.node_types]
+        return np.repeat(np.arange(len(counts), dtype=np.int8 if len(counts) < 128 else np.int64), counts)
 
     @property
     def featured(self) -> tuple[NodeType, ...]:

@@ -16,7 +16,6 @@ from stages.download.canonical import Relation, typed_csr_incoming
 from stages.download.synthetic_hetero import CITES, HAS_TOPIC, WRITES, generate_synthetic_hetero, type_counts
 from stages.download.typed import TypedSource, build_graph
 from stages.hotness import stage as hotness
-from stages.partition.stage import node_types_of
 from storage import InputError
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS, Graph, GraphArtifact
@@ -107,7 +106,7 @@ def test_synthetic_hetero_is_mag_like(mag_like: Graph) -> None:
     assert set(g.features) == {"paper"} and g.features["paper"].shape == (counts["paper"], 32)
     paper = g.schema.type_id("paper")
     offsets = g.schema.orig_offsets()
-    is_paper = node_types_of(g.schema) == paper
+    is_paper = g.schema.node_type_of_orig() == paper
     assert np.all((g.y >= 0) == is_paper) and g.num_classes == 8
     assert all(np.all(is_paper[g.splits[s]]) for s in SPLITS)
     edges = g.edges_per_type()
@@ -180,7 +179,7 @@ def test_typed_ranges_and_balance(typed_build) -> None:
     table = art.range_table()
     gid = np.arange(book.num_nodes)
     owner, node_type = table.locate(gid)
-    assert np.array_equal(node_type, node_types_of(schema)[book.orig_of_gid])
+    assert np.array_equal(node_type, schema.node_type_of_orig()[book.orig_of_gid])
     assert np.array_equal(owner, book.owner(gid)) and np.array_equal(table.bounds, book.bounds)
     typed = m["partition"].summary["typed"]
     for name, figures in typed["node_types"].items():

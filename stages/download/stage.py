@@ -58,7 +58,7 @@ class Params(StageParams):
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
         if self.dataset == "synthetic-hetero":
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
-            check_synthetic_hetero(self.num_nodes, self.num_classes, self.split)
+            check_synthetic_hetero(self.num_nodes, self.num_classes)
         return self
 
     def key_params(self) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def type_counts(num_nodes: int, num_classes: int) -> dict[str, int]:
     return counts
 
 
-def check_synthetic_hetero(num_nodes: int, num_classes: int, split: tuple[float, float, float]) -> None:
+def check_synthetic_hetero(num_nodes: int, num_classes: int) -> None:
     """Arguments checked in microseconds (the download Params call it before any stage starts)."""
     if num_nodes < 100:
         raise InputError(f"num_nodes={num_nodes} is too small for synthetic-hetero; use num_nodes >= 100")

@@ -67,11 +67,9 @@ def _relation(schema: GraphSchema, src: TypedSource, base: dict[str, int], e: Ed
     """Edge type e's edges in the graph's orig ids; a reverse type is its forward type's edges swapped."""
     if e in src.edges:
         s, d = src.edges[e]
-        source, target = e.src, e.dst
     else:   # a reverse made by add_reverse
-        forward = EdgeType(e.dst, e.rel.removeprefix("rev_"), e.src)
-        d, s = src.edges[forward]
-        source, target = e.src, e.dst
+        d, s = src.edges[EdgeType(e.dst, e.rel.removeprefix("rev_"), e.src)]
+    source, target = e.src, e.dst
     s, d = np.asarray(s), np.asarray(d)
     for ids, node_type, what in ((s, source, "source"), (d, target, "target")):
         if ids.size and not np.issubdtype(ids.dtype, np.integer):

@@ -99,26 +99,24 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                     progress=progress)
                 per_part.append({"part": p, "rows": attrs["num_nodes"],
                                  "chunk_rows": max(chunks.values(), default=0), **attrs["split_sizes"]})
+        per_type = {name: {"num_features": int(x.shape[1]), "feature_dtype": dtypes[name].name,
+                           "source_dtype": x.dtype.name,
+                           "bytes_features": dtypes[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
+                    for name, x in graph.features.items()}
         writer.summary.update({
-            "num_partitions": book.num_partitions, "num_classes": graph.num_classes,
-            "types": {name: {"num_features": int(x.shape[1]), "feature_dtype": dtypes[name].name,
-                             "source_dtype": x.dtype.name,
-                             "bytes_features": dtypes[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
-                      for name, x in graph.features.items()},
+            "num_partitions": book.num_partitions, "num_classes": graph.num_classes, "types": per_type,
             "normalize": params.normalize, "compressor": params.compressor or "none", "parts": per_part,
-            **_single_type_figures(graph.features, dtypes), **cost})
+            **_headline_figures(per_type), **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
 
-def _single_type_figures(features: dict[str, np.ndarray], dtypes: dict[str, np.dtype]) -> dict[str, Any]:
-    """The report's headline figures: the featured type's, or the sums over several."""
-    width = sum(int(x.shape[1]) for x in features.values())
-    stored = sorted({d.name for d in dtypes.values()})
-    source = sorted({x.dtype.name for x in features.values()})
-    return {"num_features": width, "feature_dtype": ",".join(stored), "source_dtype": ",".join(source),
-            "bytes_features": sum(dtypes[n].itemsize * int(x.shape[1]) * int(x.shape[0])
-                                  for n, x in features.items())}
+def _headline_figures(per_type: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report's headline figures: the featured type's, or the sums (and the dtypes) over several."""
+    return {"num_features": sum(t["num_features"] for t in per_type.values()),
+            "feature_dtype": ",".join(sorted({t["feature_dtype"] for t in per_type.values()})),
+            "source_dtype": ",".join(sorted({t["source_dtype"] for t in per_type.values()})),
+            "bytes_features": sum(t["bytes_features"] for t in per_type.values())}
 
 
 def report(manifest: Manifest) -> Report:

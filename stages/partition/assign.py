@@ -22,7 +22,7 @@ import numpy as np
 
 from stages.choices import PARTITION_METHODS
 from stages.partition.adjacency import sparsify, symmetric_adjacency
-from stages.partition.balance import DEFAULT_TOLERANCE, rebalance
+from stages.partition.balance import DEFAULT_TOLERANCE, rebalance, type_groups
 from stages.partition.csr_ops import degrees
 from storage.progress import progress as tqdm
 
@@ -58,13 +58,10 @@ def random_parts(num_nodes: int, num_parts: int, seed: int, train_mask: np.ndarr
     balance.
     """
     rng = np.random.default_rng(seed)
-    types = [np.ones(num_nodes, dtype=bool)] if node_type is None else [node_type == t for t in
-                                                                       np.unique(node_type)]
     runs = []
-    for in_type in types:
+    for in_type in type_groups(node_type, num_nodes):
         if train_mask is None:
-            runs.append(rng.permutation(np.flatnonzero(in_type)) if node_type is not None
-                        else rng.permutation(num_nodes))
+            runs.append(rng.permutation(np.flatnonzero(in_type)))
         else:
             runs += [rng.permutation(np.flatnonzero(train_mask & in_type)),
                      rng.permutation(np.flatnonzero(~train_mask & in_type))]

@@ -123,7 +123,7 @@ def rebalance(xadj: np.ndarray, adjncy: np.ndarray, part: np.ndarray, train_mask
     all.
     """
     mover = _Mover(xadj, adjncy, part, num_parts)
-    groups = _type_groups(node_type, part.shape[0])
+    groups = type_groups(node_type, part.shape[0])
     stats = {"moved_for_nodes": 0, "moved_for_train": 0}
     for in_type in groups:
         movable = in_type & ~train_mask if balance_train else in_type
@@ -147,7 +147,7 @@ def rebalance(xadj: np.ndarray, adjncy: np.ndarray, part: np.ndarray, train_mask
     return mover.part, stats
 
 
-def _type_groups(node_type: np.ndarray | None, num_nodes: int) -> list[np.ndarray]:
+def type_groups(node_type: np.ndarray | None, num_nodes: int) -> list[np.ndarray]:
     """One boolean mask per node type (one all-true mask without types)."""
     if node_type is None:
         return [np.ones(num_nodes, dtype=bool)]

@@ -20,7 +20,6 @@ from storage.graph import GraphArtifact
 from storage.partition import write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
-from storage.schema import GraphSchema
 
 NAME = "partition"
 VERSION = 1
@@ -57,7 +56,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             # typed graphs: METIS sees the homogenised graph (a node's edges of every type), which may repeat a
             # pair under two relations, hence "directed" (the symmetrising path dedups)
             node_indptr = np.ascontiguousarray(graph.node_indptr)
-            node_type = None if schema.is_homogeneous else node_types_of(schema)
+            node_type = None if schema.is_homogeneous else schema.node_type_of_orig()
             part_of_orig = assign_parts(node_indptr, graph.indices, train_mask, num_parts,
                                         method=params.method, seed=params.seed,
                                         directed=graph.directed or not schema.is_homogeneous,
@@ -97,12 +96,6 @@ def report(manifest: Manifest) -> Report:
     if "typed" in s:
         md += _typed_tables(s["typed"], s["num_partitions"])
     return Report(headline, rows, md)
-
-
-def node_types_of(schema: GraphSchema) -> np.ndarray:
-    """int8/int64 [N]: the node type of every orig id (types are numbered type after type)."""
-    counts = [t.num_nodes for t in schema.node_types]
-    return np.repeat(np.arange(len(counts), dtype=np.int8 if len(counts) < 128 else np.int64), counts)
 
 
 def _typed_tables(typed: dict[str, Any], num_parts: int) -> str:

@@ -229,3 +229,15 @@ def test_typed_reports_name_every_type(typed_build) -> None:
         assert all(name in text for name in ("author", "field_of_study", "institution", "paper"))
         assert "paper___rev_writes___author" in text
     assert "Per edge type" in pt.markdown and "none (embeddings)" in dl.markdown
+
+
+def test_an_endpoint_of_a_class_the_type_lacks_is_drawn_anywhere() -> None:
+    from stages.download.synthetic_hetero import _Drawer
+
+    # type "t" has nodes of classes 0 and 1 only; a request "in class 3" must fall back to any node, not to the
+    # nearest class that exists
+    drawer = _Drawer(np.random.default_rng(0), {"t": np.array([0, 0, 1])}, {"t": np.ones(3)}, num_classes=4)
+    drawn = drawer.pick("t", np.full(300, 3), np.ones(300, dtype=bool))
+    assert set(drawn.tolist()) == {0, 1, 2}
+    in_class_1 = drawer.pick("t", np.full(50, 1), np.ones(50, dtype=bool))
+    assert set(in_class_1.tolist()) == {2}

@@ -61,7 +61,7 @@ def generate_synthetic_hetero(num_nodes: int, avg_degree: float, num_features: i
     home = {t: _home_classes(rng_classes, n, num_classes) for t, n in counts.items()}
     weight = {t: rng_classes.pareto(PARETO_ALPHA, n) + 1.0 for t, n in counts.items()}
     scale = avg_degree / MAG_AVG_DEGREE
-    draw = _Drawer(rng_edges, home, weight)
+    draw = _Drawer(rng_edges, home, weight, num_classes)
     edges = {
         WRITES: draw.relation("author", "paper", MAG_EDGES_PER_SOURCE[WRITES] * scale, P_HOME_AUTHOR,
                               from_target=True),
@@ -109,14 +109,14 @@ class _Drawer:
     """Weight-proportional endpoints, in a class (``home``) or anywhere: one searchsorted on the weight cumsum of
     the type's nodes ordered by home class."""
 
-    def __init__(self, rng: np.random.Generator, home: dict[str, np.ndarray], weight: dict[str, np.ndarray]
-                 ) -> None:
+    def __init__(self, rng: np.random.Generator, home: dict[str, np.ndarray], weight: dict[str, np.ndarray],
+                 num_classes: int) -> None:
         self.rng, self.home = rng, home
         self.order = {t: np.argsort(h, kind="stable") for t, h in home.items()}
         self.cum = {t: np.cumsum(weight[t][self.order[t]]) for t in home}
         self.class_lo = {}
         for t, h in home.items():
-            per_class = np.bincount(h, minlength=int(h.max()) + 1)
+            per_class = np.bincount(h, minlength=num_classes)   # a class no node of the type has: empty
             ends = np.cumsum(per_class)
             before = np.concatenate([[0.0], self.cum[t]])
             self.class_lo[t] = (before[ends - per_class], before[ends])
@@ -126,7 +126,6 @@ class _Drawer:
         else of any class; weight-proportional."""
         cum = self.cum[node_type]
         lo_c, hi_c = self.class_lo[node_type]
-        cls = np.minimum(cls, lo_c.shape[0] - 1)
         home = in_class & (hi_c[cls] > lo_c[cls])
         lo = np.where(home, lo_c[cls], 0.0)
         hi = np.where(home, hi_c[cls], cum[-1])

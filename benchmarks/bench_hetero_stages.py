@@ -4,7 +4,7 @@
     python benchmarks/bench_hetero_stages.py --nodes 1939743 --parts 2 4 --root /tmp/bench-hetero
 
 ``synthetic-hetero`` at ``--nodes 1939743`` has ogbn-mag's node counts (papers, authors, institutions, fields of
-study) and about its edges (19.4 M before reverses at the default avg_degree 20, 38.7 M stored with them). The
+study) and about its edges (38.3 M stored at the default avg_degree 20, reverses included). The
 download is built once and found cached by the second configuration. Each stage's wall time and peak RSS come from
 its manifest (``stages.meter``: the kernel's high-water mark, reset per stage where Linux allows it).
 """

@@ -38,34 +38,40 @@ from stages.runtime.relabel import NodeMap, make_node_map
 from storage.partition import PartCSR
 
 __all__ = ["LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
-           "sample_neighbors", "sample_neighbors_with_counts", "shuffled"]
+           "sample_neighbors", "sample_neighbors_with_counts", "sample_typed", "shuffled"]
 
 
 @dataclass
 class LocalCSR:
     """Incoming-edge CSR of the gids ``[start_gid, start_gid + num_nodes)`` as tensors on one device.
 
-    ``indices[indptr[lid]:indptr[lid + 1]]`` are the gids of the sources of the edges into ``start_gid + lid``.
+    Rows are (node, edge type) pairs, row ``lid * R + e`` (``R = num_edge_types``, storage/graph.py):
+    ``indices[indptr[lid*R + e]:indptr[lid*R + e + 1]]`` are the gids of the sources of the type-e edges into
+    ``start_gid + lid``. With R = 1 a row is a node.
     """
 
     start_gid: int
-    indptr: Tensor   # int64 [num_nodes + 1], over lids
+    indptr: Tensor   # int64 [num_nodes * R + 1], over (lid, edge type) rows
     indices: Tensor  # int64 [num_edges], gids
+    num_edge_types: int = 1
 
     @classmethod
     def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
-                   device: torch.device | str = "cpu") -> LocalCSR:
+                   device: torch.device | str = "cpu", num_edge_types: int = 1) -> LocalCSR:
         # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
+        if (indptr.shape[0] - 1) % num_edge_types:
+            raise ValueError(f"{indptr.shape[0] - 1} CSR rows are not a whole number of nodes of "
+                             f"{num_edge_types} edge types")
         return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
-                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device))
+                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device), int(num_edge_types))
 
     @classmethod
     def from_part(cls, part: PartCSR, device: torch.device | str = "cpu") -> LocalCSR:
-        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device)
+        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types)
 
     @property
     def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1)
+        return int(self.indptr.shape[0] - 1) // self.num_edge_types
 
     @property
     def end_gid(self) -> int:
@@ -144,6 +150,28 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
     return count, row_pos, csr_local.indices.index_select(0, edge_idx)
 
 
+def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``sample_neighbors_with_counts`` per (target, edge type) row: up to ``fanout`` in-neighbours of each type.
+
+    Returns ``(count, row_pos, nbr_gid, edge_type)``: neighbours per target (all types), and per sampled edge its
+    target's position in ``target_lid``, its source gid and its edge type (``None`` when R = 1: then this is
+    ``sample_neighbors_with_counts`` itself, same draws). Edges come grouped by target, then by edge type. Rows of
+    an edge type whose dst is another node type are empty and cost one ``indptr`` lookup each.
+    """
+    num_types = csr_local.num_edge_types
+    if num_types == 1:
+        count, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid, fanout, replace=replace,
+                                                               generator=generator)
+        return count, row_pos, nbr_gid, None
+    target_lid = target_lid.to(device=csr_local.device, dtype=torch.long)
+    row = (target_lid.unsqueeze(1) * num_types + torch.arange(num_types, device=target_lid.device)).view(-1)
+    count, rowrow_pos, nbr_gid = sample_neighbors_with_counts(csr_local, row, fanout, replace=replace,
+                                                              generator=generator)
+    return (count.view(-1, num_types).sum(1), torch.div(rowrow_pos, num_types, rounding_mode="floor"), nbr_gid,
+            torch.remainder(rowrow_pos, num_types))
+
+
 def _row_starts(count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Non-empty rows, their counts and their first output slots (exclusive running sum)."""
     nonempty_row_pos = torch.nonzero(count).squeeze(1)
@@ -193,15 +221,18 @@ class MultiHopSampler(ABC):
         self._node_map: NodeMap = make_node_map(self.num_nodes, self.device, node_map)
 
     @abstractmethod
-    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
-        """``(row_pos, nbr_gid)`` for the frontier, ``row_pos`` indexing ``frontier_gid``."""
+    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(row_pos, nbr_gid, edge_type)`` for the frontier, ``row_pos`` indexing ``frontier_gid``;
+        ``edge_type`` is ``None`` on a graph of one edge type."""
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch.
 
         Fields: ``n_id`` (gids: seeds first, then new nodes in discovery order), ``edge_index`` [2, E] in
         batch-local positions (row 0 = source/neighbour, row 1 = target), ``batch_size``, ``num_sampled_nodes``
-        ([batch_size, new nodes of hop 1, ...]) and ``num_sampled_edges`` (per hop), ``num_nodes``.
+        ([batch_size, new nodes of hop 1, ...]) and ``num_sampled_edges`` (per hop), ``num_nodes``; on a graph
+        of several edge types also ``edge_type`` [E] (int64, the schema's edge type ids), as PyG's
+        ``to_homogeneous`` lays a typed graph out (``stages.runtime.typed_batch`` makes a ``HeteroData`` of it).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
         if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
@@ -210,13 +241,15 @@ class MultiHopSampler(ABC):
         nodes = self._node_map
         nodes.start(seed_gid)
         batch_size = seed_gid.numel()
-        n_id_parts, hop_edges = [seed_gid], []
+        n_id_parts, hop_edges, hop_types = [seed_gid], [], []
         num_sampled_nodes, num_sampled_edges = [batch_size], []
         frontier_gid, frontier_start_pos = seed_gid, 0
         # every hop runs even when the frontier is empty: the distributed subclass must stay in lockstep
         for fanout in self.fanouts:
-            row_pos, nbr_gid = self._sample_hop(frontier_gid, fanout)
+            row_pos, nbr_gid, edge_type = self._sample_hop(frontier_gid, fanout)
             nbr_pos, new_gid = nodes.add(nbr_gid)
+            if edge_type is not None:
+                hop_types.append(edge_type)
             hop_edges.append((nbr_pos, row_pos, frontier_start_pos))   # the frontier is a contiguous run of n_id
             n_id_parts.append(new_gid)
             num_sampled_edges.append(int(nbr_gid.numel()))
@@ -233,8 +266,11 @@ class MultiHopSampler(ABC):
             edge_index[0, lo:hi].copy_(nbr_pos)
             torch.add(row_pos, frontier_start_pos, out=edge_index[1, lo:hi])
             lo = hi
-        return Data(edge_index=edge_index, n_id=n_id, batch_size=batch_size, num_nodes=int(n_id.numel()),
-                    num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges)
+        batch = Data(edge_index=edge_index, n_id=n_id, batch_size=batch_size, num_nodes=int(n_id.numel()),
+                     num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges)
+        if hop_types:
+            batch.edge_type = torch.cat(hop_types)
+        return batch
 
     __call__ = sample
 
@@ -255,9 +291,10 @@ class NeighborSampler(MultiHopSampler):
                          node_map=node_map)
         self.csr = csr
 
-    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
-        return sample_neighbors(self.csr, frontier_gid - self.csr.start_gid, fanout, replace=self.replace,
-                                generator=self.generator)
+    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        _, row_pos, nbr_gid, edge_type = sample_typed(self.csr, frontier_gid - self.csr.start_gid, fanout,
+                                                      replace=self.replace, generator=self.generator)
+        return row_pos, nbr_gid, edge_type
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

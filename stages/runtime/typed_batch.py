@@ -1,0 +1,63 @@
+"""A typed sampled batch as PyG's ``HeteroData``, laid out as PyG's ``NeighborLoader`` lays out a hetero batch.
+
+The samplers return one ``Data`` in PyG's ``to_homogeneous`` layout (``n_id`` gids, ``edge_type`` per edge; the
+loader adds ``node_type`` per node): what the relational block models compute on (``stages.train.typed_model``).
+``to_hetero_data`` gives the same batch per type, for code written against ``HeteroData`` (``to_hetero`` models,
+``HGTConv``, PyG's ``trim_to_layer``):
+
+- ``data[t].n_id``: the gids of type t in batch order; ``data[t].batch_pos``: their positions in the ``Data``
+  batch; ``data[t].x`` when rows are given; ``data[t].num_sampled_nodes`` per hop;
+- ``data[(src, rel, dst)].edge_index``: per-type positions (row 0 a src-type node, row 1 a dst-type one), hop by
+  hop; ``num_sampled_edges`` per hop;
+- ``data[t].batch_size``: the seeds of type t, the first nodes of type t (seeds lead ``n_id``).
+
+Hop order is kept within each type, so a type's nodes within k hops are a prefix of its ``n_id`` and an edge type's
+edges of hops 1..k a prefix of its ``edge_index``: the per-layer block layout of the homogeneous batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, HeteroData
+
+from storage.schema import GraphSchema
+
+
+def _per_hop(counts: list[int], member: Tensor) -> list[int]:
+    """How many of each hop's entries (``counts`` long runs of ``member``) are members."""
+    ends = torch.tensor([0, *counts], device=member.device).cumsum(0)
+    csum = torch.cat([member.new_zeros(1, dtype=torch.long), member.long().cumsum(0)])
+    at = csum.index_select(0, ends)
+    return (at[1:] - at[:-1]).tolist()
+
+
+def to_hetero_data(batch: Data, schema: GraphSchema, x_dict: Mapping[str, Tensor] | None = None) -> HeteroData:
+    """``batch`` (with ``node_type``; ``edge_type`` unless the graph has one edge type) per type (module
+    docstring); ``x_dict``: each type's rows in batch order (``NodeLoader.gather_rows``)."""
+    node_type = batch.node_type
+    edge_type = getattr(batch, "edge_type", None)
+    if edge_type is None:
+        edge_type = torch.zeros(batch.edge_index.shape[1], dtype=torch.long, device=node_type.device)
+    local_pos = torch.empty_like(node_type)   # each batch position's index among its type's nodes
+    out = HeteroData()
+    for t, nt in enumerate(schema.node_types):
+        is_t = node_type == t
+        pos = torch.nonzero(is_t).squeeze(1)
+        local_pos[pos] = torch.arange(pos.numel(), device=pos.device)
+        store = out[nt.name]
+        store.n_id, store.batch_pos, store.num_nodes = batch.n_id.index_select(0, pos), pos, int(pos.numel())
+        store.batch_size = int(is_t[:batch.batch_size].sum())
+        store.num_sampled_nodes = _per_hop(batch.num_sampled_nodes, is_t)
+        if x_dict is not None:
+            store.x = x_dict[nt.name]
+    for e, et in enumerate(schema.edge_types):
+        is_e = edge_type == e
+        cols = torch.nonzero(is_e).squeeze(1)
+        ei = batch.edge_index.index_select(1, cols)
+        store = out[et.as_tuple()]
+        store.edge_index = torch.stack([local_pos.index_select(0, ei[0]), local_pos.index_select(0, ei[1])])
+        store.num_sampled_edges = _per_hop(batch.num_sampled_edges, is_e)
+    return out

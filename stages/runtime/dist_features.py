@@ -36,6 +36,8 @@ class FeatureCounters:
     cache_hits: int = 0
     local_rows: int = 0
     remote_rows: int = 0
+    cached_bytes: int = 0
+    local_bytes: int = 0
     remote_bytes: int = 0
 
     @property
@@ -44,6 +46,9 @@ class FeatureCounters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def __add__(self, other: FeatureCounters) -> FeatureCounters:
+        return FeatureCounters(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
 
 
 class DistFeatures:
@@ -111,6 +116,8 @@ class DistFeatures:
         c.cache_hits += int(hit_pos.numel())
         c.local_rows += local
         c.remote_rows += remote
+        c.cached_bytes += int(hit_pos.numel()) * self.store.row_bytes
+        c.local_bytes += local * self.store.row_bytes
         c.remote_bytes += remote * self.store.row_bytes
         return out
 

@@ -9,6 +9,8 @@ stream                      id   ``rank`` / ``epoch``   drawn by
 ``STREAM_SAMPLER``          1    rank / epoch           train: neighbour sampling (the rank's sampler generator)
 ``STREAM_TORCH``            2    rank / epoch           train: torch's global generator (dropout)
 ``STREAM_PY``               3    rank / epoch           train: ``random`` and ``numpy.random`` (global state)
+``STREAM_EMBEDDING``        4    node type / chunk      train: initial rows of a featureless type's embeddings, per
+                                                       chunk of 2^16 tgids (any rank draws a row alike)
 ``STREAM_HOTNESS_FIT``      16   partition / 0          hotness: the pre-sampled epochs the cache plan is fitted on
 ``STREAM_HOTNESS_EVAL``     17   partition / 0          hotness: the held-out epoch its hit rate is measured on
 ``STREAM_INFER_SAMPLER``    32   rank / layer, block    infer (``infer.fanouts``): one generator per layer and block
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY = range(4)
+STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY, STREAM_EMBEDDING = range(5)
 STREAM_HOTNESS_FIT, STREAM_HOTNESS_EVAL = 16, 17
 STREAM_INFER_SAMPLER = 32
 

@@ -54,22 +54,23 @@ class EpochStats:
 
     @classmethod
     def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *,
-               metric: Callable[[Sequence[float]], float], val_acc: float, eval_s: float, row_bytes: int,
-               lr: float) -> EpochStats:
+               metric: Callable[[Sequence[float]], float], val_acc: float, eval_s: float, lr: float) -> EpochStats:
         """The global record from this rank's ``sums`` (``loop.train_epoch``) and feature ``traffic`` of the epoch.
 
         A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``metric``: the task's,
         from the summed ``sums.metric_sums``; ``val_acc`` is global already; ``batches`` is equal on every rank.
         """
-        loss_sum, seeds, edges, req, hits, local, remote, remote_bytes, *metric_sums = all_reduce_f64(
+        (loss_sum, seeds, edges, req, hits, local, remote, cached_bytes, local_bytes, remote_bytes,
+         *metric_sums) = all_reduce_f64(
             [sums.loss_sum, sums.seeds, sums.sampled_edges, traffic.requested_rows, traffic.cache_hits,
-             traffic.local_rows, traffic.remote_rows, traffic.remote_bytes, *sums.metric_sums])
+             traffic.local_rows, traffic.remote_rows, traffic.cached_bytes, traffic.local_bytes,
+             traffic.remote_bytes, *sums.metric_sums])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
         return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=metric(metric_sums), val_acc=val_acc,
                    lr=lr, epoch_s=epoch_s, eval_s=eval_s, batches=sums.batches,
                    sampled_edges_per_s=edges / max(epoch_s, 1e-9), hit_rate=hits / max(req, 1),
                    requested_rows=int(req), cached_rows=int(hits), local_rows=int(local), remote_rows=int(remote),
-                   cached_bytes=int(hits) * row_bytes, local_bytes=int(local) * row_bytes,
+                   cached_bytes=int(cached_bytes), local_bytes=int(local_bytes),
                    remote_bytes=int(remote_bytes))
 
     def as_dict(self) -> dict[str, Any]:

@@ -211,11 +211,25 @@ def test_typed_features_follow_the_relabelling(typed_build) -> None:
                 book.bounds[p]:book.bounds[p + 1]]))
 
 
-def test_stages_that_do_not_train_typed_graphs_yet_say_so(typed_build) -> None:
+def test_typed_hotness_plans_featured_rows_in_one_byte_budget(typed_build) -> None:
+    """Requests are counted for every type; the plan holds only featured (paper) rows, within the byte budget."""
+    from storage.hotness import HotnessArtifact
+
     store, m = typed_build
-    with pytest.raises(InputError, match="the hotness stage does not handle typed graphs yet .4 node types, 7 edge "
-                                         "types.*--until features"):
-        hotness.run(store, hotness.Params(), {"partition": m["partition"], "features": m["features"]})
+    budget = 3000
+    built = hotness.run(store, hotness.Params(fanouts=(5, 5), batch_size=64, cache_budget_bytes=budget),
+                        {"partition": m["partition"], "features": m["features"]}, progress=False)
+    plans, partition = HotnessArtifact(store, built), PartitionArtifact(store, m["partition"])
+    row_bytes = FeaturesArtifact(store, m["features"]).row_bytes_of("paper")
+    paper = partition.schema.type_id("paper")
+    for p, row in enumerate(built.summary["parts"]):
+        plan = plans.plan(p).plan_gid
+        _, node_type = partition.range_table().locate(plan)
+        assert plan.size == budget // row_bytes and (node_type == paper).all()
+        assert row["plan_bytes"] == plan.size * row_bytes <= budget
+        assert set(row["requests_by_type"]) == {"author", "field_of_study", "institution", "paper"}
+        assert all(v > 0 for v in row["requests_by_type"].values())
+        assert row["plan_rows_by_type"] == {"author": 0, "field_of_study": 0, "institution": 0, "paper": plan.size}
 
 
 def test_typed_reports_name_every_type(typed_build) -> None:

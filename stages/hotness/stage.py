@@ -1,5 +1,10 @@
 """Hotness stage: pre-sample E epochs from each partition's train seeds, count feature-row requests, plan caches.
 
+On a typed graph the requests are counted per gid of every node type (sampled over every edge type, as training
+samples) and the plan is one ranking across the featured types, filled to one byte budget: a type's row costs its
+own width, and a featureless type's rows (learnt embeddings, owned by their ranks) are never planned. Ranking by
+request count is what saves the most bytes per cached byte whatever a row's width, since a hit saves one row.
+
 Contract: partition + features manifests + params → artifact ``hotness/<key>/`` with ``hot-<p>.zarr`` per
 partition (format in ``storage.hotness``), ``curve.png`` and ``curves.json``. The plan is fitted on E epochs and
 its hit rate measured on one more, independently drawn epoch, so the reported figures are not self-fulfilling.
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from stages.runtime.sampler import NeighborSampler
 
 NAME = "hotness"
-VERSION = 3   # 3: the neighbour draws come from the stage's seed (torch's global generator before: plans varied)
+VERSION = 4   # 4: typed graphs; 3: the neighbour draws come from the stage's seed (torch's global generator before)
 UPSTREAM = ("partition", "features")
 
 
@@ -44,10 +49,47 @@ class Params(StageParams):
 
 
 
+class _RowCosts:
+    """What a gid's feature row costs: one width for a homogeneous graph; per node type for a typed one, where
+    ``row_bytes_gid`` is 0 for a featureless type's gids (not cacheable) and ``type_of_gid`` names each gid's."""
+
+    def __init__(self, row_bytes: int, row_bytes_gid: np.ndarray | None = None,
+                 type_of_gid: np.ndarray | None = None, type_names: tuple[str, ...] = ()) -> None:
+        self.row_bytes, self.row_bytes_gid = row_bytes, row_bytes_gid
+        self.type_of_gid, self.type_names = type_of_gid, type_names
+
+    def cacheable(self, order_gid: np.ndarray) -> np.ndarray:
+        return order_gid if self.row_bytes_gid is None else order_gid[self.row_bytes_gid[order_gid] > 0]
+
+    def lookups(self, count_gid: np.ndarray) -> np.ndarray:
+        """Feature-row lookups per gid: the requests of cacheable gids."""
+        return count_gid if self.row_bytes_gid is None else np.where(self.row_bytes_gid > 0, count_gid, 0)
+
+    def budget(self, params: Params, hot_order: np.ndarray, lo: int, hi: int) -> planning.Budget:
+        num_nodes = hot_order.shape[0]
+        if self.row_bytes_gid is None:
+            return planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
+                                        row_bytes=self.row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
+        own_bytes = int(self.row_bytes_gid[lo:hi].sum())
+        if params.cache_budget_bytes is not None:
+            budget_bytes, base = params.cache_budget_bytes, f"{params.cache_budget_bytes:,} bytes per rank"
+        else:
+            budget_bytes = int(round(params.cache_ratio * own_bytes))
+            base = f"{params.cache_ratio:g} × the partition's {own_bytes:,} feature bytes"
+        rows = int(np.searchsorted(np.cumsum(self.row_bytes_gid[hot_order]), budget_bytes, side="right"))
+        return planning.Budget(rows, f"{base} = {rows:,} rows of the featured types")
+
+    def by_type(self, count_gid: np.ndarray) -> dict[str, int]:
+        if self.type_of_gid is None:
+            return {}
+        sums = np.bincount(self.type_of_gid, weights=count_gid, minlength=len(self.type_names))
+        return {name: int(v) for name, v in zip(self.type_names, sums)}
+
+
 def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
-                    deg_order: np.ndarray, lo: int, hi: int, row_bytes: int, params: Params, progress: bool
+                    deg_order: np.ndarray, lo: int, hi: int, costs: _RowCosts, params: Params, progress: bool
                     ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
-    """``deg_order``: the degree baseline's ranking, the same for every partition (computed once)."""
+    """``deg_order``: the degree baseline's ranking of the cacheable gids, the same for every partition."""
     import torch
 
     from stages.hotness.counting import count_requests
@@ -56,15 +98,17 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     # all epochs of partition p from one generator (epoch 0 of its stream); stream ids in stages.runtime.seeds
     fit_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_FIT))
     eval_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_EVAL))
-    fit = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
-                         generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress).numpy()
-    held_out = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1, generator=eval_gen,
-                              desc=f"hotness: evaluate part {p}", progress=progress).numpy()
-    budget = planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
-                                  row_bytes=row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
-    hot_order = planning.hotness_order(fit, in_degree_gid)
+    requests = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
+                              generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress).numpy()
+    fit = costs.lookups(requests)
+    held_out = costs.lookups(count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1,
+                                            generator=eval_gen, desc=f"hotness: evaluate part {p}",
+                                            progress=progress).numpy())
+    hot_order = costs.cacheable(planning.hotness_order(fit, in_degree_gid))
+    budget = costs.budget(params, hot_order, lo, hi)
     plan_gid = hot_order[: budget.rows]
     requested = int(np.count_nonzero(fit))
+    row_bytes = costs.row_bytes
     sizes = planning.curve_sizes(hi - lo, num_nodes)
     [hot_hit, deg_hit] = [planning.hit_rates(held_out, order, np.append(sizes, budget.rows))
                           for order in (hot_order, deg_order)]
@@ -75,6 +119,10 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
            "expected_hit_rate": float(hot_hit[-1]), "degree_hit_rate": float(deg_hit[-1]),
            "remote_removed": planning.remote_share_removed(held_out, plan_gid, lo, hi),
            "budget": budget.note}
+    if costs.type_of_gid is not None:   # typed: requests per node type (embedding rows too), and the plan's
+        row["requests_by_type"] = costs.by_type(requests)
+        row["plan_rows_by_type"] = costs.by_type(np.bincount(plan_gid, minlength=num_nodes))
+        row["plan_bytes"] = int(costs.row_bytes_gid[plan_gid].sum()) if costs.row_bytes_gid is not None else 0
     curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
              "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}
     plan = CachePlan(p, plan_gid, hot_order[:requested], fit[hot_order[:requested]],
@@ -82,12 +130,22 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     return plan, row, curve
 
 
+def _row_costs(partition: PartitionArtifact, features: FeaturesArtifact) -> _RowCosts:
+    schema = partition.schema
+    if schema.is_homogeneous:
+        return _RowCosts(features.row_bytes)
+    _, type_of_gid = partition.range_table().locate(np.arange(schema.num_nodes))
+    featured = set(features.featured_types)
+    type_bytes = np.array([features.row_bytes_of(t.name) if t.name in featured else 0 for t in schema.node_types],
+                          dtype=np.int64)
+    return _RowCosts(0, type_bytes[type_of_gid], type_of_gid, tuple(t.name for t in schema.node_types))
+
+
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     partition = PartitionArtifact(store, upstream["partition"])
-    partition.require_one_type(NAME)
     features = FeaturesArtifact(store, upstream["features"])
-    row_bytes = features.row_bytes
+    schema = partition.schema
 
     def body(writer: StageWriter) -> None:
         # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
@@ -100,16 +158,18 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         curves: list[dict[str, Any]] = []
         with measure() as cost:
             num_parts, bounds = partition.num_partitions, partition.bounds()
-            csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(num_parts)]), start_gid=0)
-            in_degree_gid = np.diff(csr.indptr.numpy())
-            deg_order = planning.degree_order(in_degree_gid)
+            csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(num_parts)]), start_gid=0,
+                                      num_edge_types=schema.num_edge_types)
+            in_degree_gid = partition.in_degree()
+            costs = _row_costs(partition, features)
+            deg_order = costs.cacheable(planning.degree_order(in_degree_gid))
             sampler = NeighborSampler(csr, params.fanouts)
             for p in range(num_parts):
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
                 split = features.part(p, load_x=False)
                 train_gid = torch.from_numpy(split.split_lids["train"] + lo)
                 plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, deg_order, lo, hi,
-                                                   row_bytes, params, progress)
+                                                   costs, params, progress)
                 write_plan(writer, plan)
                 rows.append(row)
                 curves.append(curve)

@@ -55,6 +55,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from stages.runtime.dist_features import DistFeatures
     from stages.runtime.dist_sampler import equal_batch_count
     from stages.train.cache_policy import cache_gids
     from stages.train.params import Params
@@ -74,6 +75,9 @@ def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(params.threads_per_rank or 1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
     data = RankData.open(spec, rank, world, local_world, device)
+    if not isinstance(data.features, DistFeatures):
+        raise SystemExit("bench_train compares cache policies on a homogeneous graph's feature store")
+    features = data.features
     trainer = Trainer(spec, params, data)
     loader = trainer.loader
     store = ArtifactStore(spec.artifacts)
@@ -83,7 +87,7 @@ def rank_main(args: argparse.Namespace) -> None:
     results = {}
     for policy in CACHE_POLICIES:
         gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)
-        cache = data.features.build_cache(torch.from_numpy(gid))
+        cache = features.build_cache(torch.from_numpy(gid))
         trainer.rng.seed_epoch(0)
         seeds = loader.train_batches()
         data.features.reset_counters()

@@ -16,7 +16,8 @@ FeatureDtype = Literal["auto", "float32", "float16"]
 # the features stage's row normalisation of x (stages/features/normalize.py)
 FeatureNorm = Literal["none", "l1"]
 # built-in models and losses; train.model and train.loss also take an import path (stages/train/plugins.py)
-ModelName = Literal["sage", "gcn", "gat"]
+# rgcn, rgat: relational (per edge type); mlp: each node's own row only (the no-graph baseline)
+ModelName = Literal["sage", "gcn", "gat", "rgcn", "rgat", "mlp"]
 LossName = Literal["cross_entropy"]
 LrSchedule = Literal["none", "cosine", "step"]
 # the dtype of the model's matrix products (stages/train/model.py: seed_logits autocasts them to bfloat16)

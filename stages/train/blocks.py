@@ -132,19 +132,31 @@ class BatchGraph:
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None,
-                 dst_start: int = 0) -> None:
+                 dst_start: int = 0, edge_type: Tensor | None = None, num_edge_types: int = 1) -> None:
         src_pos, dst_pos = edge_index[0], edge_index[1]
         # the single-partition sampler emits edges grouped by target; the distributed one groups each hop's
-        # answers by owner rank, so its targets need a (stable) sort
-        if dst_pos.numel() > 1 and not bool((dst_pos[1:] >= dst_pos[:-1]).all()):
-            order = stable_order(dst_pos)
+        # answers by owner rank, so its targets need a (stable) sort; typed edges are sorted by (target, edge
+        # type), which keeps them grouped by target
+        key_pos = dst_pos if edge_type is None else dst_pos * num_edge_types + edge_type
+        if key_pos.numel() > 1 and not bool((key_pos[1:] >= key_pos[:-1]).all()):
+            order = stable_order(key_pos)
             src_pos, dst_pos = src_pos.index_select(0, order), dst_pos.index_select(0, order)
+            key_pos = key_pos.index_select(0, order)
         self.col, self.row = src_pos, dst_pos                 # CSR entries: source position, target position
         self.count = torch.bincount(dst_pos, minlength=num_targets)   # sampled in-edges per target
         self.crow = torch.cat([self.count.new_zeros(1), torch.cumsum(self.count, 0)])
         self.num_nodes, self.num_targets, self.true_deg = num_nodes, num_targets, deg
         self.dst_start = dst_start
-        self.edge_index = edge_index
+        self.edge_index, self.edge_type, self.num_edge_types = edge_index, edge_type, num_edge_types
+        self._key_pos = key_pos
+
+    @cached_property
+    def relation_csr(self) -> tuple[Tensor, Tensor]:
+        """``(crow, values)`` over (target, edge type) rows ``dst * R + e``: each entry's ``1 / count`` of its
+        row, the mean over a target's sampled in-neighbours of one edge type (R-GCN). Entries as ``col``."""
+        count = torch.bincount(self._key_pos, minlength=self.num_targets * self.num_edge_types)
+        crow = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
+        return crow, count.clamp(min=1).to(torch.float32).reciprocal().index_select(0, self._key_pos)
 
     @cached_property
     def mean_values(self) -> Tensor:
@@ -229,6 +241,18 @@ class Block:
         return SparseAdj(g.crow[:self.num_dst + 1], g.col[:self.num_edges], g.mean_values[:self.num_edges],
                          self.num_src, self.num_dst)
 
+    def relation_mean_adj(self) -> SparseAdj:
+        """``[num_dst * R, num_src]``: row ``v * R + e`` is the mean over v's sampled type-e in-neighbours."""
+        g = self.graph
+        crow, values = g.relation_csr
+        rows = self.num_dst * g.num_edge_types
+        return SparseAdj(crow[:rows + 1], g.col[:self.num_edges], values[:self.num_edges], self.num_src, rows)
+
+    @property
+    def edge_type(self) -> Tensor | None:
+        """The edge type of each ``edge_index`` column (typed batches)."""
+        return None if self.graph.edge_type is None else self.graph.edge_type[:self.num_edges]
+
     def gcn_adj(self) -> SparseAdj:
         """GCN's normalised matrix, self loops included (``BatchGraph.gcn_csr``)."""
         crow, col, val = self.graph.gcn_csr
@@ -244,7 +268,10 @@ def make_blocks(batch: Data, num_layers: int) -> list[Block]:
     nodes = [0, *itertools.accumulate(batch.num_sampled_nodes)]   # nodes[k]: within k-1 hops ... (prefix sums)
     edges = [0, *itertools.accumulate(batch.num_sampled_edges)]
     deg = getattr(batch, "deg", None)
-    graph = BatchGraph(batch.edge_index[:, :edges[num_layers]], nodes[num_layers + 1], nodes[num_layers], deg)
+    edge_type = getattr(batch, "edge_type", None)
+    graph = BatchGraph(batch.edge_index[:, :edges[num_layers]], nodes[num_layers + 1], nodes[num_layers], deg,
+                       edge_type=None if edge_type is None else edge_type[:edges[num_layers]],
+                       num_edge_types=int(getattr(batch, "num_edge_types", 1)))
     blocks = []
     for layer in range(num_layers):
         k = num_layers - layer                      # this layer's messages come from within k hops

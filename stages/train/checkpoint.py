@@ -7,7 +7,8 @@ name and ``os.replace``d into place, so a killed writer never leaves a truncated
     {"key": train artifact key, "epoch": last completed epoch (0-based), "model": state_dict,
      "optimizer": state_dict, "scheduler": the LR scheduler's state_dict or None,
      "best": {"epoch", "val", "state": the best-validation weights (CPU)} (stages.train.recipe.BestModel),
-     "rng": [every global rank's RNG states, by rank], "history": [per-epoch metrics]}
+     "ranks": [per global rank: {"rng": its RNG states, "embeddings": its embedding shards and their SparseAdam
+               state, "best_embeddings": its shards of the best epoch}], "history": [per-epoch metrics]}
 
 Each node's local rank 0 writes to its own directory (no shared file system needed), and torchrun may hand a node
 other global ranks on the next attempt (c10d orders nodes by address): ``resume_state`` makes the ranks agree on

@@ -23,6 +23,7 @@ from torch_geometric.data import Data
 
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
+from stages.runtime.typed_rows import TypedRows
 from stages.train.loop import LabelOf
 from stages.train.rank_data import RankData
 
@@ -45,21 +46,36 @@ class NodeLoader:
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
-        ``batch.deg`` when ``attach_degrees``. A collective."""
+        ``batch.deg`` when ``attach_degrees``; a typed graph's with ``node_type`` per node and
+        ``num_edge_types`` (``edge_type`` per edge comes from the sampler). A collective."""
         batch = self.sampler.sample(seed_gid)
+        if isinstance(self.features, TypedRows):
+            batch.node_type = self.features.index.locate(batch.n_id)[0]
+            batch.num_edge_types = self.sampler.num_edge_types
         if self.attach_degrees:
             if self.degrees is None:
                 raise ValueError("this rank's data has no degree path (RankData.degrees)")
             with_degrees(batch, self.degrees)
         return batch
 
-    def gather_rows(self, n_id: Tensor) -> Tensor:
-        """``n_id`` gids -> float32 feature rows on the device (the ``GatherRows`` of ``stages.train.loop``).
+    def gather_rows(self, n_id: Tensor) -> Tensor | dict[str, Tensor]:
+        """``n_id`` gids -> float32 feature rows on the device (the ``GatherRows`` of ``stages.train.loop``); a
+        typed graph's as ``{node type: rows of its nodes, in batch order}``, learnt embeddings for featureless
+        types (leaves whose gradients ``step_embeddings`` sends to their owners).
 
         Rows are cached and exchanged in the store's dtype (float16 or 1-byte bool/int: half or a quarter of
         float32's bytes, ``stages.features.dtypes``) and cast here, once, after the exchange; no copy for float32.
         """
+        if isinstance(self.features, TypedRows):
+            _, rows = self.features.gather(n_id)
+            return {t: r.to(torch.float32) for t, r in rows.items()}
         return self.features.gather(n_id).to(torch.float32)
+
+    def step_embeddings(self) -> None:
+        """After each training batch's optimiser step: the learnt embeddings' sparse step (a collective; nothing on
+        a graph without featureless types)."""
+        if isinstance(self.features, TypedRows):
+            self.features.step_embeddings()
 
     def train_batches(self) -> Iterator[Tensor]:
         """One epoch of this rank's shuffled train seed gids, ``equal_batch_count`` batches (padding last)."""

@@ -19,7 +19,8 @@ from torch_geometric.data import Data
 from stages.train.tasks import Task
 
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
-GatherRows = Callable[[Tensor], Tensor]    # n_id gids -> [len, F] feature rows on the training device
+# n_id gids -> [len, F] feature rows on the training device; a typed graph's per node type
+GatherRows = Callable[[Tensor], Tensor | dict[str, Tensor]]
 LabelOf = Callable[[Tensor], Tensor]       # seed gids -> int64 labels on the training device
 OnBatch = Callable[[int], None]            # called with the batch index before each batch
 CheckLoss = Callable[[int, Tensor], None]  # (batch index, loss) before the backward pass; raises to stop
@@ -42,21 +43,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rows(gather_rows: GatherRows, n_id: Tensor) -> Tensor:
+def _rows(gather_rows: GatherRows, n_id: Tensor) -> Tensor | dict[str, Tensor]:
     x = gather_rows(n_id)
+    if isinstance(x, dict):
+        return {t: r if r.is_floating_point() else r.float() for t, r in x.items()}
     return x if x.is_floating_point() else x.float()
 
 
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_batches: Iterable[Tensor],
                 sample: Sample, gather_rows: GatherRows, task: Task, *, num_real_batches: int,
                 device: torch.device, on_batch: OnBatch | None = None,
-                check_loss: CheckLoss | None = None) -> EpochSums:
+                check_loss: CheckLoss | None = None, after_step: Callable[[], None] | None = None) -> EpochSums:
     """Train on every batch of ``seed_batches``; loss and metric count only the first ``num_real_batches``.
 
     Padding batches (recycled seeds, or empty ones) still take an optimiser step: under DDP every rank must run
     the same number of backward passes, whose gradient all-reduces pair up across ranks. An empty batch gives a
     zero loss whose backward still reaches every parameter (zero gradients), so its rank joins each all-reduce.
-    ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.guard``).
+    ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.guard``);
+    ``after_step`` runs after every optimiser step (the learnt embeddings' sparse step, a collective).
     """
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
@@ -74,6 +78,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step()
         sums.batches += 1
         sums.sampled_edges += int(batch.edge_index.shape[1])
         if b < num_real_batches:

@@ -132,9 +132,19 @@ class BlockGAT(_BlockForward, GAT):
 
 
 def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
-                heads: int = 4, **kwargs: Any) -> torch.nn.Module:
+                heads: int = 4, num_relations: int = 1, **kwargs: Any) -> torch.nn.Module:
     """A ``num_layers``-layer built-in GNN mapping ``in_channels`` features to ``out_channels`` logits; ``kwargs``
-    go to the PyG model (``act``, ``norm``, ...)."""
+    go to the PyG model (``act``, ``norm``, ...). ``num_relations``: the edge types rgcn and rgat tell apart."""
+    from stages.train import typed_model
+
+    sizes = {"in_channels": in_channels, "hidden": hidden, "out_channels": out_channels, "num_layers": num_layers,
+             "dropout": dropout, **kwargs}
+    if kind == "rgcn":
+        return typed_model.BlockRGCN(**sizes, num_relations=num_relations)
+    if kind == "rgat":
+        return typed_model.BlockRGAT(**sizes, num_relations=num_relations, heads=heads)
+    if kind == "mlp":
+        return typed_model.BlockMLP(**sizes)
     common = {"in_channels": in_channels, "hidden_channels": hidden, "num_layers": num_layers,
               "out_channels": out_channels, "dropout": dropout, **kwargs}
     if kind == "sage":
@@ -161,7 +171,8 @@ def needs_degrees(model: torch.nn.Module) -> bool:
     return is_block_model(model) and bool(getattr(_unwrapped(model), "needs_degrees", False))
 
 
-def seed_logits(model: torch.nn.Module, x: Tensor, batch: Data, *, precision: str = "float32") -> Tensor:
+def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data, *,
+                precision: str = "float32") -> Tensor:
     """Logits of the batch's seeds (its first ``batch_size`` nodes): layer by layer on bipartite blocks for a block
     model, else the plain PyG call on the whole sampled batch. ``model`` may be DDP's wrapper (called through it).
 
@@ -169,10 +180,25 @@ def seed_logits(model: torch.nn.Module, x: Tensor, batch: Data, *, precision: st
     bfloat16 with float32 accumulation, 2.5x the float32 rate on this project's AVX512-BF16 CPU); the logits come
     back as float32, so the loss is computed in float32. The weights and their gradients stay float32.
     """
+    if isinstance(x, dict):   # a typed batch: rows per node type (stages.train.typed_model.HeteroModel)
+        return _typed_seed_logits(model, x, batch, precision)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
         if is_block_model(model):
             block_model: Any = _unwrapped(model)   # a block model's num_layers is an int (nn.Module says Tensor)
             out = model(x, blocks=make_blocks(batch, block_model.num_layers))[:batch.batch_size]
         else:
             out = model(x, batch.edge_index)[:batch.batch_size]
+    return out.float() if precision == "bfloat16" else out
+
+
+def _typed_seed_logits(model: torch.nn.Module, x_dict: dict[str, Tensor], batch: Data, precision: str) -> Tensor:
+    device = batch.node_type.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+        if is_block_model(model):
+            block_model: Any = _unwrapped(model)
+            out = model(x_dict, node_type=batch.node_type,
+                        blocks=make_blocks(batch, block_model.num_layers))[:batch.batch_size]
+        else:
+            out = model(x_dict, node_type=batch.node_type, edge_index=batch.edge_index,
+                        edge_type=getattr(batch, "edge_type", None))[:batch.batch_size]
     return out.float() if precision == "bfloat16" else out

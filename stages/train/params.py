@@ -14,8 +14,9 @@ from storage.errors import InputError
 
 
 class Params(StageParams):
-    model: str = Field("sage", description="sage (GraphSAGE, mean), gcn, gat, or a factory package.module:name "
-                                           "called with in_channels, hidden, out_channels, num_layers, dropout and "
+    model: str = Field("sage", description="sage (GraphSAGE, mean), gcn, gat, rgcn, rgat (relational: per edge "
+                                           "type), mlp (no graph), or a factory package.module:name called with "
+                                           "in_channels, hidden, out_channels, num_layers, dropout and "
                                            "model_kwargs (README: plug-in models and losses)",
                        json_schema_extra={FORM: f"{', '.join(MODELS)}, or an import path package.module:factory"})
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for the model's "
@@ -31,6 +32,8 @@ class Params(StageParams):
     epochs: int = Field(10, ge=1, description="training epochs")
     lr: float = Field(0.003, gt=0, description="Adam learning rate")
     weight_decay: float = Field(0.0, ge=0, description="Adam weight decay (L2)")
+    embedding_lr: float = Field(0.01, gt=0, description="typed graphs: SparseAdam learning rate of the learnt "
+                                                        "embeddings of featureless node types (hidden wide)")
     lr_schedule: LrSchedule = Field("none", description="per epoch: none, cosine (from lr to 0 over epochs), step "
                                                         "(lr times lr_gamma every lr_step_epochs)")
     lr_step_epochs: int = Field(30, ge=1, description="step schedule: epochs between two decays")
@@ -83,7 +86,7 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _check(self) -> Params:
-        if self.model == "gat" and self.hidden % self.gat_heads:
+        if self.model in ("gat", "rgat") and self.hidden % self.gat_heads:
             raise InputError(f"hidden={self.hidden} must be a multiple of gat_heads={self.gat_heads} "
                              f"(GAT concatenates its heads)")
         return self

@@ -89,17 +89,23 @@ def load(ref: str, what: str) -> Any:
     return getattr(module, attr)
 
 
-def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int, hidden: int, out_channels: int,
-               num_layers: int, dropout: float, heads: int) -> torch.nn.Module:
-    """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``."""
+def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | Mapping[str, int | None],
+               hidden: int, out_channels: int, num_layers: int, dropout: float, heads: int,
+               num_relations: int = 1) -> torch.nn.Module:
+    """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``.
+
+    On a typed graph ``in_channels`` maps each node type to its feature width (None: a learnt embedding): the model
+    is ``stages.train.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
+    built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get ``num_relations``)."""
     import torch
 
     from stages.train.model import build_model
 
-    sizes: dict[str, Any] = {"in_channels": in_channels, "hidden": hidden, "out_channels": out_channels,
-                             "num_layers": num_layers, "dropout": dropout}
+    typed = not isinstance(in_channels, int)
+    sizes: dict[str, Any] = {"in_channels": hidden if typed else in_channels, "hidden": hidden,
+                             "out_channels": out_channels, "num_layers": num_layers, "dropout": dropout}
     if ref in MODELS:
-        model = build_model(ref, **sizes, heads=heads, **model_kwargs)
+        model = build_model(ref, **sizes, heads=heads, num_relations=num_relations, **model_kwargs)
     else:
         factory = load(ref, "model")
         try:
@@ -109,6 +115,11 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int, h
                              f"(a factory takes the sizes as keywords, plus model_kwargs)") from None
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model {ref} returned a {type(model).__name__}, not a torch.nn.Module")
+    if typed:
+        from stages.train.typed_model import HeteroModel, TypedInput
+
+        assert not isinstance(in_channels, int)
+        return HeteroModel(TypedInput(in_channels, hidden), model)
     return model
 
 

@@ -21,14 +21,17 @@ from torch import Tensor
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore, open_feature_store
 from stages.runtime.sampler import LocalCSR
+from stages.runtime.typed_rows import TypedRows
 from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
+from stages.train.typed_data import open_typed_rows
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
+from storage.schema import GraphSchema
 
 
 @dataclass
@@ -37,15 +40,23 @@ class RankData:
     world: int
     device: torch.device
     bounds: np.ndarray            # int64 [world + 1]: partition p owns gids [bounds[p], bounds[p + 1])
-    csr: LocalCSR                 # incoming edges of this rank's nodes (rows by lid, neighbours by gid)
-    features: DistFeatures        # rows of any gid: device cache -> own store -> remote owners
+    csr: LocalCSR                 # incoming edges of this rank's nodes (rows (lid, edge type), neighbours by gid)
+    # rows of any gid: device cache -> own store -> remote owners; a typed graph's per node type
+    # (``stages.train.typed_data``: a featureless type's learnt embeddings)
+    features: DistFeatures | TypedRows
     y_of_lid: Tensor              # int64 labels of this rank's nodes, by lid, on the device
     split_gid: dict[str, Tensor]  # SPLITS -> gids of this rank's nodes in that split, on the device
-    num_features: int
+    num_features: int             # a typed graph: 0 (per type in ``in_channels``)
     num_classes: int
     cache_policy: str             # the policy applied (``auto`` resolved)
     setup: dict[str, Any]         # this rank's row of ``metrics.json["ranks"]``
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
+    schema: GraphSchema | None = None     # the graph's node and edge types
+    in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
+
+    @property
+    def typed(self) -> bool:
+        return isinstance(self.features, TypedRows)
 
     @property
     def lo(self) -> int:
@@ -71,6 +82,15 @@ class RankData:
         lo = int(bounds[rank])
         csr = LocalCSR.from_part(partition.csr(rank), device)
         part = features.part(rank, load_x=False)
+        schema = partition.schema
+        if not schema.is_homogeneous:
+            typed = open_typed_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
+                                    local_world=local_world, device=device, part=part)
+            return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=typed.rows,
+                       degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
+                       split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
+                       num_features=0, num_classes=int(part.attrs["num_classes"]), cache_policy=typed.cache_policy,
+                       setup=typed.setup, schema=schema, in_channels=typed.in_channels)
         x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
                                      ranks_on_host=local_world, pin=device.type == "cuda")
         dist_features = DistFeatures(x_store, bounds, device=device)
@@ -85,7 +105,7 @@ class RankData:
                    degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=x_store.num_features, num_classes=int(part.attrs["num_classes"]),
-                   cache_policy=policy, setup=setup)
+                   cache_policy=policy, setup=setup, schema=schema)
 
 
 def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device) -> DistFeatures:
@@ -95,5 +115,6 @@ def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device) -> Dist
     a batch's remote degrees come from their owners through the feature exchange (``DistFeatures.gather``: 4 bytes
     of gid out and 4 back per remote node, ~2 % of a 100-float32 feature row). No cache: one exchange per batch.
     """
-    deg_of_lid = (torch.diff(csr.indptr) + 1).to(device="cpu", dtype=torch.float32)
+    node_indptr = csr.indptr[::csr.num_edge_types]   # a node's rows of every edge type are one range
+    deg_of_lid = (torch.diff(node_indptr) + 1).to(device="cpu", dtype=torch.float32)
     return DistFeatures(InMemoryFeatureStore(deg_of_lid[:, None]), bounds, device=device)

@@ -36,15 +36,17 @@ class BestModel:
         self.epoch = -1                          # the best epoch, 0-based; -1: none yet
         self.val = -math.inf
         self.state: dict[str, Tensor] | None = None
+        self.extra: dict[str, Any] | None = None   # what else the model is made of (a rank's embedding shards)
 
-    def update(self, epoch: int, val: float, model: torch.nn.Module) -> bool:
-        """Keep ``model``'s weights if ``val`` beats the best so far (strictly: the earliest best wins). Without a
-        validation split (``val`` NaN) every epoch is the best so far: the last epoch's model is published, and
-        patience never stops the run."""
+    def update(self, epoch: int, val: float, model: torch.nn.Module, extra: dict[str, Any] | None = None) -> bool:
+        """Keep ``model``'s weights (and ``extra``, CPU copies) if ``val`` beats the best so far (strictly: the
+        earliest best wins). Without a validation split (``val`` NaN) every epoch is the best so far: the last
+        epoch's model is published, and patience never stops the run."""
         if not math.isnan(val) and val <= self.val:
             return False
         self.epoch, self.val = epoch, val
         self.state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self.extra = extra
         return True
 
     def should_stop(self, last_epoch: int) -> bool:
@@ -53,7 +55,8 @@ class BestModel:
                 and last_epoch - self.epoch >= self.patience)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "val": self.val, "state": self.state}
+        return {"epoch": self.epoch, "val": self.val, "state": self.state, "extra": self.extra}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.val, self.state = int(state["epoch"]), float(state["val"]), state["state"]
+        self.extra = state.get("extra")

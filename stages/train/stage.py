@@ -162,6 +162,23 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
             "epochs": table}
 
 
+def _types_section(s: dict[str, Any]) -> str:
+    """A typed graph's figures per node type, summed over ranks: its input, nodes, cache rows, embedding bytes."""
+    in_channels = s["model"]["in_channels"]
+    if isinstance(in_channels, int):
+        return ""
+    rows = []
+    for name, width in in_channels.items():
+        per_rank = [r["types"][name] for r in s["ranks"]]
+        rows.append({"node_type": name, "input": f"{width} features" if width else
+                     f"learnt embedding ({s['model']['hidden']} wide, sharded)",
+                     "nodes": sum(t["rows"] for t in per_rank),
+                     "nodes_per_rank": " / ".join(str(t["rows"]) for t in per_rank),
+                     "cache_rows": sum(t.get("cache_rows", 0) for t in per_rank),
+                     "embedding_MiB": round(sum(t.get("embedding_bytes", 0) for t in per_rank) / 2**20, 2)})
+    return f"\n### Node types\n\n{markdown_table(rows)}\n"
+
+
 def report(manifest: Manifest) -> Report:
     s = manifest.summary
     m, r = s["model"], s["recipe"]
@@ -181,18 +198,20 @@ def report(manifest: Manifest) -> Report:
             "cached_rows", "local_rows", "remote_rows", "remote_bytes")
     table = [{**{c: ("n/a" if e[c] is None else e[c]) for c in cols}, "epoch": e["epoch"] + 1}   # 1-based, as logged
              for e in s["epochs"]]
-    ranks = [{k: v for k, v in rank.items()} for rank in s["ranks"]]
+    ranks = [{k: v for k, v in rank.items() if k != "types"} for rank in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
     published = ("The published model is the best validation epoch's" if s["best_val_acc"] is not None else
                  "The validation split is empty: the published model is the last epoch's")
     path = (" It does not follow the block protocol: each batch ran whole, every layer over every sampled node."
             if m["whole_batch"] else "")
+    inputs = (f"{m['in_channels']} features" if isinstance(m["in_channels"], int) else
+              "a typed input (per node type below)")
     md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
-          f"{m['parameters']:,} parameters, {m['in_channels']} features → {m['out_channels']} classes.{path} "
+          f"{m['parameters']:,} parameters, {inputs} → {m['out_channels']} classes.{path} "
           f"Task: {s['task']['name']}, {s['task']['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
           f"{r['patience']}. {published}; \"last epoch\" is the model after the last epoch trained.{resumed}\n\n"
           f"### Per epoch\n\n{markdown_table(table)}\n\n"
-          f"### Ranks\n\n{markdown_table(ranks)}\n")
+          f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(s)}")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})

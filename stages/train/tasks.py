@@ -35,8 +35,9 @@ class Task(Protocol):
         """The targets of ``seed`` (a batch of this rank's seeds), on the training device."""
         ...
 
-    def forward(self, model: torch.nn.Module, x: Tensor, batch: Data) -> Tensor:
-        """The model's outputs for the batch's seeds (``x``: the rows of ``batch.n_id``)."""
+    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data) -> Tensor:
+        """The model's outputs for the batch's seeds (``x``: the rows of ``batch.n_id``; a typed graph's per node
+        type)."""
         ...
 
     def loss(self, out: Tensor, y: Tensor) -> Tensor:
@@ -86,7 +87,7 @@ class NodeClassification:
     def labels(self, seed: Tensor) -> Tensor:
         return self.label_of(seed)
 
-    def forward(self, model: torch.nn.Module, x: Tensor, batch: Data) -> Tensor:
+    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data) -> Tensor:
         return seed_logits(model, x, batch, precision=self.precision)
 
     def loss(self, out: Tensor, y: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stages.runtime.dist_features import FeatureCounters
+from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_state, save_checkpoint
 from stages.train.guard import loss_check
 from stages.train.loader import NodeLoader
@@ -55,9 +56,13 @@ class Trainer:
         self.loader = NodeLoader(seeds, params.fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
-        self.model = make_model(params.model, params.model_kwargs, in_channels=data.num_features,
+        self.model = make_model(params.model, params.model_kwargs,
+                                in_channels=data.in_channels if data.in_channels is not None else data.num_features,
                                 hidden=params.hidden, out_channels=data.num_classes, num_layers=params.num_layers,
-                                dropout=params.dropout, heads=params.gat_heads).to(data.device)
+                                dropout=params.dropout, heads=params.gat_heads,
+                                num_relations=data.csr.num_edge_types).to(data.device)
+        # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)
+        self.embeddings = data.features.embeddings if isinstance(data.features, TypedRows) else {}
         self.whole_batch = not is_block_model(self.model)
         self.loader.attach_degrees = needs_degrees(self.model)   # GCN's true degrees travel with each batch
         if self.whole_batch and self.rank == 0:
@@ -86,9 +91,8 @@ class Trainer:
             eval_start = time.perf_counter()
             val_acc = self.evaluate("valid")
             stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
-                                      eval_s=time.perf_counter() - eval_start,
-                                      row_bytes=self.data.features.store.row_bytes, lr=lr)
-            improved = self.best.update(epoch, val_acc, self.model)
+                                      eval_s=time.perf_counter() - eval_start, lr=lr)
+            improved = self.best.update(epoch, val_acc, self.model, self._embedding_weights())
             if self.scheduler is not None:
                 self.scheduler.step()
             self.history.append(stats.as_dict())
@@ -105,6 +109,7 @@ class Trainer:
         test_best = test_last
         if self.best.epoch != self.epoch and self.best.state is not None:
             self.model.load_state_dict(self.best.state)
+            self._load_embedding_weights(self.best.extra)
             test_best = self.test()
         return self.metrics(test_best, test_last, stopped_early, resumed_from, ranks)
 
@@ -114,7 +119,8 @@ class Trainer:
         hook = self.batch_hook(self.rank, epoch) if self.batch_hook is not None else None
         sums = train_epoch(self.ddp, self.optimizer, self.loader.train_batches(), self.loader.sample,
                            self.loader.gather_rows, self.task, num_real_batches=self.loader.num_real_train_batches,
-                           device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch))
+                           device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch),
+                           after_step=self.loader.step_embeddings)
         return sums, self.data.features.reset_counters()
 
     def evaluate(self, split: str) -> float:
@@ -133,20 +139,47 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint's contents but the run key. A collective: every rank's RNG states are gathered, so that
         any node's copy resumes every rank (torchrun may give a node other global ranks next time)."""
-        rng: list[Any] = [None] * self.world
-        dist.all_gather_object(rng, self.rng.state_dict())
+        # per rank: its RNG streams, its embedding shards and their optimiser state, its shards of the best epoch
+        own = {"rng": self.rng.state_dict(), "embeddings": {t: e.state_dict() for t, e in self.embeddings.items()},
+               "best_embeddings": self.best.extra}
+        ranks: list[Any] = [None] * self.world
+        dist.all_gather_object(ranks, own)
+        best = {**self.best.state_dict(), "extra": None}
         return {"epoch": self.epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "best": self.best.state_dict(), "rng": rng, "history": self.history}
+                "best": best, "ranks": ranks, "history": self.history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        own = state["ranks"][self.rank]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.best.load_state_dict(state["best"])
-        self.rng.load_state_dict(state["rng"][self.rank])
+        self.best.load_state_dict({**state["best"], "extra": own["best_embeddings"]})
+        self.rng.load_state_dict(own["rng"])
+        for name, emb in self.embeddings.items():
+            emb.load_state_dict(own["embeddings"][name])
         self.history, self.epoch = state["history"], int(state["epoch"])
+
+    def _embedding_weights(self) -> dict[str, Any]:
+        """This rank's embedding shards (CPU copies): what the best-validation model keeps beside its weights."""
+        return {t: e.weight.detach().to("cpu", copy=True) for t, e in self.embeddings.items()}
+
+    def _load_embedding_weights(self, weights: dict[str, Any] | None) -> None:
+        for name, emb in self.embeddings.items():
+            if weights is not None:
+                with torch.no_grad():
+                    emb.weight.copy_(weights[name].to(emb.weight.device))
+
+    def published_state(self) -> dict[str, Any]:
+        """The model's ``state_dict`` plus, on a typed graph, ``embeddings.<type>``: each featureless type's whole
+        table in tgid order (``stages.runtime.typed_rows``). A collective (the shards are gathered)."""
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        for name, emb in self.embeddings.items():
+            shards: list[Any] = [None] * self.world
+            dist.all_gather_object(shards, emb.weight.detach().cpu())
+            state[f"embeddings.{name}"] = torch.cat(shards)
+        return state
 
     def resume(self) -> int | None:
         """Load the newest checkpoint of this run that any node holds; the epoch it was taken after, or None."""
@@ -177,7 +210,8 @@ class Trainer:
                 "recipe": {"loss": params.loss, "lr": params.lr, "weight_decay": params.weight_decay,
                            "lr_schedule": params.lr_schedule, "patience": params.patience},
                 "world_size": self.world, "resumed_from_epoch": resumed_from, "ranks": ranks,
-                "model": {"kind": params.model, "kwargs": params.model_kwargs, "in_channels": self.data.num_features,
+                "model": {"kind": params.model, "kwargs": params.model_kwargs,
+                          "in_channels": self.data.in_channels or self.data.num_features,
                           "hidden": params.hidden, "out_channels": self.data.num_classes,
                           "num_layers": params.num_layers, "whole_batch": self.whole_batch,
                           "parameters": sum(p.numel() for p in self.model.parameters())},

@@ -63,8 +63,8 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     data = RankData.open(spec, rank, world, local_world, device)
     trainer = Trainer(spec, params, data, local_rank=local_rank, batch_hook=fault_hook)
     metrics = trainer.fit()
+    state = trainer.published_state()   # a collective: the embedding shards are gathered
     if local_rank == 0:   # every node: the publishing node may host any global rank
-        state = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
         write_result(spec.result_dir, state, metrics)
     dist.barrier()
     # No destroy_process_group: the process ends with os._exit (see the bottom of this module). Tearing down DDP's

@@ -1,0 +1,76 @@
+"""What one training rank holds of a typed graph: ``RankData`` with a row source per node type.
+
+A featured type's rows come through its own feature exchange and device cache (``DistFeatures`` over the type's
+tgids, ``stages.runtime.typed_rows``); a featureless type's are learnt ``ShardedEmbedding`` rows, ``hidden`` wide
+(the typed input passes them to the first layer as they are). The cache plan is one list of gids across types
+(the hotness stage fits it to one byte budget): each type's cache gets the plan's gids of that type.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.feature_store import open_feature_store
+from stages.runtime.sharded_embedding import ShardedEmbedding
+from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
+from stages.train.cache_policy import cache_gids, resolve_policy
+from stages.train.params import Params
+from storage.features import FeaturesArtifact, PartFeatures
+from storage.graph import SPLITS
+from storage.hotness import HotnessArtifact
+from storage.partition import PartitionArtifact
+
+
+@dataclass
+class TypedSources:
+    rows: TypedRows
+    in_channels: dict[str, int | None]   # feature width per node type; None: a learnt embedding
+    cache_policy: str                    # ``auto`` resolved
+    setup: dict[str, Any]                # the rank's row of ``metrics.json["ranks"]``
+
+
+def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
+                    hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
+                    part: PartFeatures) -> TypedSources:
+    """The row sources of rank ``rank``. A collective (each featured type's cache build, in schema order)."""
+    schema = partition.schema
+    table = partition.range_table()
+    index = TypeIndex(table, device)
+    start = time.perf_counter()
+    policy = resolve_policy(params.cache_policy, device.type)
+    cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank)).to(device)
+    cached_type, cached_tgid = index.locate(cached_gid)
+    featured = set(features.featured_types)
+    sources: dict[str, RowSource] = {}
+    types: dict[str, dict[str, Any]] = {}
+    for t, node_type in enumerate(schema.node_types):
+        name, tgid_bounds = node_type.name, index.type_tgid_bounds[t]
+        own_rows = int(tgid_bounds[rank + 1] - tgid_bounds[rank])
+        if name in featured:
+            store = open_feature_store(features.x(rank, name), memory_budget_bytes=params.host_memory_budget_bytes,
+                                       ranks_on_host=local_world, pin=device.type == "cuda")
+            rows = DistFeatures(store, tgid_bounds, device=device)
+            cache = rows.build_cache(cached_tgid[cached_type == t])
+            sources[name] = rows
+            types[name] = {"rows": own_rows, "feature_store": store.kind, "cache_rows": cache.num_rows,
+                           "cache_bytes": cache.nbytes}
+        else:
+            emb = ShardedEmbedding(tgid_bounds, params.hidden, lr=params.embedding_lr, seed=params.seed,
+                                   node_type=t, device=device)
+            sources[name] = emb
+            types[name] = {"rows": own_rows, "embedding_bytes": own_rows * params.hidden * 4}
+    typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)
+    setup = {"rank": rank, "feature_store": ",".join(sorted({v["feature_store"] for v in types.values()
+                                                             if "feature_store" in v})),
+             "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
+             "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()),
+             "cache_build_s": round(time.perf_counter() - start, 3), "types": types,
+             **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
+    in_channels = {t.name: (features.num_features_of(t.name) if t.name in featured else None)
+                   for t in schema.node_types}
+    return TypedSources(typed_rows, in_channels, policy, setup)

@@ -1,0 +1,201 @@
+"""Relational models and the typed input: R-GCN, R-GAT, an MLP baseline, and ``HeteroModel`` (input + body).
+
+A typed batch is laid out as PyG's ``to_homogeneous`` lays a typed graph out: one ``n_id``, each node's type
+(``batch.node_type``) and each edge's type (``batch.edge_type``, the schema's edge type ids). Its rows arrive per
+node type (``x_dict``: features of a featured type, learnt embeddings of a featureless one). ``HeteroModel`` maps
+them to one ``[n, hidden]`` matrix (``TypedInput``: a linear map per featured type, embeddings as they are) and runs
+a body on it: a relational model (``rgcn``, ``rgat``), a homogeneous one that ignores the types (``sage``, ``gcn``,
+``gat``: the baseline that shows what the types are worth) or ``mlp`` (each seed's own row only).
+
+The relational layers follow the block protocol (``stages.train.model``), with one more matrix per block: row
+``v * R + e`` of ``Block.relation_mean_adj`` averages v's sampled type-e in-neighbours, so R-GCN's
+``sum_e W_e mean_e(h)`` is one sparse product and one GEMM (``[num_dst, R * in] @ [R * in, out]``) instead of R
+of each. Parameters are PyG's ``RGCNConv`` / ``GATConv``'s, so the whole-batch path is PyG's own call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import GATConv, RGCNConv
+
+from stages.train.blocks import Block, relu_dropout, spmm
+
+__all__ = ["BlockMLP", "BlockRGAT", "BlockRGCN", "HeteroModel", "TypedInput"]
+
+
+class _Layered(torch.nn.Module):
+    """ReLU and dropout between ``num_layers`` steps, on blocks or on the whole batch."""
+
+    supports_blocks = True
+    needs_degrees = False
+    supports_offset_targets = False
+
+    def __init__(self, num_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.num_layers, self.dropout_p = num_layers, dropout
+
+    def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
+             edge_type: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, edge_type: Tensor | None = None, *,
+                blocks: list[Block] | None = None) -> Tensor:
+        if blocks is not None and len(blocks) != self.num_layers:
+            raise ValueError(f"{len(blocks)} blocks for a {self.num_layers}-layer model")
+        if edge_index is not None and edge_type is None:   # one edge type (a homogeneous graph)
+            edge_type = edge_index.new_zeros(edge_index.shape[1])
+        h = x
+        for i in range(self.num_layers):
+            h = self.step(i, h, None if blocks is None else blocks[i], edge_index, edge_type)
+            if i < self.num_layers - 1:
+                h, scale = relu_dropout(h, self.dropout_p, self.training)
+                h = h * scale if scale != 1.0 else h
+        return h
+
+
+def _channels(i: int, num_layers: int, in_channels: int, hidden: int, out_channels: int) -> tuple[int, int]:
+    return (in_channels if i == 0 else hidden), (out_channels if i == num_layers - 1 else hidden)
+
+
+class BlockRGCN(_Layered):
+    """R-GCN (Schlichtkrull et al. 2018) with mean aggregation per relation: ``W_root h_v + sum_e W_e mean_{u in
+    N_e(v)} h_u + b``, PyG's ``RGCNConv(aggr="mean")`` per layer."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float, *,
+                 num_relations: int) -> None:
+        super().__init__(num_layers, dropout)
+        self.num_relations = num_relations
+        self.convs = torch.nn.ModuleList(
+            RGCNConv(*_channels(i, num_layers, in_channels, hidden, out_channels), num_relations, aggr="mean")
+            for i in range(num_layers))
+
+    def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
+             edge_type: Tensor | None) -> Tensor:
+        conv: Any = self.convs[i]
+        if block is None:
+            return conv(h, edge_index, edge_type)
+        agg = spmm(block.relation_mean_adj(), h)                       # [num_dst * R, in]
+        num_dst, r, c_in = block.num_dst, self.num_relations, h.shape[1]
+        out = torch.addmm(conv.bias, agg.view(num_dst, r * c_in), conv.weight.view(r * c_in, -1))
+        # in place (no copy); in-place ops are not autocast: the operands take the output's dtype
+        return out.addmm_(h[:num_dst].to(out.dtype), conv.root.to(out.dtype))
+
+
+class BlockRGAT(_Layered):
+    """R-GAT as the MLPerf GNN benchmark trains it: one ``GATConv`` per relation (no self loops), summed, plus a
+    linear map of the node's own row (a node with no in-edge of any relation keeps its own signal). Hidden layers
+    concatenate ``heads`` heads of ``hidden / heads``; the last averages them."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float, *,
+                 num_relations: int, heads: int = 4) -> None:
+        super().__init__(num_layers, dropout)
+        if hidden % heads:
+            raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
+        self.num_relations = num_relations
+        self.convs = torch.nn.ModuleList()
+        self.roots = torch.nn.ModuleList()
+        for i in range(num_layers):
+            c_in, c_out = _channels(i, num_layers, in_channels, hidden, out_channels)
+            last = i == num_layers - 1
+            self.convs.append(torch.nn.ModuleList(
+                GATConv(c_in, c_out if last else c_out // heads, heads=heads, concat=not last, add_self_loops=False)
+                for _ in range(num_relations)))
+            self.roots.append(torch.nn.Linear(c_in, c_out))
+
+    def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
+             edge_type: Tensor | None) -> Tensor:
+        if block is not None:
+            edge_index, edge_type = block.edge_index, block.edge_type
+            if edge_type is None:
+                edge_type = edge_index.new_zeros(edge_index.shape[1])
+            src, dst, size = h[:block.num_src], h[:block.num_dst], block.size
+        else:
+            src, dst, size = h, h, None
+        assert edge_index is not None and edge_type is not None, "R-GAT needs edge types"
+        out = self.roots[i](dst)
+        convs: Any = self.convs[i]
+        for e, conv in enumerate(convs):
+            ei = edge_index[:, torch.nonzero(edge_type == e).squeeze(1)]
+            out = out + conv((src, dst), ei, size=size)
+        return out
+
+
+class BlockMLP(_Layered):
+    """Each seed's own row through ``num_layers`` linear layers: the no-graph baseline (on blocks, only the seeds'
+    rows are computed)."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
+                 **_: Any) -> None:
+        super().__init__(num_layers, dropout)
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(*_channels(i, num_layers, in_channels, hidden, out_channels))
+                                        for i in range(num_layers))
+
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, edge_type: Tensor | None = None, *,
+                blocks: list[Block] | None = None) -> Tensor:
+        if blocks is not None:
+            x = x[:blocks[-1].num_dst]
+        return super().forward(x, edge_index, edge_type)
+
+    def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
+             edge_type: Tensor | None) -> Tensor:
+        return self.lins[i](h)
+
+
+class TypedInput(torch.nn.Module):
+    """``x_dict`` -> ``[n, hidden]`` in batch order: a linear map per featured type; a featureless type's rows (its
+    embeddings, ``hidden`` wide) as they come."""
+
+    def __init__(self, in_channels: Mapping[str, int | None], hidden: int) -> None:
+        super().__init__()
+        self.type_names = tuple(in_channels)
+        self.hidden = hidden
+        self.lins = torch.nn.ModuleDict({t: torch.nn.Linear(f, hidden) for t, f in in_channels.items() if f})
+
+    def forward(self, x_dict: Mapping[str, Tensor], node_type: Tensor) -> Tensor:
+        ref = next(iter(self.lins.parameters()), None)
+        dtype = ref.dtype if ref is not None else torch.float32
+        h = torch.zeros((node_type.numel(), self.hidden), dtype=dtype, device=node_type.device)
+        for t, name in enumerate(self.type_names):
+            rows = x_dict[name]
+            if name in self.lins:
+                rows = self.lins[name](rows.to(dtype))
+            h = h.index_copy(0, torch.nonzero(node_type == t).squeeze(1), rows.to(h.dtype))
+        return h
+
+
+class HeteroModel(torch.nn.Module):
+    """``TypedInput`` then ``body`` (a block model or a plain PyG one taking ``(x, edge_index)``)."""
+
+    def __init__(self, encoder: TypedInput, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.body = encoder, body
+
+    @property
+    def supports_blocks(self) -> bool:
+        return bool(getattr(self.body, "supports_blocks", False))
+
+    @property
+    def needs_degrees(self) -> bool:
+        return bool(getattr(self.body, "needs_degrees", False))
+
+    @property
+    def num_layers(self) -> int:
+        body: Any = self.body
+        return int(body.num_layers)
+
+    @property
+    def relational(self) -> bool:
+        return isinstance(self.body, (BlockRGCN, BlockRGAT))
+
+    def forward(self, x_dict: Mapping[str, Tensor], *, node_type: Tensor, edge_index: Tensor | None = None,
+                edge_type: Tensor | None = None, blocks: list[Block] | None = None) -> Tensor:
+        h = self.encoder(x_dict, node_type)
+        if blocks is not None:
+            return self.body(h, blocks=blocks)
+        if self.relational:
+            return self.body(h, edge_index, edge_type)
+        return self.body(h, edge_index)

@@ -140,14 +140,15 @@ class PartitionArtifact(ArtifactHandle):
         """The partitioned graph's node and edge types."""
         return GraphSchema.from_dict(self.manifest.summary["schema"])
 
-    def require_one_type(self, stage: str) -> None:
-        """Refuse a typed graph in a stage that does not sample or train them yet, in one line."""
+    def require_one_type(self, stage: str, until: str) -> None:
+        """Refuse a typed graph in a stage that does not handle them yet, in one line that says how far the
+        pipeline goes (``until``: the last stage that does)."""
         schema = self.schema
         if schema.is_homogeneous:
             return
         raise InputError(f"the {stage} stage does not handle typed graphs yet ({len(schema.node_types)} node types, "
-                         f"{schema.num_edge_types} edge types): their download, partition and features stages "
-                         "are built, typed sampling and training are not; run with --until features")
+                         f"{schema.num_edge_types} edge types); every stage up to {until} does: run with --until "
+                         f"{until}")
 
     def range_table(self) -> RangeTable:
         """Owner, node type and tlid of gids (reads only ``type_bounds``)."""

@@ -89,6 +89,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         progress: bool = True, log: Callable[[str], None] | None = None) -> Manifest:
     """Run inference (or find its artifact) for the model of ``upstream["train"]`` over every node."""
     partition, features, trained = (upstream[name] for name in UPSTREAM)
+    # typed inference (the all-node pass over typed layers and the learnt embeddings) is not built yet
+    PartitionArtifact(store, partition).require_one_type(NAME, until="train")
     num_layers = check_inputs(partition, features, trained, params)
     if force or store.find(NAME, stage_key(NAME, VERSION, params.key_params(),
                                            {n: m.key for n, m in upstream.items()})) is None:

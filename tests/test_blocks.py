@@ -56,7 +56,7 @@ def pyg_twin(kind: str, model: torch.nn.Module, num_layers: int) -> torch.nn.Mod
 
 
 @pytest.mark.parametrize("fanouts", [[4, 3], [-1, -1], [3, -1, 2], [2]])
-@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("kind", list(PYG))   # the relational models and the MLP: tests/test_typed_train.py
 def test_blocks_equal_pyg_on_the_whole_sampled_batch(kind, fanouts):
     csr, x = LocalCSR.from_numpy(*messy_graph()), features()
     sampler = NeighborSampler(csr, fanouts, generator=torch.Generator().manual_seed(1))
@@ -88,7 +88,7 @@ def test_built_ins_with_model_kwargs_equal_pyg(kind, kwargs, blocks):
         assert torch.allclose(seed_logits(model, x[batch.n_id], batch), whole, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("kind", list(PYG))
 def test_block_gradients_equal_the_whole_batch(kind):
     csr, x = LocalCSR.from_numpy(*messy_graph()), features()
     batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(2)).sample(torch.arange(0, 900, 9))
@@ -101,7 +101,7 @@ def test_block_gradients_equal_the_whole_batch(kind):
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), (kind, name)
 
 
-@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("kind", list(PYG))
 def test_dropout_scale_reaches_outputs_and_gradients(kind, monkeypatch):
     """With every unit kept, training-mode dropout (p = 0.5) is ``2 * relu``: the block path, which applies the
     1 / (1 - p) inside the next layer's GEMM, must equal PyG's model with that activation, gradients included."""

@@ -145,8 +145,8 @@ def test_lists_accept_commas_with_or_without_brackets(text: str):
                   "or -1 for all of them; expected a list of integers"),
     ("fanouts=-2", "invalid parameter fanouts=-2: invalid fanout -2"),
     ("train.fanouts=10,0", "invalid parameter train.fanouts='10,0': invalid fanout 0"),
-    ("model=gnn", "invalid parameter model='gnn': unknown model; expected sage, gcn, gat, or an import path "
-                  "package.module:factory"),
+    ("model=gnn", "invalid parameter model='gnn': unknown model; expected sage, gcn, gat, rgcn, rgat, mlp, or an "
+                  "import path package.module:factory"),
     ("weight_decay=-1", "invalid parameter weight_decay=-1: Input should be greater than or equal to 0; expected "
                         "a number >= 0"),
     ("train.epoch=3", "invalid parameter train.epoch: unknown name; did you mean epochs?"),

@@ -1,0 +1,85 @@
+"""The ranks' side of ``test_typed_runtime``: the typed distributed sampler and the sharded embeddings on 2 gloo
+ranks (kept free of pytest: every spawned rank imports this module)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from stages.download.synthetic_hetero import generate_synthetic_hetero
+from stages.runtime.dist_sampler import DistNeighborSampler
+from stages.runtime.sampler import LocalCSR
+from stages.runtime.sharded_embedding import ShardedEmbedding
+from storage.graph import Graph
+
+WORLD_SIZE = 2
+TIMEOUT_S = 120
+# 3 000 nodes of 4 types, 7 edge types (with reverses); gids = orig ids, split at an arbitrary node
+GRAPH = {"num_nodes": 3000, "avg_degree": 10.0, "num_features": 8, "num_classes": 4, "seed": 0}
+SPLIT_AT = 1700
+SEEDS_PER_RANK = 40
+EMB_BOUNDS = [0, 50, 120]
+EMB_DIM = 4
+EMB_STEPS = 5
+EMB_GATHER = 30
+
+
+def typed_graph() -> Graph:
+    return generate_synthetic_hetero(**GRAPH)
+
+
+def part_csr(graph: Graph, rank: int) -> LocalCSR:
+    """Rank r's rows of the whole graph's (node, edge type) CSR: nodes [0, SPLIT_AT) or [SPLIT_AT, N)."""
+    r, n = graph.schema.num_edge_types, graph.schema.num_nodes
+    lo, hi = (0, SPLIT_AT) if rank == 0 else (SPLIT_AT, n)
+    indptr = graph.indptr[lo * r:hi * r + 1]
+    return LocalCSR.from_numpy(indptr - indptr[0], graph.indices[indptr[0]:indptr[-1]], lo, num_edge_types=r)
+
+
+def emb_draws(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s tgids (any owner, with repeats) and loss coefficients at ``step``."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, EMB_BOUNDS[-1], (EMB_GATHER,), generator=gen), torch.randn((EMB_GATHER, EMB_DIM),
+                                                                                      generator=gen)
+
+
+def run(rank: int) -> dict:
+    graph = typed_graph()
+    csr = part_csr(graph, rank)
+    bounds = [0, SPLIT_AT, graph.schema.num_nodes]
+    seed_gid = torch.arange(bounds[rank], bounds[rank] + SEEDS_PER_RANK)
+    full = DistNeighborSampler(csr, bounds, [-1, -1], generator=torch.Generator().manual_seed(rank))
+    sampled = DistNeighborSampler(csr, bounds, [3, 2], generator=torch.Generator().manual_seed(rank))
+    out: dict = {"full": full.sample(seed_gid), "sampled": sampled.sample(seed_gid),
+                 "empty": full.sample(torch.empty(0, dtype=torch.long))}
+    emb = ShardedEmbedding(EMB_BOUNDS, EMB_DIM, lr=0.1, seed=3, node_type=1)
+    out["emb_initial"] = emb.weight.detach().clone()
+    touched = []
+    for step in range(EMB_STEPS):
+        tgid, coef = emb_draws(step, rank)
+        rows = emb.gather(tgid)
+        (rows * coef).sum().backward()
+        out.setdefault("touched_rows", []).append(emb.step())
+        touched.append(tgid)
+    with torch.no_grad():
+        out["eval_rows"] = emb.gather(torch.arange(EMB_BOUNDS[-1]))
+    out["emb_final"] = emb.weight.detach().clone()
+    out["touched"] = torch.cat(touched)
+    out["state"] = emb.state_dict()
+    return out
+
+
+def worker(rank: int, init_file: str, out_dir: str) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
+                                timeout=timedelta(seconds=TIMEOUT_S))
+        torch.set_num_threads(1)
+        torch.save(run(rank), Path(out_dir) / f"{rank}.pt")
+    except BaseException:  # noqa: BLE001 - whatever the rank raised: its peers must not wait for it
+        (Path(out_dir) / f"{rank}.err").write_text(traceback.format_exc())
+        sys.exit(1)

@@ -1,0 +1,199 @@
+"""Typed sampling, batches, sharded embeddings and relational models, against references (docs/design.md §7).
+
+The distributed cases run on 2 spawned gloo ranks (``tests._typed_worker``), in one spawn for all of them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.sharded_embedding import ShardedEmbedding
+from stages.runtime.typed_batch import to_hetero_data
+from stages.train.model import build_model, seed_logits
+from stages.train.typed_model import TypedInput
+from storage.graph import Graph
+from tests._spawn import spawn_ranks
+from tests._typed_worker import EMB_BOUNDS, EMB_DIM, EMB_STEPS, TIMEOUT_S, WORLD_SIZE, emb_draws, typed_graph, worker
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return typed_graph()
+
+
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory):
+    return spawn_ranks(worker, (), tmp_path_factory.mktemp("typed"), WORLD_SIZE, TIMEOUT_S)
+
+
+def whole_csr(graph: Graph) -> LocalCSR:
+    return LocalCSR.from_numpy(graph.indptr, graph.indices, num_edge_types=graph.schema.num_edge_types)
+
+
+def typed_in_edges(graph: Graph, dst_gid: np.ndarray) -> set[tuple[int, int, int]]:
+    """Every (src, dst, edge type) into ``dst_gid``, read off the (node, edge type) rows."""
+    r = graph.schema.num_edge_types
+    out = set()
+    for v in dst_gid.tolist():
+        for e in range(r):
+            lo, hi = graph.indptr[v * r + e], graph.indptr[v * r + e + 1]
+            out.update((int(u), v, e) for u in graph.indices[lo:hi])
+    return out
+
+
+def batch_edges(batch) -> list[tuple[int, int, int]]:
+    n_id, ei = batch.n_id, batch.edge_index
+    return list(zip(n_id[ei[0]].tolist(), n_id[ei[1]].tolist(), batch.edge_type.tolist()))
+
+
+def hop_edges(batch, hop: int) -> list[tuple[int, int, int]]:
+    lo = sum(batch.num_sampled_edges[:hop])
+    return batch_edges(batch)[lo:lo + batch.num_sampled_edges[hop]]
+
+
+def test_full_fanout_gives_every_typed_in_edge(graph):
+    seed_gid = torch.arange(0, graph.schema.num_nodes, 97)
+    batch = NeighborSampler(whole_csr(graph), [-1]).sample(seed_gid)
+    edges = batch_edges(batch)
+    assert len(edges) == len(set(edges)) and set(edges) == typed_in_edges(graph, seed_gid.numpy())
+    for src, _, e in edges:   # each edge type's source is of its src node type
+        et = graph.schema.edge_types[e]
+        assert graph.schema.node_types[int(graph.schema.node_type_of_orig()[src])].name == et.src
+
+
+def test_a_fanout_caps_each_edge_type_of_each_target(graph):
+    seed_gid = torch.arange(0, graph.schema.num_nodes, 11)
+    batch = NeighborSampler(whole_csr(graph), [3], generator=torch.Generator().manual_seed(0)).sample(seed_gid)
+    edges = batch_edges(batch)
+    assert set(edges) <= typed_in_edges(graph, seed_gid.numpy()) and len(edges) == len(set(edges))
+    r = graph.schema.num_edge_types
+    got = {}
+    for _, dst, e in edges:
+        got[(dst, e)] = got.get((dst, e), 0) + 1
+    for v in seed_gid.tolist():
+        for e in range(r):
+            deg = int(graph.indptr[v * r + e + 1] - graph.indptr[v * r + e])
+            assert got.get((v, e), 0) == min(deg, 3), (v, e)
+
+
+def test_two_ranks_sample_what_one_samples(ranks_out, graph):
+    for rank, out in enumerate(ranks_out):
+        full = out["full"]
+        seed_gid = full.n_id[:full.batch_size]
+        single = NeighborSampler(whole_csr(graph), [-1, -1]).sample(seed_gid)
+        assert set(batch_edges(full)) == set(batch_edges(single)), rank
+        assert set(full.n_id.tolist()) == set(single.n_id.tolist())
+        assert full.num_sampled_edges == single.num_sampled_edges
+        sampled = out["sampled"]
+        assert set(batch_edges(sampled)) <= typed_in_edges(graph, sampled.n_id.numpy())
+        assert len(hop_edges(sampled, 0)) == sum(min(3, int(d)) for d in np.diff(graph.indptr)[
+            np.add.outer(seed_gid.numpy() * graph.schema.num_edge_types,
+                         np.arange(graph.schema.num_edge_types)).ravel()])
+        assert out["empty"].n_id.numel() == 0 and out["empty"].edge_type.numel() == 0
+
+
+def replay_on_one_rank() -> ShardedEmbedding:
+    """The 2-rank run's gathers and losses in one process: the loss is the ranks' mean (DDP's averaging)."""
+    emb = ShardedEmbedding([0, EMB_BOUNDS[-1]], EMB_DIM, lr=0.1, seed=3, node_type=1)
+    for step in range(EMB_STEPS):
+        loss = sum((emb.gather(tgid) * coef).sum() for tgid, coef in (emb_draws(step, r) for r in range(WORLD_SIZE)))
+        (loss / WORLD_SIZE).backward()
+        emb.step()
+    return emb
+
+
+def test_sharded_embeddings_on_two_ranks_equal_one(ranks_out):
+    one = replay_on_one_rank()
+    for rank, out in enumerate(ranks_out):
+        lo, hi = EMB_BOUNDS[rank], EMB_BOUNDS[rank + 1]
+        assert torch.equal(out["emb_initial"], ShardedEmbedding(
+            [0, EMB_BOUNDS[-1]], EMB_DIM, lr=0.1, seed=3, node_type=1).weight.detach()[lo:hi]), "init by tgid"
+        assert torch.allclose(out["emb_final"], one.weight.detach()[lo:hi], atol=1e-6)
+        assert torch.equal(out["eval_rows"], torch.cat([o["emb_final"] for o in ranks_out]))
+
+
+def test_a_rank_updates_exactly_the_rows_its_ranks_batches_touched(ranks_out):
+    touched = torch.cat([o["touched"] for o in ranks_out])
+    for rank, out in enumerate(ranks_out):
+        lo, hi = EMB_BOUNDS[rank], EMB_BOUNDS[rank + 1]
+        changed = torch.nonzero((out["emb_final"] != out["emb_initial"]).any(1)).squeeze(1) + lo
+        own_touched = torch.unique(touched[(touched >= lo) & (touched < hi)])
+        assert torch.equal(changed, own_touched)
+        per_step = [torch.unique(torch.cat([emb_draws(s, r)[0] for r in range(WORLD_SIZE)])) for s in range(EMB_STEPS)]
+        assert out["touched_rows"] == [int(((t >= lo) & (t < hi)).sum()) for t in per_step]
+
+
+def test_embedding_state_round_trips():
+    emb = replay_on_one_rank()
+    again = ShardedEmbedding([0, EMB_BOUNDS[-1]], EMB_DIM, lr=0.1, seed=7, node_type=1)
+    again.load_state_dict(emb.state_dict())
+    for e in (emb, again):   # one more step each: same weights, same optimiser moments
+        (e.gather(torch.arange(10)) ** 2).sum().backward()
+        e.step()
+    assert torch.equal(emb.weight, again.weight)
+    with pytest.raises(ValueError, match="does not fit"):
+        ShardedEmbedding([0, 60], EMB_DIM, lr=0.1, seed=0).load_state_dict(emb.state_dict())
+
+
+def typed_batch(graph: Graph, fanouts: list[int]):
+    batch = NeighborSampler(whole_csr(graph), fanouts, generator=torch.Generator().manual_seed(5)).sample(
+        torch.arange(0, graph.schema.num_nodes, 29))
+    batch.num_edge_types = graph.schema.num_edge_types
+    batch.node_type = torch.from_numpy(graph.schema.node_type_of_orig().astype(np.int64))[batch.n_id]
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["rgcn", "rgat"])
+@pytest.mark.parametrize("fanouts", [[4, 3], [-1, 2]])
+def test_relational_blocks_equal_pyg_on_the_whole_batch(graph, kind, fanouts):
+    """Blocks (per-relation mean matrix, per-relation masks) against PyG's own whole-batch calls."""
+    batch = typed_batch(graph, fanouts)
+    x = torch.randn((batch.num_nodes, 6), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = build_model(kind, in_channels=6, hidden=8, out_channels=3, num_layers=len(fanouts), dropout=0.0,
+                        num_relations=graph.schema.num_edge_types).train()
+    out = seed_logits(model, x, batch)
+    whole = model(x, batch.edge_index, batch.edge_type)[:batch.batch_size]
+    assert torch.allclose(out, whole, atol=1e-5)
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    whole.square().sum().backward()
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_hetero_data_view_keeps_types_hops_and_edges(graph):
+    batch = typed_batch(graph, [4, 3])
+    x_dict = {t.name: torch.full((int((batch.node_type == i).sum()), 2), float(i))
+              for i, t in enumerate(graph.schema.node_types)}
+    data = to_hetero_data(batch, graph.schema, x_dict)
+    type_of_orig = graph.schema.node_type_of_orig()
+    edges = []
+    for i, t in enumerate(graph.schema.node_types):
+        store = data[t.name]
+        assert (type_of_orig[store.n_id.numpy()] == i).all() and torch.equal(batch.n_id[store.batch_pos], store.n_id)
+        assert sum(store.num_sampled_nodes) == store.num_nodes and torch.equal(store.x, x_dict[t.name])
+    seed_type = batch.node_type[:batch.batch_size]
+    for i, t in enumerate(graph.schema.node_types):   # the seeds of a type lead its nodes
+        assert data[t.name].batch_size == int((seed_type == i).sum())
+        assert torch.equal(data[t.name].batch_pos[:data[t.name].batch_size], torch.nonzero(seed_type == i).view(-1))
+    for e, et in enumerate(graph.schema.edge_types):
+        store = data[et.as_tuple()]
+        src, dst = data[et.src].n_id[store.edge_index[0]], data[et.dst].n_id[store.edge_index[1]]
+        edges += list(zip(src.tolist(), dst.tolist(), [e] * src.numel()))
+        assert sum(store.num_sampled_edges) == store.edge_index.shape[1]
+    assert sorted(edges) == sorted(batch_edges(batch))
+
+
+def test_typed_input_puts_each_types_rows_at_its_positions():
+    enc = TypedInput({"a": 3, "b": None}, hidden=4)
+    node_type = torch.tensor([1, 0, 1, 0, 0])
+    rows_b = torch.arange(8.0).view(2, 4)
+    x_a = torch.randn(3, 3)
+    h = enc({"a": x_a, "b": rows_b}, node_type)
+    assert torch.equal(h[[0, 2]], rows_b) and torch.allclose(h[[1, 3, 4]], enc.lins["a"](x_a))

@@ -1,0 +1,53 @@
+"""R-GCN on a typed graph ([5/7]): epoch time and test accuracy on 1 rank vs 2 ranks, the real stages end to end.
+
+    python benchmarks/bench_hetero_train.py --nodes 200000 --parts 1 2 --epochs 3 --root /tmp/bench-hetero-train
+
+``synthetic-hetero`` (ogbn-mag's types and proportions), R-GCN 2 layers, fanouts [25, 20] per edge type, batch
+1024 per rank (the issue's configuration), hotness-remote cache (the CPU default). Both configurations run on the
+same machine: 2 ranks share its cores (torch threads = cores / ranks). One JSON line per number of partitions:
+stage times, mean epoch time, test accuracy at the best validation epoch, feature cache hit rate and remote MiB
+per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from flows.direct import run_stages
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=200_000)
+    ap.add_argument("--features", type=int, default=128, help="paper feature columns (ogbn-mag: 128)")
+    ap.add_argument("--classes", type=int, default=349, help="paper classes (ogbn-mag: 349)")
+    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--model", default="rgcn")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--root", default="/tmp/bench-hetero-train")
+    args = ap.parse_args()
+    os.makedirs(args.root, exist_ok=True)
+    for parts in args.parts:
+        _, m = run_stages({"artifacts": args.root, "dataset": "synthetic-hetero", "num_nodes": args.nodes,
+                           "num_features": args.features, "num_classes": args.classes, "num_partitions": parts,
+                           "model": args.model, "fanouts": [25, 20], "batch_size": 1024, "hidden": args.hidden,
+                           "epochs": args.epochs, "until": "train"})
+        s = m["train"].summary
+        print(json.dumps({
+            "nodes": m["download"].summary["num_nodes"], "edges": m["download"].summary["num_edges"],
+            "parts": parts, "model": args.model, "epochs": len(s["epochs"]),
+            **{f"{stage}_s": round(m[stage].summary["wall_s"], 1)
+               for stage in ("download", "partition", "features", "hotness")},
+            "train_job_s": round(m["train"].summary.get("wall_s", 0.0), 1),
+            "epoch_s": [round(e["epoch_s"], 2) for e in s["epochs"]],
+            "edges_per_s_M": round(sum(e["sampled_edges_per_s"] for e in s["epochs"]) / len(s["epochs"]) / 1e6, 2),
+            "test_acc": s["test_acc"], "best_val_acc": s["best_val_acc"],
+            "hit_rate": round(s["mean_hit_rate"], 4), "remote_MiB_per_epoch": round(
+                s["remote_bytes_per_epoch"] / 2**20, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

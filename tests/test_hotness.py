@@ -113,8 +113,8 @@ def test_partition_without_train_nodes_has_empty_counts(upstream):
     in_degree = np.diff(csr.indptr.numpy())
     lo, hi = int(book.bounds[1]), int(book.bounds[2])
     plan, row, curve = hotness._plan_partition(1, NeighborSampler(csr, [5]), torch.tensor([], dtype=torch.long),
-                                               in_degree, planning.degree_order(in_degree), lo, hi, 64,
-                                               hotness.Params(cache_ratio=0.1), False)
+                                               in_degree, planning.degree_order(in_degree), lo, hi,
+                                               hotness._RowCosts(64), hotness.Params(cache_ratio=0.1), False)
     assert row["train_seeds"] == 0 and row["requested_gids"] == 0 and row["lookups_per_epoch"] == 0
     assert plan.ranked_gid.size == 0 and row["expected_hit_rate"] == 0.0
     assert plan.plan_gid.size == round(0.1 * (hi - lo))  # still a plan (by degree) of the budgeted size

@@ -80,10 +80,16 @@ class _RowCosts:
         return planning.Budget(rows, f"{base} = {rows:,} rows of the featured types")
 
     def by_type(self, count_gid: np.ndarray) -> dict[str, int]:
-        if self.type_of_gid is None:
-            return {}
+        """Counts per gid summed per node type."""
+        assert self.type_of_gid is not None
         sums = np.bincount(self.type_of_gid, weights=count_gid, minlength=len(self.type_names))
         return {name: int(v) for name, v in zip(self.type_names, sums)}
+
+    def gids_by_type(self, gid: np.ndarray) -> dict[str, int]:
+        """How many of ``gid`` are of each node type."""
+        assert self.type_of_gid is not None
+        counts = np.bincount(self.type_of_gid[gid], minlength=len(self.type_names))
+        return {name: int(v) for name, v in zip(self.type_names, counts)}
 
 
 def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
@@ -121,7 +127,7 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
            "budget": budget.note}
     if costs.type_of_gid is not None:   # typed: requests per node type (embedding rows too), and the plan's
         row["requests_by_type"] = costs.by_type(requests)
-        row["plan_rows_by_type"] = costs.by_type(np.bincount(plan_gid, minlength=num_nodes))
+        row["plan_rows_by_type"] = costs.gids_by_type(plan_gid)
         row["plan_bytes"] = int(costs.row_bytes_gid[plan_gid].sum()) if costs.row_bytes_gid is not None else 0
     curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
              "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}

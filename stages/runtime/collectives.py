@@ -1,11 +1,16 @@
-"""The collectives both distributed exchanges are built from: where their tensors live, and one all-to-all.
+"""The collectives the distributed exchanges are built from: where their tensors live, one all-to-all, and the
+routing of requested ids to their owners.
 
-The sampler (``dist_sampler``) and the feature exchange (``dist_features``) move variable-sized runs between
-ranks the same way: each rank first learns how many entries every peer will send it (an all-to-all of counts,
-one per rank), then runs one ``all_to_all_single`` with those split sizes. ``all_to_all`` is that second step.
+The sampler (``dist_sampler``), the feature exchange (``dist_features``) and the sharded embeddings
+(``sharded_embedding``) move variable-sized runs between ranks the same way: each rank first learns how many
+entries every peer will send it (an all-to-all of counts, one per rank), then runs one ``all_to_all_single`` with
+those split sizes. ``all_to_all`` is that second step; ``route_to_owners`` is both steps for a request of ids, as
+the feature exchange and the embeddings make it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -45,3 +50,37 @@ def max_over_ranks(value: int, group: dist.ProcessGroup | None = None) -> int:
     total = torch.tensor([value], dtype=torch.long, device=comm_device(group))
     dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
     return int(total.item())
+
+
+@dataclass
+class Requests:
+    """One request of ids, routed: the ids this rank owns, and the others grouped by their owner rank."""
+
+    local_pos: Tensor     # positions (in the requested ids) of this rank's own ids
+    req_pos: Tensor       # positions of the other ids, grouped by owner
+    req_split: list[int]  # how many of them each rank owns
+    got_split: list[int]  # how many ids each rank asks of this one
+    got_id: Tensor        # the ids the peers ask this rank for, grouped by requester
+
+
+def route_to_owners(ids: Tensor, bounds: Tensor, rank: int, world: int, group: dist.ProcessGroup | None,
+                    device: torch.device, wire_dtype: torch.dtype, what: tuple[str, str]) -> Requests:
+    """Route ``ids`` (rank q owns ``[bounds[q], bounds[q + 1])``) to their owners: 2 collectives (counts as
+    int64, ids as ``wire_dtype``) when ``world > 1``, none on one rank, where every id must be its own (else a
+    ValueError naming ``what``: the ids and their holder, e.g. ``("gids", "store")``)."""
+    owner = torch.searchsorted(bounds, ids, right=True) - 1
+    is_local = owner == rank
+    local_pos = torch.nonzero(is_local).squeeze(1)
+    if world == 1:
+        if local_pos.numel() != ids.numel():
+            raise ValueError(f"{what[0]} outside [0, {int(bounds[-1])}) requested from a 1-rank {what[1]}")
+        empty = ids.new_empty(0)
+        return Requests(local_pos, empty, [0], [0], empty)
+    remote_pos = torch.nonzero(~is_local).squeeze(1)
+    remote_owner = owner.index_select(0, remote_pos)
+    req_pos = remote_pos.index_select(0, torch.argsort(remote_owner, stable=True))   # grouped by owner
+    req_split = torch.bincount(remote_owner, minlength=world).tolist()
+    ones = [1] * world
+    got_split = all_to_all(torch.tensor(req_split, dtype=torch.long), ones, ones, group, device).tolist()
+    got_id = all_to_all(ids.index_select(0, req_pos), req_split, got_split, group, device, wire_dtype)
+    return Requests(local_pos, req_pos, req_split, got_split, got_id)

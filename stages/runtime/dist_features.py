@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
+from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks, route_to_owners
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore
 
@@ -139,30 +139,16 @@ class DistFeatures:
 
     def _fill(self, gid: Tensor, out_pos: Tensor, out: Tensor) -> tuple[int, int]:
         """``out[out_pos] = rows of gid``: own rows from the store, others from their owners. Returns the counts."""
-        owner_part = torch.searchsorted(self.bounds_gid, gid, right=True) - 1
-        is_local = owner_part == self.rank
-        local_pos = torch.nonzero(is_local).squeeze(1)
-        local_lid = gid.index_select(0, local_pos) - self.lo
-        out.index_copy_(0, out_pos.index_select(0, local_pos), self._host_rows(local_lid))
-        if self.world_size == 1:
-            if local_pos.numel() != gid.numel():
-                raise ValueError(f"gids outside [0, {int(self.bounds_gid[-1])}) requested from a 1-rank store")
-            return int(local_pos.numel()), 0
-        remote_pos = torch.nonzero(~is_local).squeeze(1)
-        remote_owner = owner_part.index_select(0, remote_pos)
-        order = torch.argsort(remote_owner, stable=True)           # requests grouped by owner
-        req_pos = remote_pos.index_select(0, order)
-        req_gid = gid.index_select(0, req_pos)
-        req_split = torch.bincount(remote_owner, minlength=self.world_size).tolist()
-        ones = [1] * self.world_size
         # counts travel as int64, gids as _wire_dtype, rows in the store's dtype; answers land on self.device
-        got_split = all_to_all(torch.tensor(req_split, dtype=torch.long), ones, ones, self.group,
-                               self._comm_device).tolist()
-        got_gid = all_to_all(req_gid, req_split, got_split, self.group, self._comm_device, self._wire_dtype)
-        answer = self._host_rows(got_gid - self.lo)
-        rows = all_to_all(answer, got_split, req_split, self.group, self._comm_device)
-        out.index_copy_(0, out_pos.index_select(0, req_pos), rows)
-        return int(local_pos.numel()), int(req_pos.numel())
+        req = route_to_owners(gid, self.bounds_gid, self.rank, self.world_size, self.group, self._comm_device,
+                              self._wire_dtype, ("gids", "store"))
+        local_lid = gid.index_select(0, req.local_pos) - self.lo
+        out.index_copy_(0, out_pos.index_select(0, req.local_pos), self._host_rows(local_lid))
+        if self.world_size > 1:
+            answer = self._host_rows(req.got_id - self.lo)
+            rows = all_to_all(answer, req.got_split, req.req_split, self.group, self._comm_device)
+            out.index_copy_(0, out_pos.index_select(0, req.req_pos), rows)
+        return int(req.local_pos.numel()), int(req.req_pos.numel())
 
     def _host_rows(self, lid: Tensor) -> Tensor:
         """Own rows of ``lid`` from the host store, on the training device."""

@@ -21,7 +21,6 @@ its peers. Outside DDP: the embeddings are not replicated, so DDP must not see t
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device
+from stages.runtime.collectives import Requests, all_to_all, comm_device, route_to_owners
 from stages.runtime.seeds import STREAM_EMBEDDING, stream_seed
 
 _INIT_CHUNK_ROWS = 1 << 16
@@ -48,18 +47,6 @@ def init_rows(lo: int, hi: int, dim: int, seed: int, node_type: int) -> Tensor:
         if a < b:
             out[a - lo:b - lo] = rows[a - c_lo:b - c_lo]
     return out
-
-
-@dataclass
-class _Route:
-    """Where one gather's rows came from: own rows and the requests grouped by owner."""
-
-    local_pos: Tensor    # positions (in the gathered tgids) of own rows
-    local_row: Tensor    # their rows in ``weight``
-    req_pos: Tensor      # positions of remote rows, grouped by owner
-    req_split: list[int]
-    got_split: list[int]
-    got_row: Tensor      # rows of ``weight`` the peers asked this rank for, grouped by requester
 
 
 class ShardedEmbedding:
@@ -81,63 +68,46 @@ class ShardedEmbedding:
         self.grad_scale = 1.0 / self.world_size   # DDP averages the dense gradients over ranks: the same here
         self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")
         self._wire_dtype = torch.int32 if int(self.bounds[-1]) < 2**31 else torch.long
-        self._pending: list[tuple[Tensor, _Route]] = []
+        # since the last step: each gathered leaf, its own rows' lids, its routing
+        self._pending: list[tuple[Tensor, Tensor, Requests]] = []
 
     @property
     def dim(self) -> int:
         return int(self.weight.shape[1])
 
-    def _exchange(self, send: Tensor, send_split: list[int], recv_split: list[int], ids: bool) -> Tensor:
-        return all_to_all(send, send_split, recv_split, self.group, self._comm_device,
-                          self._wire_dtype if ids else None)
-
-    def _route(self, tgid: Tensor) -> _Route:
-        owner = torch.searchsorted(self.bounds, tgid, right=True) - 1
-        is_local = owner == self.rank
-        local_pos = torch.nonzero(is_local).squeeze(1)
-        remote_pos = torch.nonzero(~is_local).squeeze(1)
-        if self.world_size == 1:
-            if remote_pos.numel():
-                raise ValueError(f"tgids outside [0, {int(self.bounds[-1])}) asked of a 1-rank embedding")
-            empty = torch.empty(0, dtype=torch.long, device=self.device)
-            return _Route(local_pos, tgid.index_select(0, local_pos) - self.lo, empty, [0], [0], empty)
-        remote_owner = owner.index_select(0, remote_pos)
-        req_pos = remote_pos.index_select(0, torch.argsort(remote_owner, stable=True))
-        req_split = torch.bincount(remote_owner, minlength=self.world_size).tolist()
-        ones = [1] * self.world_size
-        got_split = self._exchange(torch.tensor(req_split, dtype=torch.long), ones, ones, True).tolist()
-        got_tgid = self._exchange(tgid.index_select(0, req_pos), req_split, got_split, True)
-        return _Route(local_pos, tgid.index_select(0, local_pos) - self.lo, req_pos, req_split, got_split,
-                      got_tgid - self.lo)
+    def _exchange_rows(self, rows: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
+        return all_to_all(rows, send_split, recv_split, self.group, self._comm_device)
 
     def gather(self, tgid: Tensor) -> Tensor:
         """``[len(tgid), dim]`` rows (any owner; may repeat). Under grad mode a leaf whose gradient ``step`` sends
         to the owners. A collective."""
         tgid = tgid.to(device=self.device, dtype=torch.long)
-        route = self._route(tgid)
+        route = route_to_owners(tgid, self.bounds, self.rank, self.world_size, self.group, self._comm_device,
+                                self._wire_dtype, ("tgids", "embedding"))
         weight = self.weight.detach()
         out = torch.empty((tgid.numel(), self.dim), dtype=weight.dtype, device=self.device)
-        out.index_copy_(0, route.local_pos, weight.index_select(0, route.local_row))
+        local_row = tgid.index_select(0, route.local_pos) - self.lo
+        out.index_copy_(0, route.local_pos, weight.index_select(0, local_row))
         if self.world_size > 1:
-            answer = weight.index_select(0, route.got_row)
-            out.index_copy_(0, route.req_pos, self._exchange(answer, route.got_split, route.req_split, False))
+            answer = weight.index_select(0, route.got_id - self.lo)
+            out.index_copy_(0, route.req_pos, self._exchange_rows(answer, route.got_split, route.req_split))
         if torch.is_grad_enabled():
             out.requires_grad_(True)
-            self._pending.append((out, route))
+            self._pending.append((out, local_row, route))
         return out
 
     def step(self) -> int:
         """Send the gradients of every row gathered since the last step to its owner and step the optimiser on
         the own rows they touched; returns how many. A collective (every rank, every training batch)."""
         rows, grads = [], []
-        for out, route in self._pending:
+        for out, local_row, route in self._pending:
             grad = out.grad if out.grad is not None else torch.zeros_like(out)
-            rows.append(route.local_row)
+            rows.append(local_row)
             grads.append(grad.index_select(0, route.local_pos))
             if self.world_size > 1:
-                rows.append(route.got_row)
-                grads.append(self._exchange(grad.index_select(0, route.req_pos), route.req_split, route.got_split,
-                                            False))
+                rows.append(route.got_id - self.lo)
+                grads.append(self._exchange_rows(grad.index_select(0, route.req_pos), route.req_split,
+                                                 route.got_split))
         self._pending.clear()
         if not rows:
             return 0

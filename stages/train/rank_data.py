@@ -25,13 +25,12 @@ from stages.runtime.typed_rows import TypedRows
 from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
-from stages.train.typed_data import open_typed_rows
+from stages.train.typed_data import RowSources, open_typed_rows
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
-from storage.schema import GraphSchema
 
 
 @dataclass
@@ -51,12 +50,7 @@ class RankData:
     cache_policy: str             # the policy applied (``auto`` resolved)
     setup: dict[str, Any]         # this rank's row of ``metrics.json["ranks"]``
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
-    schema: GraphSchema | None = None     # the graph's node and edge types
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
-
-    @property
-    def typed(self) -> bool:
-        return isinstance(self.features, TypedRows)
 
     @property
     def lo(self) -> int:
@@ -82,30 +76,30 @@ class RankData:
         lo = int(bounds[rank])
         csr = LocalCSR.from_part(partition.csr(rank), device)
         part = features.part(rank, load_x=False)
-        schema = partition.schema
-        if not schema.is_homogeneous:
-            typed = open_typed_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
-                                    local_world=local_world, device=device, part=part)
-            return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=typed.rows,
-                       degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
-                       split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
-                       num_features=0, num_classes=int(part.attrs["num_classes"]), cache_policy=typed.cache_policy,
-                       setup=typed.setup, schema=schema, in_channels=typed.in_channels)
-        x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
-                                     ranks_on_host=local_world, pin=device.type == "cuda")
-        dist_features = DistFeatures(x_store, bounds, device=device)
-        start = time.perf_counter()
-        policy = resolve_policy(params.cache_policy, device.type)
-        cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
-        cache = dist_features.build_cache(torch.from_numpy(cached_gid))
-        setup = {"rank": rank, "feature_store": x_store.kind, "cache_rows": cache.num_rows,
-                 "cache_bytes": cache.nbytes, "cache_build_s": round(time.perf_counter() - start, 3),
-                 **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
-        return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=dist_features,
+        open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
+        rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
+                         local_world=local_world, device=device)
+        setup = {"rank": rank, **rows.setup, **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
+        return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=rows.rows,
                    degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
-                   num_features=x_store.num_features, num_classes=int(part.attrs["num_classes"]),
-                   cache_policy=policy, setup=setup, schema=schema)
+                   num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
+                   cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels)
+
+
+def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
+                      hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device) -> RowSources:
+    """One feature store, its exchange and its device cache. A collective (the cache build)."""
+    x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
+                                 ranks_on_host=local_world, pin=device.type == "cuda")
+    dist_features = DistFeatures(x_store, partition.bounds(), device=device)
+    start = time.perf_counter()
+    policy = resolve_policy(params.cache_policy, device.type)
+    cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
+    cache = dist_features.build_cache(torch.from_numpy(cached_gid))
+    setup = {"feature_store": x_store.kind, "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes,
+             "cache_build_s": round(time.perf_counter() - start, 3)}
+    return RowSources(dist_features, x_store.num_features, None, policy, setup)
 
 
 def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device) -> DistFeatures:

@@ -166,10 +166,11 @@ class Trainer:
         return {t: e.weight.detach().to("cpu", copy=True) for t, e in self.embeddings.items()}
 
     def _load_embedding_weights(self, weights: dict[str, Any] | None) -> None:
-        for name, emb in self.embeddings.items():
-            if weights is not None:
-                with torch.no_grad():
-                    emb.weight.copy_(weights[name].to(emb.weight.device))
+        if weights is None:
+            return
+        with torch.no_grad():
+            for name, emb in self.embeddings.items():
+                emb.weight.copy_(weights[name].to(emb.weight.device))
 
     def published_state(self) -> dict[str, Any]:
         """The model's ``state_dict`` plus, on a typed graph, ``embeddings.<type>``: each featureless type's whole

@@ -20,23 +20,24 @@ from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
-from storage.features import FeaturesArtifact, PartFeatures
-from storage.graph import SPLITS
+from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
 
 
 @dataclass
-class TypedSources:
-    rows: TypedRows
-    in_channels: dict[str, int | None]   # feature width per node type; None: a learnt embedding
-    cache_policy: str                    # ``auto`` resolved
-    setup: dict[str, Any]                # the rank's row of ``metrics.json["ranks"]``
+class RowSources:
+    """Where a rank's input rows come from (``RankData.features``) and what the rank reports about them."""
+
+    rows: DistFeatures | TypedRows
+    num_features: int                           # a typed graph: 0 (per type in ``in_channels``)
+    in_channels: dict[str, int | None] | None   # typed: feature width per node type; None: a learnt embedding
+    cache_policy: str                           # ``auto`` resolved
+    setup: dict[str, Any]                       # the rank's entries of ``metrics.json["ranks"]``
 
 
 def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
-                    hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                    part: PartFeatures) -> TypedSources:
+                    hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device) -> RowSources:
     """The row sources of rank ``rank``. A collective (each featured type's cache build, in schema order)."""
     schema = partition.schema
     table = partition.range_table()
@@ -65,12 +66,10 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
             sources[name] = emb
             types[name] = {"rows": own_rows, "embedding_bytes": own_rows * params.hidden * 4}
     typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)
-    setup = {"rank": rank, "feature_store": ",".join(sorted({v["feature_store"] for v in types.values()
-                                                             if "feature_store" in v})),
+    setup = {"feature_store": ",".join(sorted({v["feature_store"] for v in types.values() if "feature_store" in v})),
              "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
              "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()),
-             "cache_build_s": round(time.perf_counter() - start, 3), "types": types,
-             **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
+             "cache_build_s": round(time.perf_counter() - start, 3), "types": types}
     in_channels = {t.name: (features.num_features_of(t.name) if t.name in featured else None)
                    for t in schema.node_types}
-    return TypedSources(typed_rows, in_channels, policy, setup)
+    return RowSources(typed_rows, 0, in_channels, policy, setup)

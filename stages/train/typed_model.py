@@ -128,8 +128,7 @@ class BlockMLP(_Layered):
     """Each seed's own row through ``num_layers`` linear layers: the no-graph baseline (on blocks, only the seeds'
     rows are computed)."""
 
-    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
-                 **_: Any) -> None:
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float) -> None:
         super().__init__(num_layers, dropout)
         self.lins = torch.nn.ModuleList(torch.nn.Linear(*_channels(i, num_layers, in_channels, hidden, out_channels))
                                         for i in range(num_layers))

@@ -18,6 +18,11 @@ Artifact ``infer/<key>/``:
 - ``predictions.parquet``: one row per node in orig-id order (one row group per export chunk): ``orig_id`` int64,
   ``pred`` int64, ``prob_<c>`` float32 for each class c, ``label`` int64 (-1 = unlabelled), ``split`` (dictionary
   of train / valid / test; null for none).
+- A typed graph (orig ids numbered type after type, ``GraphSchema.orig_offsets()``): ``nodes.zarr`` also has
+  ``node_type`` int8 [N] (attr ``node_types``: the names), and ``predictions.parquet`` ``node_type`` (dictionary)
+  and ``type_orig_id`` int64 (the id within the type) after ``orig_id``. Every node gets the output layer's
+  prediction; only the labelled types' are what the model was trained for (the hidden layers' rows of every type
+  are the embeddings to use elsewhere).
 - ``metrics.json``: the stage's figures (``stages.infer.stage``), with the flat ``scalars`` a tracker logs.
 
 Every Zarr array carries the crc32c codec (``storage.zarr_io``). pyarrow is imported only where Parquet is
@@ -38,6 +43,7 @@ import zarr.codecs
 from storage.errors import ArtifactError
 from storage.graph import SPLITS
 from storage.partition import PartitionBook
+from storage.schema import GraphSchema
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, write_array
 
@@ -142,10 +148,11 @@ def _rows(array: zarr.Array, lid: np.ndarray) -> np.ndarray:
 
 def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid: np.ndarray,
                       split_of_gid: np.ndarray, num_classes: int, embedding_layers: Sequence[int],
-                      chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
+                      schema: GraphSchema, chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Read the ranks' ``part-<p>.zarr`` outputs back and write ``nodes.zarr`` and ``predictions.parquet`` in orig-id
     order, one chunk of orig ids at a time (memory: one chunk's rows, plus the book's and the labels' N-long integer
-    arrays); add ``orig_id`` to each part. ``split_of_gid``: int8 ``SPLIT_CODES`` (-1: none). Returns figures."""
+    arrays); add ``orig_id`` to each part. ``split_of_gid``: int8 ``SPLIT_CODES`` (-1: none). A typed graph's
+    exports also name each node's type and its id within the type (``schema.orig_offsets()``). Returns figures."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -172,14 +179,17 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
                for layer, w in widths.items()}
     out.attrs.update({"num_nodes": num_nodes, "num_classes": num_classes,
                       "embedding_layers": sorted(widths), "split_codes": SPLIT_CODES})
+    types = _TypeColumns(schema)
+    type_out = types.zarr_array(out, rows)
 
     prob_names = [f"prob_{c}" for c in range(num_classes)]
-    schema = pa.schema([("orig_id", pa.int64()), ("pred", pa.int64()), *[(n, pa.float32()) for n in prob_names],
-                        ("label", pa.int64()), ("split", pa.dictionary(pa.int8(), pa.string()))])
+    table_schema = pa.schema([("orig_id", pa.int64()), *types.fields(), ("pred", pa.int64()),
+                              *[(n, pa.float32()) for n in prob_names], ("label", pa.int64()),
+                              ("split", pa.dictionary(pa.int8(), pa.string()))])
     split_names = pa.array(list(SPLITS), type=pa.string())
     import fsspec
 
-    with fsspec.open(writer.file_url(PREDICTIONS), "wb") as f, pq.ParquetWriter(f, schema) as table_writer:
+    with fsspec.open(writer.file_url(PREDICTIONS), "wb") as f, pq.ParquetWriter(f, table_schema) as table_writer:
         starts = range(0, num_nodes, rows)
         for start in tqdm(starts, desc="infer: export in orig-id order", unit="chunk", leave=False,
                           disable=not progress or len(starts) < 4):
@@ -204,10 +214,46 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
             for layer, rows_out in emb.items():
                 emb_out[layer][start:stop] = rows_out
             split_col = pa.DictionaryArray.from_arrays(pa.array(split, mask=split < 0), split_names)
-            columns = [pa.array(np.arange(start, stop, dtype=np.int64)), pa.array(pred),
+            orig = np.arange(start, stop, dtype=np.int64)
+            columns = [pa.array(orig), *types.columns(orig, type_out, start), pa.array(pred),
                        *[pa.array(prob[:, c]) for c in range(num_classes)], pa.array(label), split_col]
-            table_writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+            table_writer.write_table(pa.Table.from_arrays(columns, schema=table_schema))
     return {"export_chunk_rows": rows, "exported_nodes": num_nodes}
+
+
+class _TypeColumns:
+    """A typed graph's extra export columns: ``node_type`` (its name; int8 codes in ``nodes.zarr``, names in its
+    ``node_types`` attr) and ``type_orig_id`` (the node's id within its type: the row of the dataset's per-type
+    tables). None for a homogeneous graph, whose exports stay as they were."""
+
+    def __init__(self, schema: GraphSchema) -> None:
+        self.names = [t.name for t in schema.node_types]
+        self.offsets = schema.orig_offsets()
+        self.typed = not schema.is_homogeneous
+
+    def zarr_array(self, out: zarr.Group, rows: int) -> zarr.Array | None:
+        if not self.typed:
+            return None
+        out.attrs["node_types"] = self.names
+        return _create(out, "node_type", (int(self.offsets[-1]),), np.int8, rows)
+
+    def fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        if not self.typed:
+            return []
+        return [("node_type", pa.dictionary(pa.int8(), pa.string())), ("type_orig_id", pa.int64())]
+
+    def columns(self, orig: np.ndarray, array: zarr.Array | None, start: int) -> list[Any]:
+        """The chunk of orig ids ``orig`` (from ``start``): its node types written to ``array``, and the columns."""
+        import pyarrow as pa
+
+        if not self.typed or array is None:
+            return []
+        code = (np.searchsorted(self.offsets, orig, side="right") - 1).astype(np.int8)
+        array[start:start + orig.shape[0]] = code
+        names = pa.array(self.names, type=pa.string())
+        return [pa.DictionaryArray.from_arrays(pa.array(code), names), pa.array(orig - self.offsets[code])]
 
 
 def write_metrics(writer: StageWriter, metrics: dict[str, Any]) -> None:

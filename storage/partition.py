@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import ArtifactError, InputError
+from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_int, open_group, read_array, write_array
@@ -140,16 +140,6 @@ class PartitionArtifact(ArtifactHandle):
         """The partitioned graph's node and edge types."""
         return GraphSchema.from_dict(self.manifest.summary["schema"])
 
-    def require_one_type(self, stage: str, until: str) -> None:
-        """Refuse a typed graph in a stage that does not handle them yet, in one line that says how far the
-        pipeline goes (``until``: the last stage that does)."""
-        schema = self.schema
-        if schema.is_homogeneous:
-            return
-        raise InputError(f"the {stage} stage does not handle typed graphs yet ({len(schema.node_types)} node types, "
-                         f"{schema.num_edge_types} edge types); every stage up to {until} does: run with --until "
-                         f"{until}")
-
     def range_table(self) -> RangeTable:
         """Owner, node type and tlid of gids (reads only ``type_bounds``)."""
         return RangeTable(read_array(open_group(self._url(_BOOK)), "type_bounds"), len(self.schema.node_types))
@@ -158,6 +148,16 @@ class PartitionArtifact(ArtifactHandle):
         g = open_group(self._url(_BOOK))
         return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"),
                              read_array(g, "type_bounds"))
+
+    def type_ids_by_tgid(self, node_type: str) -> np.ndarray:
+        """int64 [N_t]: for each tgid of ``node_type`` (its nodes numbered part by part,
+        ``stages.runtime.typed_rows``), the node's id within its type in the dataset (orig id - the type's first)."""
+        schema = self.schema
+        t = schema.type_id(node_type)
+        book = self.book()
+        table = book.range_table()
+        parts = [book.orig_of_gid[slice(*table.type_range(p, t))] for p in range(book.num_partitions)]
+        return np.concatenate(parts) - schema.orig_offsets()[t]
 
     def csr(self, p: int) -> PartCSR:
         """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""

@@ -3,7 +3,9 @@
 Artifact ``train/<key>/``:
 
 - ``model.pt``: ``torch.save`` of the ``state_dict`` of the best-validation epoch's model (the model's own keys;
-  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``).
+  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``);
+  on a typed graph also ``embeddings.<node type>``: each featureless type's learnt input rows, the whole table in
+  the dataset's order of that type (row i: the type's node i; ``split_model_state`` parts them from the model's).
 - ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc" (the published model's: the best validation
   epoch's), "test_acc_last" (the last epoch's model), "best_val_acc", "best_epoch", "last_epoch" (0-based),
   "final_val_acc", "stopped_early", "task": {"name", "evaluator"}, "recipe": {"loss", "lr", "weight_decay",
@@ -38,6 +40,13 @@ from storage.store import ArtifactStore, StageWriter
 
 MODEL = "model.pt"
 METRICS = "metrics.json"
+EMBEDDING_PREFIX = "embeddings."   # model.pt's keys of the learnt embedding tables, ``embeddings.<node type>``
+
+
+def split_model_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``model.pt``'s dict as (the model's ``state_dict``, ``{node type: embedding table}``)."""
+    tables = {k[len(EMBEDDING_PREFIX):]: v for k, v in state.items() if k.startswith(EMBEDDING_PREFIX)}
+    return {k: v for k, v in state.items() if not k.startswith(EMBEDDING_PREFIX)}, tables
 CURVES_PNG = "curves.png"
 HIT_RATE_PNG = "hit_rate.png"
 

@@ -73,3 +73,38 @@ def full_graph_reference(store: ArtifactStore, manifests: dict[str, Manifest]) -
         handle.remove()
     return Reference(prob=torch.softmax(logits, 1).numpy(), logits=logits.numpy(), hidden=hidden, y=graph.y,
                      splits=graph.splits)
+
+
+def typed_full_graph_reference(store: ArtifactStore, manifests: dict[str, Manifest]) -> Reference:
+    """A typed graph's reference: the trained ``HeteroModel`` on the whole graph in PyG's ``to_homogeneous`` layout
+    (orig ids, node types type after type, each edge's type), featureless types fed ``model.pt``'s embedding
+    tables as they are stored (the dataset's order of each type). ``hidden``: layer 0 of bodies with ``convs``."""
+    from stages.infer.rank import load_model
+    from storage.partition import PartitionArtifact
+
+    graph = GraphArtifact(store, manifests["download"]).read()
+    partition = PartitionArtifact(store, manifests["partition"])
+    model, tables = load_model(store, manifests["train"], partition=partition,
+                               features=FeaturesArtifact(store, manifests["features"]))
+    schema = graph.schema
+    r = schema.num_edge_types
+    row = np.repeat(np.arange(graph.num_nodes * r), np.diff(graph.indptr))
+    edge_index = torch.from_numpy(np.stack([graph.indices, row // r]).astype(np.int64))
+    node_type = torch.from_numpy(np.repeat(np.arange(len(schema.node_types)), np.diff(schema.orig_offsets())))
+    x_dict = {t.name: torch.from_numpy(graph.features[t.name]).float() if t.name in graph.features
+              else tables[t.name] for t in schema.node_types}
+    hidden: dict[int, np.ndarray] = {}
+    body: Any = model.body
+    handles = []
+    if isinstance(getattr(body, "convs", None), torch.nn.ModuleList) and isinstance(body.convs[1], torch.nn.Module) \
+            and not isinstance(body.convs[1], torch.nn.ModuleList):
+        def pre(_module: Any, args: tuple[Any, ...]) -> None:
+            hidden[0] = args[0].detach().numpy().copy()
+        handles.append(body.convs[1].register_forward_pre_hook(pre))
+    with torch.no_grad():
+        logits = model(x_dict, node_type=node_type, edge_index=edge_index,
+                       edge_type=torch.from_numpy((row % r).astype(np.int64)))
+    for handle in handles:
+        handle.remove()
+    return Reference(prob=torch.softmax(logits, 1).numpy(), logits=logits.numpy(), hidden=hidden, y=graph.y,
+                     splits=graph.splits)

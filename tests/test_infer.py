@@ -13,7 +13,8 @@ import torch
 
 from flows.config import ORDER, make_config, stage_keys
 from stages.infer import stage as infer
-from stages.infer.layerwise import Inference, chunk_edges_of, plan_chunks
+from stages.infer.chunks import chunk_edges_of, plan_chunks
+from stages.infer.layerwise import Inference
 from stages.infer.params import Params
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
@@ -300,8 +301,8 @@ def test_a_padding_chunk_is_empty_in_sampled_inference_too():
     csr = LocalCSR.from_numpy(indptr, indices)
     n = csr.num_nodes
     for fanout in (-1, 5):
-        row_pos, nbr_gid = chunk_edges_of(csr, n, n, fanout, lambda k: torch.Generator().manual_seed(k))
-        assert row_pos.numel() == 0 and nbr_gid.numel() == 0
+        row_pos, nbr_gid, edge_type = chunk_edges_of(csr, n, n, fanout, lambda k: torch.Generator().manual_seed(k))
+        assert row_pos.numel() == 0 and nbr_gid.numel() == 0 and edge_type is None
 
 
 def test_params_key_and_config_routes():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stages.train import stage as train
-from storage import ArtifactStore, InputError, Manifest
+from storage import ArtifactStore, Manifest
 from storage.train import METRICS, MODEL
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 
@@ -83,11 +83,3 @@ def test_a_partition_without_some_node_type_trains(art):
     _, metrics, _ = run(art, tiny, model="rgcn", epochs=2)
     assert metrics["world_size"] == 3 and len(metrics["epochs"]) == 2
     assert any(r["types"]["institution"]["rows"] == 0 for r in metrics["ranks"]), metrics["ranks"]
-
-
-def test_inference_on_a_typed_graph_is_refused_in_one_line(art, two, rgcn):
-    from stages.infer import stage as infer
-
-    upstream = {"partition": two["partition"], "features": two["features"], "train": rgcn[0]}
-    with pytest.raises(InputError, match="the infer stage does not handle typed graphs yet .*--until train"):
-        infer.run(art, infer.Params(), upstream)

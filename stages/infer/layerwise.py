@@ -54,86 +54,27 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from stages.infer.chunks import (
+    SAMPLE_BLOCK,
+    ChunkEdges,
+    chunk_edges_of,
+    chunk_sources,
+    equal_chunk_count,
+    node_indptr,
+    plan_chunks,
+)
 from stages.infer.halo import Halo, extended_degrees, layer0_matrix
 from stages.runtime.collectives import max_over_ranks
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.runtime.sampler import LocalCSR, repeat_positions, sample_neighbors_with_counts
+from stages.runtime.sampler import LocalCSR
 from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
 from stages.train.blocks import BatchGraph, Block
 from stages.train.loader import with_degrees
 from stages.train.model import is_block_model, needs_degrees, seed_logits
 
-SAMPLE_BLOCK = 1024   # lids per sampling block: one generator each, chunks of sampled inference start at one
-
 LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
-BlockGenerator = Callable[[int], torch.Generator]   # sampling block k -> its generator
-
-
-def plan_chunks(indptr: Tensor, chunk_edges: int, align: int = 1) -> list[tuple[int, int]]:
-    """Consecutive lid ranges ``[a, b)`` whose ``sum(in-degree + 1)`` is at most ``chunk_edges`` each (a node, or an
-    ``align`` block, above that is a range of its own); they cover ``[0, n)``, and every ``a`` is a multiple of
-    ``align`` (sampled inference draws per block of ``SAMPLE_BLOCK`` lids)."""
-    n = indptr.numel() - 1
-    if n <= 0:
-        return []
-    csum = (indptr[1:].to(torch.long) + torch.arange(1, n + 1, dtype=torch.long)).cpu()   # through lid i, inclusive
-    # block ends (lids); arange(align, n) is empty (and must not be asked for) when n <= align
-    inner = torch.arange(align, n, align, dtype=torch.long) if n > align else torch.empty(0, dtype=torch.long)
-    ends = torch.cat([inner, torch.tensor([n])])
-    at_end = csum.index_select(0, ends - 1)
-    out, a, base = [], 0, 0
-    while a < n:
-        k = int(torch.searchsorted(at_end, base + chunk_edges, right=True))   # blocks [0, k) within the budget
-        b = int(ends[max(k, a // align + 1) - 1])                              # at least the block starting at a
-        out.append((a, b))
-        base, a = int(csum[b - 1]), b
-    return out
-
-
-def equal_chunk_count(num_chunks: int) -> int:
-    """The largest rank's chunk count (at least 1): every rank runs that many, the last ones empty. Collective."""
-    return max_over_ranks(max(num_chunks, 1))
-
-
-def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: BlockGenerator | None = None
-                   ) -> tuple[Tensor, Tensor]:
-    """``(row_pos, nbr_gid)``: the in-edges of lids ``[a, b)`` (all of them, or up to ``fanout`` sampled), grouped
-    by target in lid order (``row_pos`` = lid - a, non-decreasing). A sample is drawn per block of ``SAMPLE_BLOCK``
-    lids from that block's own generator (``block_generator(k)`` for block k; ``a`` is a block start), so it does
-    not depend on how blocks are grouped into chunks."""
-    if b <= a:   # a padding chunk (this rank has fewer chunks than the largest): no targets, no draws
-        return torch.empty(0, dtype=torch.long), csr.indices[:0]
-    if fanout == -1:
-        lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
-        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi]
-    if block_generator is None or a % SAMPLE_BLOCK:
-        raise ValueError("sampled chunks start at a block of SAMPLE_BLOCK lids and draw from its generator")
-    rows, nbrs = [], []
-    for start in range(a, b, SAMPLE_BLOCK):
-        stop = min(start + SAMPLE_BLOCK, b)
-        _, row_pos, nbr_gid = sample_neighbors_with_counts(csr, torch.arange(start, stop, dtype=torch.long), fanout,
-                                                           generator=block_generator(start // SAMPLE_BLOCK))
-        rows.append(row_pos + (start - a))
-        nbrs.append(nbr_gid)
-    if not rows:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    return torch.cat(rows), torch.cat(nbrs)
-
-
-def chunk_sources(start_gid: int, num_targets: int, row_pos: Tensor, nbr_gid: Tensor) -> tuple[Tensor, Tensor]:
-    """``(n_id, edge_index)`` of a chunk's block: ``n_id`` the targets' gids ``[start_gid, start_gid + T)`` then the
-    distinct other sources; ``edge_index`` [2, E] in n_id positions (row 0 source, row 1 target)."""
-    in_chunk = (nbr_gid >= start_gid) & (nbr_gid < start_gid + num_targets)
-    src_pos = torch.empty_like(nbr_gid)
-    inside = torch.nonzero(in_chunk).squeeze(1)
-    outside = torch.nonzero(~in_chunk).squeeze(1)
-    other_gid, other_slot = torch.unique(nbr_gid.index_select(0, outside), return_inverse=True)
-    src_pos.index_copy_(0, inside, nbr_gid.index_select(0, inside) - start_gid)
-    src_pos.index_copy_(0, outside, other_slot + num_targets)
-    n_id = torch.cat([torch.arange(start_gid, start_gid + num_targets, dtype=torch.long), other_gid])
-    return n_id, torch.stack([src_pos, row_pos.to(torch.long)])
 
 
 def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
@@ -148,9 +89,26 @@ def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
     return h
 
 
+def layer_step(model: Any, layer: int, h: Tensor, block: Block, last: bool) -> Tensor:
+    """Layer ``layer`` of ``block``'s targets in eval mode: a relational body's own ``infer_step``
+    (``stages.train.typed_model``), or a built-in's ``block_step`` then its activation and norm."""
+    if hasattr(model, "infer_step"):
+        return model.infer_step(layer, h, block)
+    out = model.block_step(model.convs[layer], h, block, 1.0)
+    return out if last else after_layer(model, layer, out)
+
+
+def layer_width(model: Any, layer: int) -> int:
+    """The output columns of layer ``layer``."""
+    return int(model.layer_width(layer)) if hasattr(model, "layer_width") else int(model.convs[layer].out_channels)
+
+
 def has_layer_steps(model: torch.nn.Module) -> bool:
-    """Whether ``model`` can be run one layer at a time: a block model with the built-ins' per-layer members."""
-    return is_block_model(model) and all(hasattr(model, a) for a in ("block_step", "convs", "norms", "act"))
+    """Whether ``model`` can be run one layer at a time: a block model with the built-ins' per-layer members, or a
+    relational body's ``infer_step``."""
+    if not is_block_model(model):
+        return False
+    return hasattr(model, "infer_step") or all(hasattr(model, a) for a in ("block_step", "convs", "norms", "act"))
 
 
 @dataclass
@@ -184,7 +142,7 @@ class Inference:
         if self.fanouts is not None and len(self.fanouts) != self.num_layers:
             raise ValueError(f"{len(self.fanouts)} fanouts for a {self.num_layers}-layer model")
         self.observed_layers: list[int] = []   # the hidden layers handed to on_hidden
-        self.chunks = plan_chunks(self.csr.indptr, self.chunk_edges, 1 if self.fanouts is None else SAMPLE_BLOCK)
+        self.chunks = plan_chunks(node_indptr(self.csr), self.chunk_edges, 1 if self.fanouts is None else SAMPLE_BLOCK)
         self.num_chunks = equal_chunk_count(len(self.chunks))
         self.layerwise = has_layer_steps(self.model)
         # from whole layer matrices (stages.infer.halo) when the model's steps take targets anywhere in them
@@ -208,7 +166,7 @@ class Inference:
     def _fanout(self, layer: int) -> int:
         return -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
 
-    def _chunk_edges(self, layer: int, a: int, b: int) -> tuple[Tensor, Tensor]:
+    def _chunk_edges(self, layer: int, a: int, b: int) -> ChunkEdges:
         def block_generator(block: int) -> torch.Generator:
             return self._generator(layer, block)
         return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator)
@@ -270,20 +228,19 @@ class Inference:
         rows = halo.n if last else halo.rows
         out: Tensor | None = None
         for a, b in self.chunks:
-            row_pos, nbr_gid = self._chunk_edges(layer, a, b)
+            row_pos, nbr_gid, edge_type = self._chunk_edges(layer, a, b)
             edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
-            graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a)
+            graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a, edge_type=edge_type,
+                               num_edge_types=self.csr.num_edge_types)
             block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
-            h = model.block_step(model.convs[layer], matrix, block, 1.0)
-            if not last:
-                h = after_layer(model, layer, h)
+            h = layer_step(model, layer, matrix, block, last)
             if out is None:
                 out = torch.empty((rows, h.shape[1]), dtype=h.dtype)
             out[a:b] = h
             stats.chunks += 1
             stats.edges += int(nbr_gid.numel())
         if out is None:   # a rank without nodes: it still joins the peers' halo exchanges, rows of the same dtype
-            out = torch.empty((rows, model.convs[layer].out_channels), dtype=matrix.dtype)
+            out = torch.empty((rows, layer_width(model, layer)), dtype=matrix.dtype)
         return out
     # ---- the layer-wise path with a per-chunk gather of the sources' rows (any block model) ------------------------
     def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
@@ -301,20 +258,19 @@ class Inference:
     def _layer(self, model: Any, layer: int, source: DistFeatures) -> Tensor:
         stats = LayerStats(layer)
         start = time.perf_counter()
-        conv, lo = model.convs[layer], self.csr.start_gid
+        lo, last = self.csr.start_gid, layer == self.num_layers - 1
         row_bytes = source.store.row_bytes
         out: Tensor | None = None
         for c in range(self.num_chunks):
             a, b = self._chunk(c)
-            row_pos, nbr_gid = self._chunk_edges(layer, a, b)
+            row_pos, nbr_gid, edge_type = self._chunk_edges(layer, a, b)
             n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
             rows = source.fetch_rows(n_id).to(torch.float32)            # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
-            graph = BatchGraph(edge_index, n_id.numel(), b - a, deg)
+            graph = BatchGraph(edge_index, n_id.numel(), b - a, deg, edge_type=edge_type,
+                               num_edge_types=self.csr.num_edge_types)
             block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
-            h = model.block_step(conv, rows, block, 1.0)
-            if layer < self.num_layers - 1:
-                h = after_layer(model, layer, h)
+            h = layer_step(model, layer, rows, block, last)
             if out is None:
                 out = torch.empty((self.csr.num_nodes, h.shape[1]), dtype=h.dtype)
             out[a:b] = h

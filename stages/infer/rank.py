@@ -13,23 +13,23 @@ from typing import Any
 import torch
 
 from stages.infer.layerwise import Inference
+from stages.infer.model_input import model_input
 from stages.infer.params import Params
 from stages.infer.spec import InferSpec
 from stages.meter import measure
-from stages.runtime.dist_features import DistFeatures
-from stages.runtime.feature_store import open_feature_store
 from stages.runtime.sampler import LocalCSR
 from stages.train.model import needs_degrees
 from stages.train.params import Params as TrainParams
 from stages.train.plugins import make_model
 from stages.train.rank_data import degree_path
 from stages.train.spec import check_world_size
+from stages.train.typed_data import typed_in_channels
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.infer import open_part_outputs, write_part_embedding, write_part_predictions
 from storage.partition import PartitionArtifact
-from storage.train import MODEL
+from storage.train import MODEL, split_model_state
 
 
 def train_params(train: Manifest) -> TrainParams:
@@ -37,16 +37,20 @@ def train_params(train: Manifest) -> TrainParams:
     return TrainParams(**{k: v for k, v in train.params.items() if k in TrainParams.model_fields})
 
 
-def load_model(store: ArtifactStore, train: Manifest, num_features: int, num_classes: int) -> torch.nn.Module:
-    """The trained model (the published, best-validation weights) in eval mode, built as the trainer built it."""
+def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArtifact, features: FeaturesArtifact
+               ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The trained model (the published, best-validation weights) in eval mode, built as the trainer built it, and
+    on a typed graph the learnt embedding tables of its featureless node types (``storage.train``)."""
     params = train_params(train)
-    model = make_model(params.model, params.model_kwargs, in_channels=num_features, hidden=params.hidden,
-                       out_channels=num_classes, num_layers=params.num_layers, dropout=params.dropout,
-                       heads=params.gat_heads)
-    state = torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)), map_location="cpu",
-                       weights_only=True)
+    in_channels: int | dict[str, int | None] = (
+        features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
+    model = make_model(params.model, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
+                       out_channels=features.num_classes, num_layers=params.num_layers, dropout=params.dropout,
+                       heads=params.gat_heads, num_relations=partition.schema.num_edge_types)
+    state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
+                                                 map_location="cpu", weights_only=True))
     model.load_state_dict(state)
-    return model.eval()
+    return model.eval(), tables
 
 
 def hidden_layers_to_keep(num_layers: int, which: str) -> list[int]:
@@ -55,13 +59,15 @@ def hidden_layers_to_keep(num_layers: int, which: str) -> list[int]:
     return hidden if which == "all" else hidden[-1:]
 
 
-def feature_path(features: FeaturesArtifact, rank: int, bounds: Any, local_world: int,
-                 setup: dict[str, Any]) -> DistFeatures:
-    """Rank ``rank``'s feature rows of any gid (its ``x`` in RAM within the host's memory budget, else read from
-    Zarr chunk-wise; no cache: each row is read once per layer-0 chunk that needs it); ``setup`` records the kind."""
-    x_store = open_feature_store(features.x(rank), ranks_on_host=local_world)
-    setup["feature_store"] = x_store.kind
-    return DistFeatures(x_store, bounds)
+def labelled_lids(partition: PartitionArtifact, rank: int) -> torch.Tensor:
+    """The lids of rank ``rank``'s nodes of the labelled node types (a homogeneous graph's: all of them)."""
+    table = partition.range_table()
+    lo = int(table.bounds[rank])
+    labelled = {t.name for t in partition.schema.labelled}
+    ranges = [table.type_range(rank, t) for t, node_type in enumerate(partition.schema.node_types)
+              if node_type.name in labelled]
+    return torch.cat([torch.arange(a - lo, b - lo, dtype=torch.long) for a, b in ranges]
+                     or [torch.empty(0, dtype=torch.long)])
 
 
 def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict[str, Any]:
@@ -77,25 +83,29 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
     with measure() as cost:
         csr = LocalCSR.from_part(partition.csr(rank))
         part = features.part(rank, load_x=False)
-        model = load_model(store, trained, features.num_features, features.num_classes)
+        model, tables = load_model(store, trained, partition=partition, features=features)
+        setup: dict[str, Any] = {}
+        run = model_input(model, tables, partition=partition, features=features, rank=rank,
+                          local_world=local_world, setup=setup)
+        del model, tables   # the run holds what it needs: a typed model's encoder and tables only until layer 0
         num_layers = train_params(trained).num_layers
-        degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(model) else None
-        engine = Inference(model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts, params.seed)
+        degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
+        engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
+                           params.seed)
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:
             write_part_embedding(group, layer, rows.numpy())
 
-        setup: dict[str, Any] = {}
-        with torch.inference_mode():   # the feature path is opened in the engine: nothing here keeps x alive
-            logits = engine.run(lambda: feature_path(features, rank, bounds, local_world, setup),
-                                hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
+        with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
+            logits = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
             prob = torch.softmax(logits, dim=1)
             pred = logits.argmax(dim=1)
         write_part_predictions(group, part=rank, start_gid=lo, pred=pred.numpy(), prob=prob.numpy(),
                                embedding_layers=engine.observed_layers)
     y = torch.from_numpy(part.y)
     num_classes = int(prob.shape[1])
+    labelled_lid = labelled_lids(partition, rank)   # the classes predicted for the types the model was taught
     correct, total = {}, {}
     for split in SPLITS:
         lid = torch.from_numpy(part.split_lids[split])
@@ -105,7 +115,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
             "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
             "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers, "num_classes": num_classes,
             "layers": [vars(s) for s in engine.stats], "correct": correct, "total": total,
-            "pred_count": torch.bincount(pred, minlength=num_classes).tolist(),
+            "pred_count": torch.bincount(pred.index_select(0, labelled_lid), minlength=num_classes).tolist(),
             "label_count": torch.bincount(y[y >= 0], minlength=num_classes).tolist(),
             "wall_s": cost["wall_s"], "peak_rss_bytes": cost["peak_rss_bytes"],
             "start_rss_bytes": cost["start_rss_bytes"], "peak_rss_source": cost["peak_rss_source"]}

@@ -42,7 +42,7 @@ from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
 
 NAME = "infer"
-VERSION = 1
+VERSION = 2   # 2: typed graphs (every node type through the typed input; exports name node types)
 UPSTREAM = ("partition", "features", "train")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]
 
@@ -89,8 +89,6 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         progress: bool = True, log: Callable[[str], None] | None = None) -> Manifest:
     """Run inference (or find its artifact) for the model of ``upstream["train"]`` over every node."""
     partition, features, trained = (upstream[name] for name in UPSTREAM)
-    # typed inference (the all-node pass over typed layers and the learnt embeddings) is not built yet
-    PartitionArtifact(store, partition).require_one_type(NAME, until="train")
     num_layers = check_inputs(partition, features, trained, params)
     if force or store.find(NAME, stage_key(NAME, VERSION, params.key_params(),
                                            {n: m.key for n, m in upstream.items()})) is None:
@@ -105,10 +103,12 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         with measure() as cost:
             ranks = _launch(store, params, upstream, writer, log)
             metrics = _metrics(ranks, trained, params, num_layers)
-            book = PartitionArtifact(store, partition).book()
+            parts = PartitionArtifact(store, partition)
+            book = parts.book()
             label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features), book.num_partitions)
+            metrics["node_types"] = _node_types(parts)
             export = export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
-                                       num_classes=metrics["num_classes"],
+                                       num_classes=metrics["num_classes"], schema=parts.schema,
                                        embedding_layers=metrics["embedding_layers"], progress=progress)
         metrics.update(export)
         metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
@@ -167,6 +167,15 @@ def _labels_and_splits(features: FeaturesArtifact, num_partitions: int) -> tuple
     return np.concatenate(labels), np.concatenate(splits)
 
 
+def _node_types(partition: PartitionArtifact) -> list[dict[str, Any]]:
+    """Per node type: its nodes, whether it is labelled, and its orig ids in the exports (type after type)."""
+    schema = partition.schema
+    offsets = schema.orig_offsets()
+    return [{"node_type": t.name, "nodes": t.num_nodes, "labelled": t.num_classes > 0,
+             "features": t.num_features or 0, "orig_ids": f"[{int(offsets[i]):,}, {int(offsets[i + 1]):,})"}
+            for i, t in enumerate(schema.node_types)]
+
+
 def _ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
@@ -211,7 +220,7 @@ def _summary(m: dict[str, Any]) -> dict[str, Any]:
               "layer_s": [layer["seconds"] for layer in r["layers"]]} for r in m["ranks"]]
     keys = ("mode", "fanouts", "path", "num_nodes", "num_partitions", "num_classes", "num_layers",
             "embedding_layers", "embeddings", "accuracy", "sampled_accuracy", "correct", "total", "train_key",
-            "pred_count", "label_count", "scalars", "exported_nodes")
+            "pred_count", "label_count", "scalars", "exported_nodes", "node_types")
     return {**{k: m[k] for k in keys}, "ranks": ranks, "files": {"predictions": PREDICTIONS, "nodes": NODES,
                                                                  "metrics": METRICS}}
 
@@ -228,7 +237,7 @@ def report(manifest: Manifest) -> Report:
     table = [{"split": split, "nodes": s["total"][split], "exact": percent(acc[split]),
               "sampled (train stage)": percent(sampled[split])} for split in SPLITS]
     labelled = max(sum(s["label_count"]), 1)
-    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(s["num_nodes"], 1)),
+    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(sum(s["pred_count"]), 1)),
                 "labelled": s["label_count"][c], "labelled_share": percent(s["label_count"][c] / labelled)}
                for c, n in enumerate(s["pred_count"])]
     cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "wall_s", "peak_rss_mib")
@@ -236,12 +245,18 @@ def report(manifest: Manifest) -> Report:
     emb = (f"hidden layer(s) {', '.join(map(str, s['embedding_layers']))} in `{NODES}/emb/layer-<l>`"
            if s["embedding_layers"] else "no hidden layer observed (a 1-layer model, or a plain model without "
                                          "`convs`)")
+    types = [{c: t[c] for c in ("node_type", "nodes", "features", "labelled", "orig_ids")}
+             for t in s.get("node_types", [])]
+    typed = (f"### Node types\n\nEvery node is predicted; the classes are those of the labelled type(s), the "
+             f"hidden layers' rows are every type's embeddings. Exports name each node's `node_type` and "
+             f"`type_orig_id`.\n\n{markdown_table(types)}\n\n" if len(types) > 1 else "")
     md = (f"## infer `{manifest.key}`\n\n{headline}\n\nModel of train `{s['train_key']}`, {s['num_layers']} layers, "
-          f"computed {s['path']}. Outputs in orig-id order: `{manifest.uri}/{PREDICTIONS}` (orig_id, pred, "
-          f"prob_<c>, label, split) and `{manifest.uri}/{NODES}` (pred, prob, label, split, embeddings); "
+          f"computed {s['path']}. Outputs in orig-id order: `{manifest.uri}/{PREDICTIONS}` (orig_id, "
+          f"{'node_type, type_orig_id, ' if len(types) > 1 else ''}pred, prob_<c>, label, split) and "
+          f"`{manifest.uri}/{NODES}` (pred, prob, label, split, embeddings); "
           f"embeddings: {emb}. Per partition: `part-<p>.zarr`.\n\n"
           f"### Accuracy\n\nThe train stage measured its accuracies on sampled neighbourhoods (train: during its "
           f"epoch, with dropout).\n\n{markdown_table(table)}\n\n"
-          f"### Predicted classes\n\n{markdown_table(classes)}\n\n"
+          f"### Predicted classes (labelled node types)\n\n{markdown_table(classes)}\n\n{typed}"
           f"### Ranks\n\n{markdown_table(ranks)}\n")
     return Report(headline, table, md)

@@ -36,6 +36,7 @@ from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
 from stages.train.stats import EpochStats, all_reduce_f64, or_none
 from stages.train.tasks import NodeClassification
+from storage.train import EMBEDDING_PREFIX
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
 
@@ -179,7 +180,7 @@ class Trainer:
         for name, emb in self.embeddings.items():
             shards: list[Any] = [None] * self.world
             dist.all_gather_object(shards, emb.weight.detach().cpu())
-            state[f"embeddings.{name}"] = torch.cat(shards)
+            state[f"{EMBEDDING_PREFIX}{name}"] = torch.cat(shards)
         return state
 
     def resume(self) -> int | None:

@@ -23,6 +23,7 @@ from stages.train.params import Params
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
+from storage.train import EMBEDDING_PREFIX
 
 
 @dataclass
@@ -70,6 +71,22 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
              "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
              "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()),
              "cache_build_s": round(time.perf_counter() - start, 3), "types": types}
-    in_channels = {t.name: (features.num_features_of(t.name) if t.name in featured else None)
-                   for t in schema.node_types}
-    return RowSources(typed_rows, 0, in_channels, policy, setup)
+    return RowSources(typed_rows, 0, typed_in_channels(partition, features), policy, setup)
+
+
+def typed_in_channels(partition: PartitionArtifact, features: FeaturesArtifact) -> dict[str, int | None]:
+    """Each node type's input width in schema order: its features', or None for a learnt embedding."""
+    featured = set(features.featured_types)
+    return {t.name: (features.num_features_of(t.name) if t.name in featured else None)
+            for t in partition.schema.node_types}
+
+
+def embeddings_in_dataset_order(state: dict[str, Any], partition: PartitionArtifact) -> dict[str, Any]:
+    """``model.pt``'s embedding tables (``storage.train``) reordered from tgids (how the ranks shard them) to the
+    dataset's ids within each type, so that row i of ``embeddings.author`` is author i."""
+    out = dict(state)
+    for key in state:
+        if key.startswith(EMBEDDING_PREFIX):
+            type_id = torch.from_numpy(partition.type_ids_by_tgid(key[len(EMBEDDING_PREFIX):]))
+            out[key] = torch.empty_like(state[key]).index_copy_(0, type_id, state[key])
+    return out

@@ -32,11 +32,20 @@ class _Layered(torch.nn.Module):
 
     supports_blocks = True
     needs_degrees = False
-    supports_offset_targets = False
+    supports_offset_targets = True   # a block's targets are its ``dst_rows`` (layer-wise inference: anywhere)
 
-    def __init__(self, num_layers: int, dropout: float) -> None:
+    def __init__(self, num_layers: int, dropout: float, widths: list[int]) -> None:
         super().__init__()
-        self.num_layers, self.dropout_p = num_layers, dropout
+        self.num_layers, self.dropout_p, self.widths = num_layers, dropout, widths
+
+    def layer_width(self, i: int) -> int:
+        return self.widths[i]
+
+    def infer_step(self, i: int, h: Tensor, block: Block) -> Tensor:
+        """Layer ``i`` of ``block``'s targets in eval mode, its ReLU included but for the last layer (layer-wise
+        inference, ``stages.infer.layerwise``)."""
+        out = self.step(i, h, block, None, None)
+        return out if i == self.num_layers - 1 else relu_dropout(out, self.dropout_p, False)[0]
 
     def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
              edge_type: Tensor | None) -> Tensor:
@@ -61,13 +70,17 @@ def _channels(i: int, num_layers: int, in_channels: int, hidden: int, out_channe
     return (in_channels if i == 0 else hidden), (out_channels if i == num_layers - 1 else hidden)
 
 
+def _widths(num_layers: int, hidden: int, out_channels: int) -> list[int]:
+    return [out_channels if i == num_layers - 1 else hidden for i in range(num_layers)]
+
+
 class BlockRGCN(_Layered):
     """R-GCN (Schlichtkrull et al. 2018) with mean aggregation per relation: ``W_root h_v + sum_e W_e mean_{u in
     N_e(v)} h_u + b``, PyG's ``RGCNConv(aggr="mean")`` per layer."""
 
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float, *,
                  num_relations: int) -> None:
-        super().__init__(num_layers, dropout)
+        super().__init__(num_layers, dropout, _widths(num_layers, hidden, out_channels))
         self.num_relations = num_relations
         self.convs = torch.nn.ModuleList(
             RGCNConv(*_channels(i, num_layers, in_channels, hidden, out_channels), num_relations, aggr="mean")
@@ -82,7 +95,7 @@ class BlockRGCN(_Layered):
         num_dst, r, c_in = block.num_dst, self.num_relations, h.shape[1]
         out = torch.addmm(conv.bias, agg.view(num_dst, r * c_in), conv.weight.view(r * c_in, -1))
         # in place (no copy); in-place ops are not autocast: the operands take the output's dtype
-        return out.addmm_(h[:num_dst].to(out.dtype), conv.root.to(out.dtype))
+        return out.addmm_(block.dst_rows(h).to(out.dtype), conv.root.to(out.dtype))
 
 
 class BlockRGAT(_Layered):
@@ -92,7 +105,7 @@ class BlockRGAT(_Layered):
 
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float, *,
                  num_relations: int, heads: int = 4) -> None:
-        super().__init__(num_layers, dropout)
+        super().__init__(num_layers, dropout, _widths(num_layers, hidden, out_channels))
         if hidden % heads:
             raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
         self.num_relations = num_relations
@@ -112,7 +125,7 @@ class BlockRGAT(_Layered):
             edge_index, edge_type = block.edge_index, block.edge_type
             if edge_type is None:
                 edge_type = edge_index.new_zeros(edge_index.shape[1])
-            src, dst, size = h[:block.num_src], h[:block.num_dst], block.size
+            src, dst, size = h[:block.num_src], block.dst_rows(h), block.size
         else:
             src, dst, size = h, h, None
         assert edge_index is not None and edge_type is not None, "R-GAT needs edge types"
@@ -129,7 +142,7 @@ class BlockMLP(_Layered):
     rows are computed)."""
 
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float) -> None:
-        super().__init__(num_layers, dropout)
+        super().__init__(num_layers, dropout, _widths(num_layers, hidden, out_channels))
         self.lins = torch.nn.ModuleList(torch.nn.Linear(*_channels(i, num_layers, in_channels, hidden, out_channels))
                                         for i in range(num_layers))
 
@@ -141,7 +154,7 @@ class BlockMLP(_Layered):
 
     def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
              edge_type: Tensor | None) -> Tensor:
-        return self.lins[i](h)
+        return self.lins[i](h if block is None else block.dst_rows(h))
 
 
 class TypedInput(torch.nn.Module):
@@ -154,15 +167,21 @@ class TypedInput(torch.nn.Module):
         self.hidden = hidden
         self.lins = torch.nn.ModuleDict({t: torch.nn.Linear(f, hidden) for t, f in in_channels.items() if f})
 
-    def forward(self, x_dict: Mapping[str, Tensor], node_type: Tensor) -> Tensor:
+    @property
+    def dtype(self) -> torch.dtype:
         ref = next(iter(self.lins.parameters()), None)
-        dtype = ref.dtype if ref is not None else torch.float32
-        h = torch.zeros((node_type.numel(), self.hidden), dtype=dtype, device=node_type.device)
+        return ref.dtype if ref is not None else torch.float32
+
+    def encode(self, node_type: str, rows: Tensor) -> Tensor:
+        """One node type's rows as ``[m, hidden]``: mapped (a featured type), or as they are (an embedding)."""
+        if node_type in self.lins:
+            return self.lins[node_type](rows.to(self.dtype))
+        return rows.to(self.dtype)
+
+    def forward(self, x_dict: Mapping[str, Tensor], node_type: Tensor) -> Tensor:
+        h = torch.zeros((node_type.numel(), self.hidden), dtype=self.dtype, device=node_type.device)
         for t, name in enumerate(self.type_names):
-            rows = x_dict[name]
-            if name in self.lins:
-                rows = self.lins[name](rows.to(dtype))
-            h = h.index_copy(0, torch.nonzero(node_type == t).squeeze(1), rows.to(h.dtype))
+            h = h.index_copy(0, torch.nonzero(node_type == t).squeeze(1), self.encode(name, x_dict[name]).to(h.dtype))
         return h
 
 

@@ -33,7 +33,9 @@ from stages.train.params import Params
 from stages.train.rank_data import RankData
 from stages.train.spec import TrainSpec, check_same_artifacts
 from stages.train.trainer import Trainer
-from storage import GnnpipeError, InputError
+from stages.train.typed_data import embeddings_in_dataset_order
+from storage import ArtifactStore, GnnpipeError, InputError
+from storage.partition import PartitionArtifact
 from storage.train import write_result
 from storage.write_errors import write_failure
 
@@ -65,6 +67,10 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     metrics = trainer.fit()
     state = trainer.published_state()   # a collective: the embedding shards are gathered
     if local_rank == 0:   # every node: the publishing node may host any global rank
+        if trainer.embeddings:
+            store = ArtifactStore(spec.artifacts)
+            state = embeddings_in_dataset_order(state, PartitionArtifact(store, store.load("partition",
+                                                                                           spec.partition_key)))
         write_result(spec.result_dir, state, metrics)
     dist.barrier()
     # No destroy_process_group: the process ends with os._exit (see the bottom of this module). Tearing down DDP's

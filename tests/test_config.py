@@ -145,7 +145,7 @@ def test_lists_accept_commas_with_or_without_brackets(text: str):
                   "or -1 for all of them; expected a list of integers"),
     ("fanouts=-2", "invalid parameter fanouts=-2: invalid fanout -2"),
     ("train.fanouts=10,0", "invalid parameter train.fanouts='10,0': invalid fanout 0"),
-    ("model=gnn", "invalid parameter model='gnn': unknown model; expected sage, gcn, gat, rgcn, rgat, mlp, or an "
+    ("model=gnn", "invalid parameter model='gnn': unknown model; expected auto, sage, gcn, gat, rgcn, rgat, mlp, or an "
                   "import path package.module:factory"),
     ("weight_decay=-1", "invalid parameter weight_decay=-1: Input should be greater than or equal to 0; expected "
                         "a number >= 0"),
@@ -164,7 +164,7 @@ def test_enumerations_are_declared_once():
     from stages.partition import assign
     from stages.train import cache_policy, model
 
-    assert model.MODELS == typing.get_args(choices.ModelName)
+    assert ("auto", *model.MODELS) == typing.get_args(choices.ModelName)
     assert assign.PARTITION_METHODS == typing.get_args(choices.PartitionMethod)
     assert set(cache_policy.CACHE_POLICIES) | {"auto"} == set(typing.get_args(choices.CachePolicyName))
     assert STAGES["download"].Params.model_fields["dataset"].annotation is choices.Dataset

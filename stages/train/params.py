@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.choices import LOSSES, MODELS, CachePolicyName, Device, LrSchedule, Precision
+from stages.choices import LOSSES, MODEL_CHOICES, CachePolicyName, Device, LrSchedule, Precision
 from stages.params import FORM, Fanouts, Seed, StageParams, runtime
 from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
@@ -14,11 +14,13 @@ from storage.errors import InputError
 
 
 class Params(StageParams):
-    model: str = Field("sage", description="sage (GraphSAGE, mean), gcn, gat, rgcn, rgat (relational: per edge "
-                                           "type), mlp (no graph), or a factory package.module:name called with "
-                                           "in_channels, hidden, out_channels, num_layers, dropout and "
-                                           "model_kwargs (README: plug-in models and losses)",
-                       json_schema_extra={FORM: f"{', '.join(MODELS)}, or an import path package.module:factory"})
+    model: str = Field("auto", description="auto (rgcn on a typed graph, else sage), sage (GraphSAGE, mean), gcn, "
+                                           "gat, rgcn, rgat (relational: per edge type), mlp (no graph), or a "
+                                           "factory package.module:name called with in_channels, hidden, "
+                                           "out_channels, num_layers, dropout and model_kwargs (README: plug-in "
+                                           "models and losses)",
+                       json_schema_extra={FORM: f"{', '.join(MODEL_CHOICES)}, or an import path "
+                                                "package.module:factory"})
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for the model's "
                                                                            "factory or built-in constructor",
                                          json_schema_extra={FORM: "a mapping, e.g. {aggr: max}"})
@@ -66,7 +68,7 @@ class Params(StageParams):
     @field_validator("model")
     @classmethod
     def _model_is_known(cls, value: str) -> str:
-        return check_ref(value, MODELS, "model")
+        return check_ref(value, MODEL_CHOICES, "model")
 
     @field_validator("loss")
     @classmethod

@@ -89,6 +89,13 @@ def load(ref: str, what: str) -> Any:
     return getattr(module, attr)
 
 
+def resolve_model(ref: str, typed: bool) -> str:
+    """``auto`` as the built-in it stands for on this graph (``stages.choices``); any other name as it is."""
+    if ref != "auto":
+        return ref
+    return "rgcn" if typed else "sage"
+
+
 def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | Mapping[str, int | None],
                hidden: int, out_channels: int, num_layers: int, dropout: float, heads: int,
                num_relations: int = 1) -> torch.nn.Module:
@@ -102,6 +109,7 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     from stages.train.model import build_model
 
     typed = not isinstance(in_channels, int)
+    ref = resolve_model(ref, typed)
     sizes: dict[str, Any] = {"in_channels": hidden if typed else in_channels, "hidden": hidden,
                              "out_channels": out_channels, "num_layers": num_layers, "dropout": dropout}
     if ref in MODELS:

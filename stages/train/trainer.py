@@ -29,7 +29,7 @@ from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
 from stages.train.params import Params
-from stages.train.plugins import make_loss, make_model
+from stages.train.plugins import make_loss, make_model, resolve_model
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
@@ -57,7 +57,8 @@ class Trainer:
         self.loader = NodeLoader(seeds, params.fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
-        self.model = make_model(params.model, params.model_kwargs,
+        self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
+        self.model = make_model(self.model_kind, params.model_kwargs,
                                 in_channels=data.in_channels if data.in_channels is not None else data.num_features,
                                 hidden=params.hidden, out_channels=data.num_classes, num_layers=params.num_layers,
                                 dropout=params.dropout, heads=params.gat_heads,
@@ -67,7 +68,7 @@ class Trainer:
         self.whole_batch = not is_block_model(self.model)
         self.loader.attach_degrees = needs_degrees(self.model)   # GCN's true degrees travel with each batch
         if self.whole_batch and self.rank == 0:
-            print(f"model {params.model} does not follow the block protocol (stages.train.model): each batch runs "
+            print(f"model {self.model_kind} does not follow the block protocol (stages.train.model): each batch runs "
                   f"whole, every layer over every sampled node", flush=True)
         self.ddp = torch.nn.parallel.DistributedDataParallel(
             self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
@@ -212,7 +213,7 @@ class Trainer:
                 "recipe": {"loss": params.loss, "lr": params.lr, "weight_decay": params.weight_decay,
                            "lr_schedule": params.lr_schedule, "patience": params.patience},
                 "world_size": self.world, "resumed_from_epoch": resumed_from, "ranks": ranks,
-                "model": {"kind": params.model, "kwargs": params.model_kwargs,
+                "model": {"kind": self.model_kind, "kwargs": params.model_kwargs,
                           "in_channels": self.data.in_channels or self.data.num_features,
                           "hidden": params.hidden, "out_channels": self.data.num_classes,
                           "num_layers": params.num_layers, "whole_batch": self.whole_batch,

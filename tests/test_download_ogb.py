@@ -155,9 +155,9 @@ def test_missing_raw_file_is_an_input_error(tmp_path: Path) -> None:
 
 
 def test_unknown_name_lists_supported(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="unknown OGB dataset 'ogbn-mag'; supported: ogbn-arxiv, ogbn-products, "
-                                         "ogbn-papers100M"):
-        load_ogb("ogbn-mag", str(tmp_path))
+    with pytest.raises(InputError, match="unknown OGB dataset 'ogbn-proteins'; supported: ogbn-arxiv, "
+                                         "ogbn-products, ogbn-papers100M, ogbn-mag"):
+        load_ogb("ogbn-proteins", str(tmp_path))
 
 
 def test_ogb_module_is_restored(tmp_path: Path) -> None:
@@ -168,3 +168,51 @@ def test_ogb_module_is_restored(tmp_path: Path) -> None:
     load_ogb("ogbn-arxiv", str(tmp_path))
     assert (ogb_dataset.decide_download, ogb_dataset.torch) == before
     assert "input" not in vars(ogb_dataset)  # the builtin is visible there again
+
+
+def typed_edges(g: object, key: str) -> set[tuple[int, int]]:
+    """Edge type ``key``'s edges in per-type ids, read back from the graph's one incoming CSR."""
+    schema = g.schema
+    e = next(i for i, t in enumerate(schema.edge_types) if t.key == key)
+    et = schema.edge_types[e]
+    offsets = schema.orig_offsets()
+    src_base, dst_base = (int(offsets[schema.type_id(t)]) for t in (et.src, et.dst))
+    r = schema.num_edge_types
+    out = set()
+    for v in range(g.num_nodes):
+        for u in g.indices[g.indptr[v * r + e]:g.indptr[v * r + e + 1]].tolist():
+            out.add((u - src_base, v - dst_base))
+    return out
+
+
+@pytest.mark.parametrize("add_reverse", [True, False])
+def test_mag_goes_through_ogbs_heterogeneous_reader_to_a_typed_graph(tmp_path: Path, add_reverse: bool) -> None:
+    from tests import ogb_mag_fixture as mag
+
+    mag.build(tmp_path)
+    g = load_ogb("ogbn-mag", str(tmp_path), add_reverse=add_reverse)
+    schema = g.schema
+    assert [(t.name, t.num_nodes, t.num_features, t.num_classes) for t in schema.node_types] == [
+        ("author", 8, None, 0), ("field_of_study", 4, None, 0), ("institution", 3, None, 0), ("paper", 12, 3, 349)]
+    assert g.name == "ogbn-mag" and "ogbn-mag" in g.source and g.directed == (not add_reverse)
+    for (src, rel, dst), edges in mag.EDGES.items():   # every typed edge exactly, in per-type ids
+        pairs = set(zip(edges[0].tolist(), edges[1].tolist()))
+        if add_reverse and src == dst:                  # paper cites paper: symmetrised in place
+            pairs |= {(d, s) for s, d in pairs}
+        assert typed_edges(g, f"{src}___{rel}___{dst}") == pairs
+        if add_reverse and src != dst:
+            assert typed_edges(g, f"{dst}___rev_{rel}___{src}") == {(d, s) for s, d in pairs}
+    assert schema.num_edge_types == (7 if add_reverse else 4)
+    paper = int(schema.orig_offsets()[schema.type_id("paper")])
+    assert np.array_equal(g.features["paper"], mag.paper_features()) and set(g.features) == {"paper"}
+    assert g.y[:paper].tolist() == [-1] * paper and g.y[paper:].tolist() == mag.paper_labels().tolist()
+    for name, idx in mag.SPLIT.items():
+        assert g.splits[name].tolist() == (idx + paper).tolist()
+    assert (tmp_path / "ogbn_mag" / "processed" / "data_processed").exists()   # ogb parsed the raw files
+
+
+def test_the_mag_key_has_add_reverse_and_the_homogeneous_ones_do_not() -> None:
+    from stages.download.stage import Params
+
+    assert Params(dataset="ogbn-mag", add_reverse=False).key_params() == {"dataset": "ogbn-mag", "add_reverse": False}
+    assert Params(dataset="ogbn-arxiv", add_reverse=False).key_params() == {"dataset": "ogbn-arxiv"}

@@ -1,4 +1,4 @@
-"""OGB node-property datasets (ogbn-arxiv, ogbn-products, ogbn-papers100M) → ``storage.graph.Graph``.
+"""OGB node-property datasets (ogbn-arxiv, ogbn-products, ogbn-papers100M, ogbn-mag) → ``storage.graph.Graph``.
 
 Downloading and parsing OGB's on-disk format is left to the ``ogb`` package (``NodePropPredDataset``); this module
 makes it safe to run unattended and converts its output to the canonical form.
@@ -13,6 +13,12 @@ makes it safe to run unattended and converts its output to the canonical form.
   PR #507), so they are loaded with ``weights_only=False``, as ogb did before PyTorch 2.6: trust them as much as
   the OGB download and ``root``;
 - its ``torch.save`` of that cache assumes ``processed/`` exists; it is created first.
+
+ogbn-mag is heterogeneous: ogb reads its per-type raw files (``read_csv_heterograph_raw``) into per-type dicts,
+which become a ``stages.download.typed.TypedSource`` (node types in ogb's sorted order: author, field_of_study,
+institution, paper; labels and the time split on paper) and go through the typed graph builder, reverse relations
+added on request (``add_reverse``: the OGB R-GCN baseline trains on them; without them a paper hears from no field
+of study and no institution).
 
 Layout under ``root`` (ogb's): ``<root>/<name with '_' for '-'>/{RELEASE_v1.txt, raw/, split/<kind>/, processed/}``,
 e.g. ``<root>/ogbn_products/``. The zip is downloaded to ``<root>/<download_name>.zip`` and removed after
@@ -40,7 +46,7 @@ from storage.graph import SPLITS, Graph
 from storage.progress import progress as tqdm
 
 
-def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
+def load_ogb(name: str, root: str, progress: bool = False, add_reverse: bool = True) -> Graph:
     """Download (if needed) and convert OGB dataset ``name``, keeping ogb's files under ``root``.
 
     ``directed`` follows OGB: products is undirected (OGB adds the inverse edges), arxiv and papers100M are
@@ -55,6 +61,9 @@ def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
         split = dataset.get_idx_split()  # may torch.load split_dict.pt (papers100M)
     graph, labels = dataset[0]
     meta = dataset.meta_info
+    if str(meta["is hetero"]) == "True":
+        steps.close()
+        return _typed_graph(name, graph, labels, split, int(dataset.num_classes), meta, add_reverse)
     undirected = str(meta["add_inverse_edge"]) == "True"
     num_nodes = int(graph["num_nodes"])
     edge_index = graph.pop("edge_index")  # release ogb's copy as soon as the CSR exists (2 GB at products)
@@ -69,6 +78,24 @@ def load_ogb(name: str, root: str, progress: bool = False) -> Graph:
     steps.update()
     steps.close()
     return result
+
+
+def _typed_graph(name: str, graph: dict[str, Any], labels: dict[str, Any], split: dict[str, Any],
+                 num_classes: int, meta: Any, add_reverse: bool) -> Graph:
+    """ogb's heterogeneous dicts (per-type ids) → the typed graph (``stages.download.typed``)."""
+    from stages.download.typed import TypedSource, build_graph
+    from storage.schema import EdgeType
+
+    num_nodes = {t: int(n) for t, n in sorted(graph["num_nodes_dict"].items())}
+    edges = {EdgeType(*triplet): (np.asarray(ei[0]), np.asarray(ei[1]))
+             for triplet, ei in sorted(graph["edge_index_dict"].items())}
+    features = {t: _features(x, num_nodes[t]) for t, x in (graph.get("node_feat_dict") or {}).items()
+                if x is not None}
+    typed_labels = {t: (_labels(y, num_nodes[t]), num_classes) for t, y in labels.items()}
+    splits = {t: _splits({s: split[s][t] for s in SPLITS}, num_nodes[t]) for t in split["train"]}
+    source = TypedSource(num_nodes, edges, features, typed_labels, splits, name=name,
+                         source=f"ogb:{name} (v{meta['version']}, {meta['url']})")
+    return build_graph(source, add_reverse=add_reverse)
 
 
 def _open_dataset(name: str, root: str) -> Any:

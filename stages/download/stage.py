@@ -12,10 +12,11 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from stages.choices import Dataset
+from stages.choices import TYPED_OGB_DATASETS, Dataset
 from stages.download.canonical import check_classes, check_finite
 from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero
+from stages.download.typed_files import is_typed_dir, load_typed_files
 from stages.meter import measure
 from stages.params import Seed, StageParams, runtime
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -41,7 +42,7 @@ class Params(StageParams):
     seed: Seed = Field(0, description="synthetic: generator seed")
     split: tuple[float, float, float] = Field((0.08, 0.02, 0.90),
                                               description="synthetic: train, valid, test fractions")
-    add_reverse: bool = Field(True, description="synthetic-hetero: add (dst, rev_<rel>, src) for each edge type "
+    add_reverse: bool = Field(True, description="typed graphs: add (dst, rev_<rel>, src) for each edge type "
                                                 "between two node types and symmetrise those within one (PyG's "
                                                 "ToUndirected)")
     path: str | None = Field(None, description="files: directory with edge_index.npy, x.npy, y.npy, ...")
@@ -69,19 +70,24 @@ class Params(StageParams):
                                                          "num_classes", "seed", "split"} | typed)
         if self.dataset == "files":
             path = os.path.abspath(self.path or "")
-            return {"dataset": "files", "path": path, "fingerprint": self.fingerprint or files_fingerprint(path)}
-        return {"dataset": self.dataset}
+            reverse = {"add_reverse": self.add_reverse} if is_typed_dir(path) else {}
+            return {"dataset": "files", "path": path, "fingerprint": self.fingerprint or files_fingerprint(path),
+                    **reverse}
+        return self.model_dump(mode="json", include={"dataset", "add_reverse"} if self.dataset in TYPED_OGB_DATASETS
+                               else {"dataset"})
 
 
 def files_fingerprint(directory: str) -> str:
-    """Names, sizes and mtimes of the user's .npy/.json files (as make does): cheap, and changes when they do."""
+    """Paths, sizes and mtimes of the user's .npy/.json files (as make does): cheap, and changes when they do. A
+    typed layout's are in sub-folders; a flat directory's paths are the file names (its fingerprint as before)."""
     if not os.path.isdir(directory):
         raise InputError(f"dataset directory {directory} does not exist; pass path=<directory with .npy files>")
     h = hashlib.sha256()
-    for name in sorted(os.listdir(directory)):
-        if name.endswith((".npy", ".json")):
-            st = os.stat(os.path.join(directory, name))
-            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    files = sorted(os.path.relpath(os.path.join(folder, name), directory)
+                   for folder, _, names in os.walk(directory) for name in names if name.endswith((".npy", ".json")))
+    for name in files:
+        st = os.stat(os.path.join(directory, name))
+        h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
     return h.hexdigest()[:16]
 
 
@@ -90,7 +96,10 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     if params.dataset == "files":
         from stages.download.files_source import load_files
 
-        return load_files(os.path.abspath(params.path or ""))   # names x.npy in its own finite check
+        path = os.path.abspath(params.path or "")
+        if is_typed_dir(path):   # build_graph checks features and classes per type
+            return load_typed_files(path, add_reverse=params.add_reverse)
+        return load_files(path)   # names x.npy in its own finite check
     if params.dataset == "synthetic-hetero":   # build_graph checks features and classes per type
         return generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
                                          params.num_classes, params.seed, split=params.split,
@@ -101,7 +110,9 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     else:
         from stages.download.ogb_source import load_ogb
 
-        graph = load_ogb(params.dataset, download_dir, progress=progress)
+        graph = load_ogb(params.dataset, download_dir, progress=progress, add_reverse=params.add_reverse)
+        if params.dataset in TYPED_OGB_DATASETS:   # build_graph checked features and classes per type
+            return graph
     check_finite(graph.x, f"the features (x) of dataset {params.dataset}")
     check_classes(graph.y, graph.num_classes, f"dataset {params.dataset}")   # files: checked in load_files
     return graph

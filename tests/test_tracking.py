@@ -202,7 +202,7 @@ def test_train_hparams_session_holds_the_parameters(built: Built):
         acc.SummaryMetadata("_hparams_/session_start_info").plugin_data.content)
     hparams = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
                for k, v in data.session_start_info.hparams.items()}
-    assert hparams["epochs"] == 3 and hparams["model"] == "sage" and hparams["fanouts"] == "[5, 5]"
+    assert hparams["epochs"] == 3 and hparams["model"] == "auto" and hparams["fanouts"] == "[5, 5]"
     manifest = built.manifests["train"]
     keys = {"key.train": manifest.key, **{f"key.{name}": key for name, key in manifest.upstream.items()}}
     assert set(hparams) == set(manifest.params) | set(keys)

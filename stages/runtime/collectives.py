@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -50,6 +51,37 @@ def max_over_ranks(value: int, group: dist.ProcessGroup | None = None) -> int:
     total = torch.tensor([value], dtype=torch.long, device=comm_device(group))
     dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
     return int(total.item())
+
+
+@dataclass(frozen=True)
+class Owners:
+    """This rank's place among the owners of id ranges: rank q owns ``[bounds[q], bounds[q + 1])`` (``bounds`` on
+    the holder's device); without an initialised process group, one rank owning everything."""
+
+    distributed: bool
+    rank: int
+    world_size: int
+    bounds: Tensor
+
+    @classmethod
+    def of(cls, bounds: np.ndarray | list[int], group: dist.ProcessGroup | None, device: torch.device) -> Owners:
+        """Refuses ``bounds`` that split the ids into another number of ranges than the group has ranks."""
+        distributed = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size(group) if distributed else 1
+        tensor = torch.as_tensor(np.asarray(bounds, dtype=np.int64), device=device)
+        if tensor.numel() != world + 1:
+            raise ValueError(f"{tensor.numel() - 1} partitions for {world} ranks")
+        return cls(distributed, dist.get_rank(group) if distributed else 0, world, tensor)
+
+    @property
+    def lo(self) -> int:
+        """The first id this rank owns."""
+        return int(self.bounds[self.rank])
+
+    @property
+    def hi(self) -> int:
+        """One past the last id this rank owns."""
+        return int(self.bounds[self.rank + 1])
 
 
 @dataclass

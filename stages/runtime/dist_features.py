@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks, route_to_owners
+from stages.runtime.collectives import Owners, all_to_all, comm_device, max_over_ranks, route_to_owners
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore
 
@@ -61,15 +61,12 @@ class DistFeatures:
                  cache: FeatureCache | None = None, group: dist.ProcessGroup | None = None) -> None:
         self.store = store
         self.group = group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(group) if self.distributed else 0
-        self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.device = torch.device(device)
-        self.bounds_gid = torch.as_tensor(np.asarray(bounds, dtype=np.int64), device=self.device)
-        if self.bounds_gid.numel() != self.world_size + 1:
-            raise ValueError(f"{self.bounds_gid.numel() - 1} partitions for {self.world_size} ranks")
-        self.lo = int(self.bounds_gid[self.rank])
-        if int(self.bounds_gid[self.rank + 1]) - self.lo != store.num_rows:
+        owners = Owners.of(bounds, group, self.device)
+        self.distributed, self.rank, self.world_size, self.bounds_gid = (owners.distributed, owners.rank,
+                                                                         owners.world_size, owners.bounds)
+        self.lo = owners.lo
+        if owners.hi - self.lo != store.num_rows:
             raise ValueError(f"rank {self.rank} owns {int(self.bounds_gid[self.rank + 1]) - self.lo} gids but its "
                              f"feature store has {store.num_rows} rows")
         self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import Requests, all_to_all, comm_device, route_to_owners
+from stages.runtime.collectives import Owners, Requests, all_to_all, comm_device, route_to_owners
 from stages.runtime.seeds import STREAM_EMBEDDING, stream_seed
 
 _INIT_CHUNK_ROWS = 1 << 16
@@ -55,15 +55,12 @@ class ShardedEmbedding:
     def __init__(self, bounds: np.ndarray | list[int], dim: int, *, lr: float, seed: int, node_type: int = 0,
                  device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None) -> None:
         self.group = group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(group) if self.distributed else 0
-        self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.device = torch.device(device)
-        self.bounds = torch.as_tensor(np.asarray(bounds, dtype=np.int64), device=self.device)
-        if self.bounds.numel() != self.world_size + 1:
-            raise ValueError(f"{self.bounds.numel() - 1} partitions for {self.world_size} ranks")
-        self.lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-        self.weight = torch.nn.Parameter(init_rows(self.lo, hi, dim, seed, node_type).to(self.device))
+        owners = Owners.of(bounds, group, self.device)
+        self.distributed, self.rank, self.world_size, self.bounds = (owners.distributed, owners.rank,
+                                                                     owners.world_size, owners.bounds)
+        self.lo = owners.lo
+        self.weight = torch.nn.Parameter(init_rows(self.lo, owners.hi, dim, seed, node_type).to(self.device))
         self.optimizer = torch.optim.SparseAdam([self.weight], lr=lr)
         self.grad_scale = 1.0 / self.world_size   # DDP averages the dense gradients over ranks: the same here
         self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")

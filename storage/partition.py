@@ -60,6 +60,13 @@ class PartitionBook:
     def sizes(self) -> np.ndarray:
         return np.diff(self.bounds)
 
+    def type_ids_by_tgid(self, node_type: int, first_orig: int, part: int | None = None) -> np.ndarray:
+        """int64: for each tgid of ``node_type`` (its nodes numbered part by part, ``stages.runtime.typed_rows``),
+        the node's id within its type (orig id - ``first_orig``, the type's first); part ``part``'s only, if given."""
+        table = self.range_table()
+        parts = range(self.num_partitions) if part is None else [part]
+        return np.concatenate([self.orig_of_gid[slice(*table.type_range(p, node_type))] for p in parts]) - first_orig
+
 
 @dataclass
 class PartCSR:
@@ -148,16 +155,6 @@ class PartitionArtifact(ArtifactHandle):
         g = open_group(self._url(_BOOK))
         return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"),
                              read_array(g, "type_bounds"))
-
-    def type_ids_by_tgid(self, node_type: str) -> np.ndarray:
-        """int64 [N_t]: for each tgid of ``node_type`` (its nodes numbered part by part,
-        ``stages.runtime.typed_rows``), the node's id within its type in the dataset (orig id - the type's first)."""
-        schema = self.schema
-        t = schema.type_id(node_type)
-        book = self.book()
-        table = book.range_table()
-        parts = [book.orig_of_gid[slice(*table.type_range(p, t))] for p in range(book.num_partitions)]
-        return np.concatenate(parts) - schema.orig_offsets()[t]
 
     def csr(self, p: int) -> PartCSR:
         """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""

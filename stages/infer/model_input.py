@@ -21,7 +21,6 @@ from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore, open_feature_store
-from stages.runtime.typed_rows import TypeIndex
 from stages.train.typed_model import HeteroModel, TypedInput
 from storage import ArtifactError
 from storage.features import FeaturesArtifact
@@ -51,9 +50,12 @@ def model_input(model: torch.nn.Module, tables: Mapping[str, Tensor], *, partiti
             return DistFeatures(store, bounds)
         return ModelInput(model, features_path)
 
+    held = dict(tables)   # the learnt tables are read once, by layer 0: released then
+
     def encoded() -> DistFeatures:
-        rows = encode_own_rows(model.encoder, tables, partition=partition, features=features, rank=rank,
+        rows = encode_own_rows(model.encoder, held, partition=partition, features=features, rank=rank,
                                local_world=local_world, setup=setup)
+        held.clear()
         return DistFeatures(InMemoryFeatureStore(rows), bounds)
     return ModelInput(model.body, encoded)
 
@@ -61,8 +63,8 @@ def model_input(model: torch.nn.Module, tables: Mapping[str, Tensor], *, partiti
 def encode_own_rows(encoder: TypedInput, tables: Mapping[str, Tensor], *, partition: PartitionArtifact,
                     features: FeaturesArtifact, rank: int, local_world: int, setup: dict[str, Any]) -> Tensor:
     """``[n_p, hidden]`` float32: the typed input of every own node of rank ``rank``, in lid order."""
-    table = partition.range_table()
-    index = TypeIndex(table)
+    book = partition.book()
+    table, offsets = book.range_table(), partition.schema.orig_offsets()
     lo, hi = (int(g) for g in table.bounds[rank:rank + 2])
     out = torch.empty((hi - lo, encoder.hidden), dtype=torch.float32)
     kinds = set()
@@ -73,9 +75,8 @@ def encode_own_rows(encoder: TypedInput, tables: Mapping[str, Tensor], *, partit
             kinds.add(store.kind)
             read = _store_reader(store)
         else:
-            emb = _table(tables, name, int(index.type_tgid_bounds[t][-1]))
-            first, end = (int(g) for g in index.type_tgid_bounds[t][rank:rank + 2])
-            read = _table_reader(emb, torch.from_numpy(partition.type_ids_by_tgid(name)[first:end]))
+            emb = _table(tables, name, int(offsets[t + 1] - offsets[t]))
+            read = _table_reader(emb, torch.from_numpy(book.type_ids_by_tgid(t, int(offsets[t]), part=rank)))
         for a in range(0, stop - start, PIECE_ROWS):
             b = min(a + PIECE_ROWS, stop - start)
             out[start - lo + a:start - lo + b] = encoder.encode(name, read(a, b)).to(torch.float32)

@@ -87,7 +87,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         setup: dict[str, Any] = {}
         run = model_input(model, tables, partition=partition, features=features, rank=rank,
                           local_world=local_world, setup=setup)
-        del model, tables   # the run holds what it needs: a typed model's encoder and tables only until layer 0
+        del model, tables   # the run holds what it needs (a typed model's tables only until layer 0 is encoded)
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,

@@ -84,9 +84,12 @@ def typed_in_channels(partition: PartitionArtifact, features: FeaturesArtifact) 
 def embeddings_in_dataset_order(state: dict[str, Any], partition: PartitionArtifact) -> dict[str, Any]:
     """``model.pt``'s embedding tables (``storage.train``) reordered from tgids (how the ranks shard them) to the
     dataset's ids within each type, so that row i of ``embeddings.author`` is author i."""
+    book, schema = partition.book(), partition.schema
+    offsets = schema.orig_offsets()
     out = dict(state)
     for key in state:
         if key.startswith(EMBEDDING_PREFIX):
-            type_id = torch.from_numpy(partition.type_ids_by_tgid(key[len(EMBEDDING_PREFIX):]))
+            t = schema.type_id(key[len(EMBEDDING_PREFIX):])
+            type_id = torch.from_numpy(book.type_ids_by_tgid(t, int(offsets[t])))
             out[key] = torch.empty_like(state[key]).index_copy_(0, type_id, state[key])
     return out

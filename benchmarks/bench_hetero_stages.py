@@ -15,22 +15,18 @@ import argparse
 import json
 import os
 
+from _graph_args import add_hetero_args, hetero_params  # benchmarks/ is on sys.path when run as a script
+
 from flows.direct import run_stages
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=1_939_743)
-    ap.add_argument("--features", type=int, default=128, help="paper feature columns (ogbn-mag: 128)")
-    ap.add_argument("--classes", type=int, default=349, help="paper classes (ogbn-mag: 349)")
-    ap.add_argument("--parts", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--root", default="/tmp/bench-hetero")
+    add_hetero_args(ap, nodes=1_939_743, parts=[2, 4], root="/tmp/bench-hetero")
     args = ap.parse_args()
     os.makedirs(args.root, exist_ok=True)
     for parts in args.parts:
-        _, m = run_stages({"artifacts": args.root, "dataset": "synthetic-hetero", "num_nodes": args.nodes,
-                           "num_features": args.features, "num_classes": args.classes, "num_partitions": parts,
-                           "until": "features"})
+        _, m = run_stages({**hetero_params(args, parts), "until": "features"})
         typed = m["partition"].summary["typed"]
         print(json.dumps({
             "nodes": m["download"].summary["num_nodes"], "edges": m["download"].summary["num_edges"],

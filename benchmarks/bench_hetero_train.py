@@ -15,26 +15,22 @@ import argparse
 import json
 import os
 
+from _graph_args import add_hetero_args, hetero_params  # benchmarks/ is on sys.path when run as a script
+
 from flows.direct import run_stages
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=200_000)
-    ap.add_argument("--features", type=int, default=128, help="paper feature columns (ogbn-mag: 128)")
-    ap.add_argument("--classes", type=int, default=349, help="paper classes (ogbn-mag: 349)")
-    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2])
+    add_hetero_args(ap, nodes=200_000, parts=[1, 2], root="/tmp/bench-hetero-train")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--model", default="rgcn")
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--root", default="/tmp/bench-hetero-train")
     args = ap.parse_args()
     os.makedirs(args.root, exist_ok=True)
     for parts in args.parts:
-        _, m = run_stages({"artifacts": args.root, "dataset": "synthetic-hetero", "num_nodes": args.nodes,
-                           "num_features": args.features, "num_classes": args.classes, "num_partitions": parts,
-                           "model": args.model, "fanouts": [25, 20], "batch_size": 1024, "hidden": args.hidden,
-                           "epochs": args.epochs, "until": "train"})
+        _, m = run_stages({**hetero_params(args, parts), "model": args.model, "fanouts": [25, 20], "batch_size": 1024,
+                           "hidden": args.hidden, "epochs": args.epochs, "until": "train"})
         s = m["train"].summary
         print(json.dumps({
             "nodes": m["download"].summary["num_nodes"], "edges": m["download"].summary["num_edges"],

@@ -38,7 +38,7 @@ STAGES: dict[str, Stage] = {"download": download_stage, "partition": partition_s
 ORDER: tuple[str, ...] = tuple(STAGES)
 # one name for one setting that several stages must agree on (the hotness stage pre-samples the training batches)
 SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), "fanouts": ("hotness", "train"),
-                                      "batch_size": ("hotness", "train")}
+                                      "edge_fanouts": ("hotness", "train"), "batch_size": ("hotness", "train")}
 # a short name two stages declare, given to the stage a user means by it
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
 CONTROL = ("artifacts", "until", "force")
@@ -95,7 +95,8 @@ class PipelineConfig(BaseModel):
         out = []
         for name, stages in SHARED.items():
             values = {stage: getattr(self.stage_params(stage), name) for stage in stages}
-            if len(set(values.values())) > 1:
+            first = next(iter(values.values()))
+            if any(v != first for v in values.values()):   # by equality: a dict value (edge_fanouts) is unhashable
                 per_stage = ", ".join(f"{s}: {show_value(v)}" for s, v in values.items())
                 out.append(f"{name} differs between stages ({per_stage}); set `{name}` once unless that is meant")
         return out

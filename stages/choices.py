@@ -17,10 +17,10 @@ FeatureDtype = Literal["auto", "float32", "float16"]
 # the features stage's row normalisation of x (stages/features/normalize.py)
 FeatureNorm = Literal["none", "l1"]
 # built-in models and losses; train.model and train.loss also take an import path (stages/train/plugins.py)
-# rgcn, rgat: relational (per edge type); mlp: each node's own row only (the no-graph baseline); auto: rgcn on a
-# typed graph (it beats a GraphSAGE that ignores the types by 9 points on synthetic-hetero: tests/test_typed_train.py),
-# sage on a homogeneous one
-ModelName = Literal["auto", "sage", "gcn", "gat", "rgcn", "rgat", "mlp"]
+# rgcn, rgat: relational (per edge type); hgt: per node and edge type (Heterogeneous Graph Transformer); mlp: each
+# node's own row only (the no-graph baseline); auto: rgcn on a typed graph (it beats a GraphSAGE that ignores the
+# types by 9 points on synthetic-hetero: tests/test_typed_train.py), sage on a homogeneous one
+ModelName = Literal["auto", "sage", "gcn", "gat", "rgcn", "rgat", "hgt", "mlp"]
 LossName = Literal["cross_entropy"]
 LrSchedule = Literal["none", "cosine", "step"]
 # the dtype of the model's matrix products (stages/train/model.py: seed_logits autocasts them to bfloat16)

@@ -22,7 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
-from stages.runtime.fanouts import validate_fanouts
+from stages.runtime.fanouts import check_edge_fanouts, validate_fanouts
 from storage.errors import InputError
 
 _RUNTIME = "runtime"
@@ -35,6 +35,10 @@ def _fanouts(value: tuple[int, ...]) -> tuple[int, ...]:
 
 Fanouts = Annotated[tuple[int, ...], AfterValidator(_fanouts)]
 """Neighbours sampled per hop, outermost first (a positive count, or -1 for all)."""
+
+EdgeFanouts = Annotated[dict[str, tuple[int, ...]], AfterValidator(check_edge_fanouts)]
+"""Typed graphs: per-hop fanouts of the edge types named (``src___rel___dst`` or a unique relation name), in place
+of ``fanouts`` for those types; 0 = that type is not sampled on that hop (``stages.runtime.fanouts.hop_fanouts``)."""
 
 Seed = Annotated[int, Field(ge=0)]
 """A random seed: numpy's SeedSequence (stages/runtime/seeds.py) and default_rng take only non-negative ones."""

@@ -41,6 +41,11 @@ def part_csr(graph: Graph, rank: int) -> LocalCSR:
     return LocalCSR.from_numpy(indptr - indptr[0], graph.indices[indptr[0]:indptr[-1]], lo, num_edge_types=r)
 
 
+def per_type_fanout(graph: Graph) -> tuple[int, ...]:
+    """A hop's fanout per edge type: 1, 2, 3, ... by edge type id, the second type not sampled (0)."""
+    return tuple(0 if e == 1 else e + 1 for e in range(graph.schema.num_edge_types))
+
+
 def emb_draws(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s tgids (any owner, with repeats) and loss coefficients at ``step``."""
     gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -55,8 +60,10 @@ def run(rank: int) -> dict:
     seed_gid = torch.arange(bounds[rank], bounds[rank] + SEEDS_PER_RANK)
     full = DistNeighborSampler(csr, bounds, [-1, -1], generator=torch.Generator().manual_seed(rank))
     sampled = DistNeighborSampler(csr, bounds, [3, 2], generator=torch.Generator().manual_seed(rank))
+    per_type = DistNeighborSampler(csr, bounds, [per_type_fanout(graph), 2],
+                                   generator=torch.Generator().manual_seed(rank))
     out: dict = {"full": full.sample(seed_gid), "sampled": sampled.sample(seed_gid),
-                 "empty": full.sample(torch.empty(0, dtype=torch.long))}
+                 "per_type": per_type.sample(seed_gid), "empty": full.sample(torch.empty(0, dtype=torch.long))}
     emb = ShardedEmbedding(EMB_BOUNDS, EMB_DIM, lr=0.1, seed=3, node_type=1)
     out["emb_initial"] = emb.weight.detach().clone()
     touched = []

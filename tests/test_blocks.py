@@ -292,6 +292,7 @@ def one_rank_data():
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.feature_store import InMemoryFeatureStore
     from stages.train.rank_data import RankData, degree_path
+    from storage.schema import GraphSchema
 
     indptr, indices = power_law_graph()
     csr, bounds, cpu = LocalCSR.from_numpy(indptr, indices), np.array([0, NUM_NODES]), torch.device("cpu")
@@ -300,6 +301,7 @@ def one_rank_data():
                         NUM_NODES, dtype=torch.long), split_gid={s: torch.arange(NUM_NODES) for s in
                                                                  ("train", "valid", "test")},
                     num_features=SIZES["in_channels"], num_classes=SIZES["out_channels"], cache_policy="none",
+                    schema=GraphSchema.homogeneous(NUM_NODES, SIZES["in_channels"], SIZES["out_channels"]),
                     setup={}, degrees=degree_path(csr, bounds, cpu))
 
 

@@ -5,6 +5,7 @@ takes), and the README's table is the one generated from the Params."""
 from __future__ import annotations
 
 import inspect
+import json
 import types
 import typing
 from pathlib import Path
@@ -23,7 +24,9 @@ FIELDS = [(stage, field) for stage in ORDER for field in STAGES[stage].Params.mo
 SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("train", "gat_heads"): 8,
                                        ("train", "model"): "gcn", ("train", "model_kwargs"): {"aggr": "max"},
                                        ("train", "loss"): "examples.custom_model:smoothed_cross_entropy",
-                                       ("infer", "fanouts"): (10, 5)}
+                                       ("infer", "fanouts"): (10, 5),
+                                       ("hotness", "edge_fanouts"): {"edge": (5, 3, 2)},
+                                       ("train", "edge_fanouts"): {"edge": (5, 3, 2)}}
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -60,6 +63,8 @@ def as_text(value: Any) -> str:
         return ",".join(str(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, dict):
+        return json.dumps(value)
     return str(value)
 
 
@@ -78,6 +83,8 @@ def test_every_field_is_reachable_by_every_route(stage: str, field: str, tmp_pat
     for name in names_of(stage, field):
         routes[f"--set {name}"] = load_config(None, [f"{name}={as_text(value)}"])
     yaml_value = list(value) if isinstance(value, tuple) else value
+    if isinstance(value, dict):
+        yaml_value = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
     nested = tmp_path / "nested.yaml"
     nested.write_text(f"{stage}:\n  {field}: {yaml_value!r}\n".replace("'", '"').replace("True", "true")
                       .replace("False", "false"))
@@ -85,7 +92,7 @@ def test_every_field_is_reachable_by_every_route(stage: str, field: str, tmp_pat
     toml = tmp_path / "c.toml"
     toml_value = str(yaml_value).lower() if isinstance(value, bool) else repr(yaml_value).replace("'", '"')
     if isinstance(value, dict):   # an inline table
-        toml_value = "{" + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + "}"
+        toml_value = "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in yaml_value.items()) + "}"
     toml.write_text(f"[{stage}]\n{field} = {toml_value}\n")
     routes["toml section"] = load_config(toml, [])
     flat_yaml = tmp_path / "flat.yaml"
@@ -122,8 +129,8 @@ def test_shared_names_set_every_stage_and_a_qualified_name_overrides_one():
     assert cfg.hotness.fanouts == cfg.train.fanouts == (10, 5) and cfg.train.num_layers == 2
     assert cfg.hotness.batch_size == cfg.train.batch_size == 64
     for name, stages in SHARED.items():
-        defaults = {getattr(STAGES[s].Params(), name) for s in stages}
-        assert len(defaults) == 1, f"shared name {name} has different defaults in {stages}"
+        defaults = [getattr(STAGES[s].Params(), name) for s in stages]
+        assert all(d == defaults[0] for d in defaults), f"shared name {name} has different defaults in {stages}"
     # flow-style None for a qualified override means "follow the shared value"
     assert make_config(seed=5, train_seed=None).train.seed == 5
     # epochs means the training epochs; the hotness stage's is hotness_epochs
@@ -145,8 +152,8 @@ def test_lists_accept_commas_with_or_without_brackets(text: str):
                   "or -1 for all of them; expected a list of integers"),
     ("fanouts=-2", "invalid parameter fanouts=-2: invalid fanout -2"),
     ("train.fanouts=10,0", "invalid parameter train.fanouts='10,0': invalid fanout 0"),
-    ("model=gnn", "invalid parameter model='gnn': unknown model; expected auto, sage, gcn, gat, rgcn, rgat, mlp, or an "
-                  "import path package.module:factory"),
+    ("model=gnn", "invalid parameter model='gnn': unknown model; expected auto, sage, gcn, gat, rgcn, rgat, hgt, "
+                  "mlp, or an import path package.module:factory"),
     ("weight_decay=-1", "invalid parameter weight_decay=-1: Input should be greater than or equal to 0; expected "
                         "a number >= 0"),
     ("train.epoch=3", "invalid parameter train.epoch: unknown name; did you mean epochs?"),

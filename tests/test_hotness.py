@@ -13,6 +13,7 @@ from stages.runtime.sampler import LocalCSR, NeighborSampler
 from storage import InputError
 from storage.hotness import CURVE_PNG, HotnessArtifact
 from storage.partition import PartitionArtifact, concat_parts
+from storage.store import stage_key
 from tests._train_pipeline import build_without_prefect
 
 
@@ -103,6 +104,22 @@ def test_budget_larger_than_graph_is_clamped_and_said(upstream):
     m = hotness.run(store, params, {"partition": pt, "features": ft}, progress=False)
     assert all(r["plan_rows"] == 6000 for r in m.summary["parts"])
     assert "clamped to the graph's 6,000 nodes" in hotness.report(m).headline
+
+
+def test_edge_fanouts_must_name_an_edge_type_of_the_graph(upstream):
+    """One line naming the graph's edge types, before anything is written; the one edge type of a homogeneous graph
+    is named ``edge``, and a fanout per edge type that equals ``fanouts`` plans what ``fanouts`` plans."""
+    store, pt, ft = upstream
+    bad = hotness.Params(fanouts=(5,), batch_size=512, edge_fanouts={"cites": (3,)})
+    with pytest.raises(InputError, match=r"edge_fanouts names 'cites'.*\(its edge types: node___edge___node\)"):
+        hotness.run(store, bad, {"partition": pt, "features": ft}, progress=False)
+    assert store.find("hotness", stage_key("hotness", hotness.VERSION, bad.key_params(),
+                                           {"partition": pt.key, "features": ft.key})) is None
+    same = hotness.run(store, hotness.Params(fanouts=(5,), batch_size=512, edge_fanouts={"edge": (5,)}),
+                       {"partition": pt, "features": ft}, progress=False)
+    plain = hotness.run(store, hotness.Params(fanouts=(5,), batch_size=512), {"partition": pt, "features": ft},
+                        progress=False)
+    assert [r["requested_gids"] for r in same.summary["parts"]] == [r["requested_gids"] for r in plain.summary["parts"]]
 
 
 def test_partition_without_train_nodes_has_empty_counts(upstream):

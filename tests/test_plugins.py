@@ -38,8 +38,8 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("model", "gnn", "invalid parameter model='gnn': unknown model; expected auto, sage, gcn, gat, rgcn, rgat, mlp, or "
-                     "an import path package.module:factory"),
+    ("model", "gnn", "invalid parameter model='gnn': unknown model; expected auto, sage, gcn, gat, rgcn, rgat, "
+                     "hgt, mlp, or an import path package.module:factory"),
     ("model", "examples.custom_model", "unknown model"),                        # no :factory
     ("model", "examples/custom_model.py:build", "unknown model"),
     ("model", "no_such_pkg.models:build", "module no_such_pkg.models not found on the Python path"),

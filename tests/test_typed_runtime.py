@@ -8,14 +8,26 @@ import numpy as np
 import pytest
 import torch
 
+from stages.runtime.fanouts import hop_fanouts
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_batch import to_hetero_data
+from stages.train.blocks import BatchGraph, Block
 from stages.train.model import build_model, seed_logits
 from stages.train.typed_model import TypedInput
 from storage.graph import Graph
 from tests._spawn import spawn_ranks
-from tests._typed_worker import EMB_BOUNDS, EMB_DIM, EMB_STEPS, TIMEOUT_S, WORLD_SIZE, emb_draws, typed_graph, worker
+from tests._typed_worker import (
+    EMB_BOUNDS,
+    EMB_DIM,
+    EMB_STEPS,
+    TIMEOUT_S,
+    WORLD_SIZE,
+    emb_draws,
+    per_type_fanout,
+    typed_graph,
+    worker,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
@@ -80,6 +92,54 @@ def test_a_fanout_caps_each_edge_type_of_each_target(graph):
             assert got.get((v, e), 0) == min(deg, 3), (v, e)
 
 
+def typed_counts(edges: list[tuple[int, int, int]]) -> dict[tuple[int, int], int]:
+    got: dict[tuple[int, int], int] = {}
+    for _, dst, e in edges:
+        got[(dst, e)] = got.get((dst, e), 0) + 1
+    return got
+
+
+def check_per_type_hop(graph: Graph, edges: list[tuple[int, int, int]], seed_gid: list[int],
+                       fanout: tuple[int, ...]) -> None:
+    """Each (target, edge type) got min(degree, its type's fanout) distinct true in-edges (0: none)."""
+    assert set(edges) <= typed_in_edges(graph, np.array(seed_gid)) and len(edges) == len(set(edges))
+    got, r = typed_counts(edges), graph.schema.num_edge_types
+    for v in seed_gid:
+        for e in range(r):
+            deg = int(graph.indptr[v * r + e + 1] - graph.indptr[v * r + e])
+            assert got.get((v, e), 0) == (deg if fanout[e] == -1 else min(deg, fanout[e])), (v, e)
+
+
+def test_a_fanout_per_edge_type(graph):
+    """``hop_fanouts`` -> one count per edge type per hop: each type capped by its own, 0 = not sampled; the hop's
+    edges still grouped by target then type (the distributed sampler routes answers by target); the same count
+    for every type draws what the scalar fanout draws."""
+    seed_gid = torch.arange(0, graph.schema.num_nodes, 11)
+    fanout = per_type_fanout(graph)
+    batch = NeighborSampler(whole_csr(graph), [fanout], generator=torch.Generator().manual_seed(0)).sample(seed_gid)
+    check_per_type_hop(graph, batch_edges(batch), seed_gid.tolist(), fanout)
+    key = batch.edge_index[1] * graph.schema.num_edge_types + batch.edge_type
+    assert bool((key[1:] >= key[:-1]).all())
+    same = tuple([3] * graph.schema.num_edge_types)
+    a, b = (NeighborSampler(whole_csr(graph), [f], generator=torch.Generator().manual_seed(0)).sample(seed_gid)
+            for f in (same, 3))
+    assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.edge_type, b.edge_type)
+
+
+def test_hop_fanouts_name_edge_types_by_key_or_relation(graph):
+    types = [e.as_tuple() for e in graph.schema.edge_types]
+    cites = next(i for i, e in enumerate(types) if e[1] == "cites")
+    hops = hop_fanouts([10, 5], {"cites": [4, 0]}, types)
+    assert [h[cites] for h in hops] == [4, 0] and all(h[e] == f for h, f in zip(hops, [10, 5])
+                                                      for e in range(len(types)) if e != cites)
+    assert hop_fanouts([10, 5], {"paper___cites___paper": [4, 0]}, types) == hops
+    assert hop_fanouts([10, 5], {}, types) == [10, 5]
+    with pytest.raises(ValueError, match="no edge type of this graph has that key or relation"):
+        hop_fanouts([10, 5], {"likes": [1, 1]}, types)
+    with pytest.raises(ValueError, match="has 1 values, fanouts 2"):
+        hop_fanouts([10, 5], {"cites": [1]}, types)
+
+
 def test_two_ranks_sample_what_one_samples(ranks_out, graph):
     for rank, out in enumerate(ranks_out):
         full = out["full"]
@@ -94,6 +154,8 @@ def test_two_ranks_sample_what_one_samples(ranks_out, graph):
             np.add.outer(seed_gid.numpy() * graph.schema.num_edge_types,
                          np.arange(graph.schema.num_edge_types)).ravel()])
         assert out["empty"].n_id.numel() == 0 and out["empty"].edge_type.numel() == 0
+        per_type = out["per_type"]   # the distributed sampler with a fanout per edge type
+        check_per_type_hop(graph, hop_edges(per_type, 0), seed_gid.tolist(), per_type_fanout(graph))
 
 
 def replay_on_one_rank() -> ShardedEmbedding:
@@ -139,25 +201,27 @@ def test_embedding_state_round_trips():
         ShardedEmbedding([0, 60], EMB_DIM, lr=0.1, seed=0).load_state_dict(emb.state_dict())
 
 
-def typed_batch(graph: Graph, fanouts: list[int]):
+def typed_batch(graph: Graph, fanouts: list):
     batch = NeighborSampler(whole_csr(graph), fanouts, generator=torch.Generator().manual_seed(5)).sample(
         torch.arange(0, graph.schema.num_nodes, 29))
-    batch.num_edge_types = graph.schema.num_edge_types
+    batch.num_relations = graph.schema.num_edge_types
     batch.node_type = torch.from_numpy(graph.schema.node_type_of_orig().astype(np.int64))[batch.n_id]
     return batch
 
 
-@pytest.mark.parametrize("kind", ["rgcn", "rgat"])
+@pytest.mark.parametrize("kind", ["rgcn", "rgat", "hgt"])
 @pytest.mark.parametrize("fanouts", [[4, 3], [-1, 2]])
 def test_relational_blocks_equal_pyg_on_the_whole_batch(graph, kind, fanouts):
-    """Blocks (per-relation mean matrix, per-relation masks) against PyG's own whole-batch calls."""
+    """Blocks (per-relation mean matrix, per-relation masks, HGT's per-block maps) against the whole-batch calls
+    (PyG's own for rgcn and rgat; HGT's whole batch is one block of every node, checked against PyG below)."""
     batch = typed_batch(graph, fanouts)
-    x = torch.randn((batch.num_nodes, 6), generator=torch.Generator().manual_seed(0))
+    x = torch.randn((batch.num_nodes, 8), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    model = build_model(kind, in_channels=6, hidden=8, out_channels=3, num_layers=len(fanouts), dropout=0.0,
-                        num_relations=graph.schema.num_edge_types).train()
+    model = build_model(kind, in_channels=8, hidden=8, out_channels=3, num_layers=len(fanouts), dropout=0.0,
+                        schema=graph.schema, heads=2).train()
     out = seed_logits(model, x, batch)
-    whole = model(x, batch.edge_index, batch.edge_type)[:batch.batch_size]
+    types = {"node_type": batch.node_type} if kind == "hgt" else {}
+    whole = model(x, batch.edge_index, batch.edge_type, **types)[:batch.batch_size]
     assert torch.allclose(out, whole, atol=1e-5)
     out.square().sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -165,6 +229,51 @@ def test_relational_blocks_equal_pyg_on_the_whole_batch(graph, kind, fanouts):
     whole.square().sum().backward()
     for g, p in zip(grads, model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["rgcn", "rgat", "hgt"])
+def test_batches_short_of_some_edge_types(graph, kind):
+    """A batch that sampled only some edge types (here the first; then none) still has the schema's R relations
+    in its blocks (``batch.num_relations``; PyG's ``Data.num_edge_types`` would count 1, then fail on no edge)."""
+    r = graph.schema.num_edge_types
+    torch.manual_seed(0)
+    model = build_model(kind, in_channels=8, hidden=8, out_channels=3, num_layers=2, dropout=0.0,
+                        schema=graph.schema, heads=2)
+    for first in (-1, 0):
+        batch = typed_batch(graph, [(first, *[0] * (r - 1)), (first, *[0] * (r - 1))])
+        assert set(batch.edge_type.tolist()) == ({0} if first else set())
+        x = torch.randn((batch.num_nodes, 8), generator=torch.Generator().manual_seed(0))
+        types = {"node_type": batch.node_type} if kind == "hgt" else {}
+        whole = model(x, batch.edge_index, batch.edge_type, **types)[:batch.batch_size]
+        assert torch.allclose(seed_logits(model, x, batch), whole, atol=1e-5)
+
+
+def test_hgt_layer_equals_pyg_hgtconv_on_the_hetero_data(graph):
+    """One HGT layer on the typed batch's one layout equals PyG's ``HGTConv`` on its ``HeteroData`` view (every
+    type of this graph is some edge type's target, so PyG outputs them all), values and gradients."""
+    batch = typed_batch(graph, [-1, 3])
+    torch.manual_seed(0)
+    model = build_model("hgt", in_channels=8, hidden=8, out_channels=3, num_layers=1, dropout=0.0,
+                        schema=graph.schema, heads=2)
+    for p in model.parameters():   # away from the init (unit skips and priors) so that every term counts
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn((batch.num_nodes, 8), generator=torch.Generator().manual_seed(1), requires_grad=True)
+    conv = model.convs[0]
+    n = batch.num_nodes
+    block = Block(n, n, batch.edge_index.shape[1], BatchGraph(batch.edge_index, n, n, None, edge_type=batch.edge_type,
+                                                           num_edge_types=graph.schema.num_edge_types,
+                                                           node_type=batch.node_type))
+    ours = model._conv(conv, x, block)
+    data = to_hetero_data(batch, graph.schema, {t.name: x[batch.node_type == i]
+                                                 for i, t in enumerate(graph.schema.node_types)})
+    theirs = conv(data.x_dict, data.edge_index_dict)
+    for i, t in enumerate(graph.schema.node_types):
+        assert torch.allclose(ours[batch.node_type == i], theirs[t.name], atol=1e-5), t.name
+    grad_ours = torch.autograd.grad(ours.square().sum(), list(conv.parameters()), allow_unused=True)
+    grad_theirs = torch.autograd.grad(sum(v.square().sum() for v in theirs.values()), list(conv.parameters()),
+                                      allow_unused=True)
+    for a, b in zip(grad_ours, grad_theirs):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-4, rtol=1e-4))
 
 
 def test_hetero_data_view_keeps_types_hops_and_edges(graph):

@@ -20,7 +20,8 @@ from pydantic import Field
 
 from stages.hotness import plan as planning
 from stages.meter import measure
-from stages.params import Fanouts, Seed, StageParams
+from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams
+from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.features import FeaturesArtifact
@@ -40,6 +41,9 @@ UPSTREAM = ("partition", "features")
 
 class Params(StageParams):
     fanouts: Fanouts = Field((15, 10, 5), description="neighbours per hop (-1 = all); the training ones")
+    edge_fanouts: EdgeFanouts = Field(default_factory=dict, description="per-hop fanouts of some edge types; the "
+                                                                         "training ones",
+                                      json_schema_extra={FORM: 'a JSON object {"edge type": [fanout per hop]}'})
     batch_size: int = Field(1024, ge=1, description="seeds per batch; the training one")
     epochs: int = Field(1, ge=1, description="epochs pre-sampled to count feature-row requests")
     cache_budget_bytes: int | None = Field(None, ge=0, description="cache bytes per rank; takes precedence "
@@ -152,6 +156,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     partition = PartitionArtifact(store, upstream["partition"])
     features = FeaturesArtifact(store, upstream["features"])
     schema = partition.schema
+    fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, schema)   # before anything is written
 
     def body(writer: StageWriter) -> None:
         # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
@@ -169,7 +174,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             in_degree_gid = partition.in_degree()
             costs = _row_costs(partition, features)
             deg_order = costs.cacheable(planning.degree_order(in_degree_gid))
-            sampler = NeighborSampler(csr, params.fanouts)
+            sampler = NeighborSampler(csr, fanouts)
             for p in range(num_parts):
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
                 split = features.part(p, load_x=False)

@@ -125,7 +125,8 @@ class LayerStats:
 @dataclass
 class Inference:
     """One rank's inference of all its nodes (module docstring). ``degrees``: in-degree + 1 of any gid (GCN's
-    normalisation, ``stages.train.rank_data.degree_path``); ``fanouts``: None for exact."""
+    normalisation, ``stages.train.rank_data.degree_path``); ``fanouts``: None for exact; ``node_type_of``: the
+    node types of gids on a typed graph (the per-chunk gather's blocks carry them)."""
 
     model: torch.nn.Module
     num_layers: int
@@ -135,6 +136,7 @@ class Inference:
     chunk_edges: int
     fanouts: Sequence[int] | None = None
     seed: int = 0
+    node_type_of: Callable[[Tensor], Tensor] | None = None   # a typed graph's gid -> node type (HGT's blocks)
     stats: list[LayerStats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -268,7 +270,8 @@ class Inference:
             rows = source.fetch_rows(n_id).to(torch.float32)            # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
             graph = BatchGraph(edge_index, n_id.numel(), b - a, deg, edge_type=edge_type,
-                               num_edge_types=self.csr.num_edge_types)
+                               num_edge_types=self.csr.num_edge_types,
+                               node_type=None if self.node_type_of is None else self.node_type_of(n_id))
             block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, rows, block, last)
             if out is None:

@@ -8,6 +8,7 @@ Reads through the typed handles of ``storage`` only, like ``stages.train.rank_da
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from stages.infer.params import Params
 from stages.infer.spec import InferSpec
 from stages.meter import measure
 from stages.runtime.sampler import LocalCSR
+from stages.runtime.typed_rows import TypeIndex
 from stages.train.model import needs_degrees
 from stages.train.params import Params as TrainParams
 from stages.train.plugins import make_model
@@ -46,7 +48,7 @@ def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArt
         features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
     model = make_model(params.model, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
                        out_channels=features.num_classes, num_layers=params.num_layers, dropout=params.dropout,
-                       heads=params.gat_heads, num_relations=partition.schema.num_edge_types)
+                       heads=params.gat_heads, schema=partition.schema)
     state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
                                                  map_location="cpu", weights_only=True))
     model.load_state_dict(state)
@@ -57,6 +59,14 @@ def hidden_layers_to_keep(num_layers: int, which: str) -> list[int]:
     """The hidden layers whose rows are stored: the last (``L - 2``) or all; none for a 1-layer model."""
     hidden = list(range(num_layers - 1))
     return hidden if which == "all" else hidden[-1:]
+
+
+def node_type_of(partition: PartitionArtifact) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """gid -> node type on a typed graph (by the range table); None on a homogeneous one."""
+    if partition.schema.is_homogeneous:
+        return None
+    index = TypeIndex(partition.range_table())
+    return lambda gid: index.locate(gid)[0]
 
 
 def labelled_lids(partition: PartitionArtifact, rank: int) -> torch.Tensor:
@@ -91,7 +101,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
-                           params.seed)
+                           params.seed, node_type_of=node_type_of(partition))
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:

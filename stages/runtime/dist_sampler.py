@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
+from stages.runtime.fanouts import Fanout
 from stages.runtime.sampler import LocalCSR, MultiHopSampler, repeat_positions, sample_typed, shuffled
 
 
@@ -49,7 +50,7 @@ class DistNeighborSampler(MultiHopSampler):
     lives on the CSR's device; seed it with ``seed + rank`` so that ranks draw different streams.
     """
 
-    def __init__(self, csr_local: LocalCSR, bounds: Tensor | np.ndarray | list[int], fanouts: Iterable[int], *,
+    def __init__(self, csr_local: LocalCSR, bounds: Tensor | np.ndarray | list[int], fanouts: Iterable[Fanout], *,
                  replace: bool = False, generator: torch.Generator | None = None,
                  group: dist.ProcessGroup | None = None, node_map: str = "auto") -> None:
         self.group = group
@@ -72,7 +73,7 @@ class DistNeighborSampler(MultiHopSampler):
         # counts and codes travel as int32 when every code fits (N * R < 2^31): half the bytes of int64
         self._wire_dtype = torch.int32 if self.num_nodes * self.num_edge_types < 2**31 else torch.long
 
-    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
         world = self.world_size
 
         def exchange(send: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:

@@ -7,9 +7,16 @@ error naming the parameter (``stages.params.Fanouts``); the samplers re-check th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from storage.errors import InputError
+from storage.schema import KEY_SEPARATOR, GraphSchema
+
+Fanout = int | tuple[int, ...]
+"""One hop's fanout: a count for every edge type (-1 = all), or one count per edge type by edge type id (0 = none of
+that type), which ``hop_fanouts`` makes of ``edge_fanouts``."""
 
 
 def check_fanout(fanout: int) -> None:
@@ -26,3 +33,67 @@ def validate_fanouts(fanouts: Iterable[int]) -> list[int]:
     for fanout in fanouts:
         check_fanout(fanout)
     return [int(f) for f in fanouts]
+
+
+def validate_hop_fanouts(fanouts: Iterable[Fanout]) -> list[Fanout]:
+    """``validate_fanouts`` where a hop may also be one count per edge type (0 allowed there: that type is not
+    sampled)."""
+    out: list[Fanout] = []
+    for fanout in fanouts:
+        if isinstance(fanout, (tuple, list)):
+            for f in fanout:
+                if f != 0:
+                    check_fanout(f)
+            out.append(tuple(int(f) for f in fanout))
+        else:
+            out.append(validate_fanouts([fanout])[0])
+    if not out:
+        validate_fanouts([])
+    return out
+
+
+def check_edge_fanouts(edge_fanouts: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """``edge_fanouts`` values: per hop, a positive count, -1 (all) or 0 (none of that edge type)."""
+    out = {}
+    for key, fanouts in edge_fanouts.items():
+        fanouts = list(fanouts)
+        if not fanouts:
+            raise ValueError(f"edge_fanouts[{key!r}] is empty: give one value per hop")
+        for f in fanouts:
+            if f != 0:
+                check_fanout(f)
+        out[str(key)] = tuple(int(f) for f in fanouts)
+    return out
+
+
+def hop_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[int]],
+                edge_types: Sequence[tuple[str, str, str]]) -> list[Fanout]:
+    """The samplers' fanout of each hop: ``fanouts`` for every edge type, except the edge types ``edge_fanouts``
+    names (by ``src___rel___dst`` key, or by relation name where that is unique), which take their own per hop.
+    ValueError (one line) for a name the graph does not have or a length other than ``len(fanouts)``."""
+    if not edge_fanouts:
+        return list(fanouts)
+    keys = [KEY_SEPARATOR.join(e) for e in edge_types]
+    rels = [e[1] for e in edge_types]
+    chosen: dict[int, Sequence[int]] = {}
+    for name, per_hop in edge_fanouts.items():
+        matches = [i for i, k in enumerate(keys) if k == name] or [i for i, r in enumerate(rels) if r == name]
+        if len(matches) != 1:
+            what = "no" if not matches else "more than one"
+            raise ValueError(f"edge_fanouts names {name!r}: {what} edge type of this graph has that key or relation "
+                             f"(its edge types: {', '.join(keys)})")
+        if len(per_hop) != len(fanouts):
+            raise ValueError(f"edge_fanouts[{name!r}] has {len(per_hop)} values, fanouts {len(fanouts)}: give one per "
+                             f"hop")
+        chosen[matches[0]] = per_hop
+    return [tuple(int(chosen[e][h]) if e in chosen else int(fanouts[h]) for e in range(len(keys)))
+            for h in range(len(fanouts))]
+
+
+def graph_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[int]],
+                  schema: GraphSchema) -> list[Fanout]:
+    """``hop_fanouts`` for ``schema``'s edge types; a name or length that does not fit is the user's InputError."""
+    try:
+        return hop_fanouts(fanouts, edge_fanouts, [e.as_tuple() for e in schema.edge_types])
+    except ValueError as err:
+        raise InputError(str(err)) from None

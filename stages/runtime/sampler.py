@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.runtime.fanouts import check_fanout, validate_fanouts
+from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
 from storage.partition import PartCSR
 
@@ -150,9 +150,10 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
     return count, row_pos, csr_local.indices.index_select(0, edge_idx)
 
 
-def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
+def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, replace: bool = False,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """``sample_neighbors_with_counts`` per (target, edge type) row: up to ``fanout`` in-neighbours of each type.
+    """``sample_neighbors_with_counts`` per (target, edge type) row: up to ``fanout`` in-neighbours of each type
+    (``fanout`` one count per edge type: each type its own, 0 = none).
 
     Returns ``(count, row_pos, nbr_gid, edge_type)``: neighbours per target (all types), and per sampled edge its
     target's position in ``target_lid``, its source gid and its edge type (``None`` when R = 1: then this is
@@ -160,6 +161,12 @@ def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replac
     an edge type whose dst is another node type are empty and cost one ``indptr`` lookup each.
     """
     num_types = csr_local.num_edge_types
+    if isinstance(fanout, tuple):
+        if len(fanout) != num_types:
+            raise ValueError(f"{len(fanout)} fanouts for a graph of {num_types} edge types")
+        if len(set(fanout)) > 1 or fanout[0] == 0:
+            return _sample_per_edge_type(csr_local, target_lid, fanout, replace, generator)
+        fanout = fanout[0]   # one count for every type: the draws of the scalar fanout
     if num_types == 1:
         count, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid, fanout, replace=replace,
                                                                generator=generator)
@@ -170,6 +177,33 @@ def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replac
                                                               generator=generator)
     return (count.view(-1, num_types).sum(1), torch.div(rowrow_pos, num_types, rounding_mode="floor"), nbr_gid,
             torch.remainder(rowrow_pos, num_types))
+
+
+def _sample_per_edge_type(csr_local: LocalCSR, target_lid: Tensor, fanout: tuple[int, ...], replace: bool,
+                          generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``sample_typed`` with a count per edge type: the (target, e) rows of each type e with its own count, the
+    results merged into target-then-type order (one stable sort of the hop's edges by ``target * R + e``)."""
+    num_types = csr_local.num_edge_types
+    target_lid = target_lid.to(device=csr_local.device, dtype=torch.long)
+    count = torch.zeros(target_lid.numel(), dtype=torch.long, device=target_lid.device)
+    keys, nbrs = [], []
+    for e, f in enumerate(fanout):
+        if f == 0:
+            continue
+        c, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid * num_types + e, f,
+                                                           replace=replace, generator=generator)
+        count += c
+        keys.append(row_pos * num_types + e)
+        nbrs.append(nbr_gid)
+    if not keys:
+        empty = target_lid.new_empty(0)
+        return count, empty, empty, empty
+    key = torch.cat(keys)
+    narrow = key.to(torch.int32) if key.numel() and int(key.max()) < 2**31 else key   # a radix sort (blocks.py)
+    order = torch.sort(narrow, stable=True).indices
+    key = key.index_select(0, order)
+    return (count, torch.div(key, num_types, rounding_mode="floor"), torch.cat(nbrs).index_select(0, order),
+            torch.remainder(key, num_types))
 
 
 def _row_starts(count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -211,9 +245,9 @@ def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, 
 class MultiHopSampler(ABC):
     """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled."""
 
-    def __init__(self, num_nodes: int, fanouts: Iterable[int], device: torch.device, *, replace: bool,
+    def __init__(self, num_nodes: int, fanouts: Iterable[Fanout], device: torch.device, *, replace: bool,
                  generator: torch.Generator | None, node_map: str) -> None:
-        self.fanouts = validate_fanouts(fanouts)
+        self.fanouts = validate_hop_fanouts(fanouts)   # per hop: a count, or one per edge type (hop_fanouts)
         self.num_nodes = int(num_nodes)
         self.device = torch.device(device)
         self.replace = bool(replace)
@@ -221,7 +255,7 @@ class MultiHopSampler(ABC):
         self._node_map: NodeMap = make_node_map(self.num_nodes, self.device, node_map)
 
     @abstractmethod
-    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(row_pos, nbr_gid, edge_type)`` for the frontier, ``row_pos`` indexing ``frontier_gid``;
         ``edge_type`` is ``None`` on a graph of one edge type."""
 
@@ -282,7 +316,7 @@ class NeighborSampler(MultiHopSampler):
     picks the dedup structure (see ``relabel.make_node_map``). Not thread-safe: one sampler per worker.
     """
 
-    def __init__(self, csr: LocalCSR, fanouts: Iterable[int], *, replace: bool = False,
+    def __init__(self, csr: LocalCSR, fanouts: Iterable[Fanout], *, replace: bool = False,
                  generator: torch.Generator | None = None, node_map: str = "auto") -> None:
         if csr.start_gid != 0:
             raise ValueError(f"NeighborSampler needs the whole graph (start_gid 0, got {csr.start_gid}); "
@@ -291,7 +325,7 @@ class NeighborSampler(MultiHopSampler):
                          node_map=node_map)
         self.csr = csr
 
-    def _sample_hop(self, frontier_gid: Tensor, fanout: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
         _, row_pos, nbr_gid, edge_type = sample_typed(self.csr, frontier_gid - self.csr.start_gid, fanout,
                                                       replace=self.replace, generator=self.generator)
         return row_pos, nbr_gid, edge_type

@@ -132,7 +132,8 @@ class BatchGraph:
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None,
-                 dst_start: int = 0, edge_type: Tensor | None = None, num_edge_types: int = 1) -> None:
+                 dst_start: int = 0, edge_type: Tensor | None = None, num_edge_types: int = 1,
+                 node_type: Tensor | None = None) -> None:
         src_pos, dst_pos = edge_index[0], edge_index[1]
         # the single-partition sampler emits edges grouped by target; the distributed one groups each hop's
         # answers by owner rank, so its targets need a (stable) sort; typed edges are sorted by (target, edge
@@ -148,6 +149,7 @@ class BatchGraph:
         self.num_nodes, self.num_targets, self.true_deg = num_nodes, num_targets, deg
         self.dst_start = dst_start
         self.edge_index, self.edge_type, self.num_edge_types = edge_index, edge_type, num_edge_types
+        self.node_type = node_type   # a typed graph's node type of each source position (HGT's per-type maps)
         self._key_pos = key_pos
 
     @cached_property
@@ -253,6 +255,16 @@ class Block:
         """The edge type of each ``edge_index`` column (typed batches)."""
         return None if self.graph.edge_type is None else self.graph.edge_type[:self.num_edges]
 
+    @property
+    def src_node_type(self) -> Tensor | None:
+        """The node type of each source (typed batches)."""
+        return None if self.graph.node_type is None else self.graph.node_type[:self.num_src]
+
+    @property
+    def dst_node_type(self) -> Tensor | None:
+        """The node type of each target (typed batches)."""
+        return None if self.graph.node_type is None else self.dst_rows(self.graph.node_type)
+
     def gcn_adj(self) -> SparseAdj:
         """GCN's normalised matrix, self loops included (``BatchGraph.gcn_csr``)."""
         crow, col, val = self.graph.gcn_csr
@@ -271,7 +283,8 @@ def make_blocks(batch: Data, num_layers: int) -> list[Block]:
     edge_type = getattr(batch, "edge_type", None)
     graph = BatchGraph(batch.edge_index[:, :edges[num_layers]], nodes[num_layers + 1], nodes[num_layers], deg,
                        edge_type=None if edge_type is None else edge_type[:edges[num_layers]],
-                       num_edge_types=int(getattr(batch, "num_edge_types", 1)))
+                       num_edge_types=int(getattr(batch, "num_relations", 1)),
+                       node_type=getattr(batch, "node_type", None))
     blocks = []
     for layer in range(num_layers):
         k = num_layers - layer                      # this layer's messages come from within k hops

@@ -27,6 +27,7 @@ from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.choices import MODELS
 from stages.train.blocks import Block, make_blocks, relu_dropout, spmm, spmm_with_root
+from storage.schema import GraphSchema
 
 __all__ = ["MODELS", "BlockGAT", "BlockGCN", "BlockGraphSAGE", "build_model", "is_block_model", "needs_degrees",
            "seed_logits"]
@@ -132,17 +133,22 @@ class BlockGAT(_BlockForward, GAT):
 
 
 def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
-                heads: int = 4, num_relations: int = 1, **kwargs: Any) -> torch.nn.Module:
+                heads: int = 4, schema: GraphSchema | None = None, **kwargs: Any) -> torch.nn.Module:
     """A ``num_layers``-layer built-in GNN mapping ``in_channels`` features to ``out_channels`` logits; ``kwargs``
-    go to the PyG model (``act``, ``norm``, ...). ``num_relations``: the edge types rgcn and rgat tell apart."""
-    from stages.train import typed_model
+    go to the PyG model (``act``, ``norm``, ...). ``schema``: the graph's node and edge types, which rgcn, rgat and
+    hgt tell apart (None: one of each)."""
+    from stages.train import hgt, typed_model
 
     sizes = {"in_channels": in_channels, "hidden": hidden, "out_channels": out_channels, "num_layers": num_layers,
              "dropout": dropout, **kwargs}
+    schema = schema or GraphSchema.homogeneous(0, None, 0)
     if kind == "rgcn":
-        return typed_model.BlockRGCN(**sizes, num_relations=num_relations)
+        return typed_model.BlockRGCN(**sizes, num_relations=schema.num_edge_types)
     if kind == "rgat":
-        return typed_model.BlockRGAT(**sizes, num_relations=num_relations, heads=heads)
+        return typed_model.BlockRGAT(**sizes, num_relations=schema.num_edge_types, heads=heads)
+    if kind == "hgt":
+        return hgt.BlockHGT(**sizes, node_types=[t.name for t in schema.node_types],
+                            edge_types=[e.as_tuple() for e in schema.edge_types], heads=heads)
     if kind == "mlp":
         return typed_model.BlockMLP(**sizes)
     common = {"in_channels": in_channels, "hidden_channels": hidden, "num_layers": num_layers,

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from stages.choices import LOSSES, MODEL_CHOICES, CachePolicyName, Device, LrSchedule, Precision
-from stages.params import FORM, Fanouts, Seed, StageParams, runtime
+from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
 from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
 from storage.errors import InputError
@@ -15,7 +15,8 @@ from storage.errors import InputError
 
 class Params(StageParams):
     model: str = Field("auto", description="auto (rgcn on a typed graph, else sage), sage (GraphSAGE, mean), gcn, "
-                                           "gat, rgcn, rgat (relational: per edge type), mlp (no graph), or a "
+                                           "gat, rgcn, rgat (relational: per edge type), hgt (per node and edge "
+                                           "type), mlp (no graph), or a "
                                            "factory package.module:name called with in_channels, hidden, "
                                            "out_channels, num_layers, dropout and model_kwargs (README: plug-in "
                                            "models and losses)",
@@ -30,6 +31,10 @@ class Params(StageParams):
     hidden: int = Field(256, ge=1, description="hidden channels per layer")
     fanouts: Fanouts = Field((15, 10, 5), description="neighbours sampled per hop (-1 = all); the model has one "
                                                       "layer per hop")
+    edge_fanouts: EdgeFanouts = Field(default_factory=dict, description="typed graphs: per-hop fanouts of some "
+                                      "edge types (key src___rel___dst or a unique relation name; 0 = none) in "
+                                      "place of fanouts, e.g. {\"cites\": [10, 5]}",
+                                      json_schema_extra={FORM: 'a JSON object {"edge type": [fanout per hop]}'})
     batch_size: int = Field(1024, ge=1, description="seed nodes per batch and rank")
     epochs: int = Field(10, ge=1, description="training epochs")
     lr: float = Field(0.003, gt=0, description="Adam learning rate")
@@ -46,7 +51,8 @@ class Params(StageParams):
     precision: Precision = Field("float32", description="the model's matrix products: bfloat16 autocasts them "
                                                         "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
                                                         "accuracy on the default graph); weights stay float32")
-    gat_heads: int = Field(4, ge=1, description="GAT attention heads (hidden must be a multiple)")
+    gat_heads: int = Field(4, ge=1, description="attention heads of gat, rgat and hgt (hidden must be a "
+                                                   "multiple)")
     seed: Seed = Field(0, description="weights, shuffling, sampling and dropout streams")
     cache_policy: CachePolicyName = Field("auto", description="which rows each rank caches on its device "
                                                               "(auto: hotness on GPU, hotness-remote on CPU)")
@@ -88,7 +94,7 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _check(self) -> Params:
-        if self.model in ("gat", "rgat") and self.hidden % self.gat_heads:
+        if self.model in ("gat", "rgat", "hgt") and self.hidden % self.gat_heads:
             raise InputError(f"hidden={self.hidden} must be a multiple of gat_heads={self.gat_heads} "
-                             f"(GAT concatenates its heads)")
+                             f"({self.model} splits hidden among its heads)")
         return self

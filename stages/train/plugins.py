@@ -26,6 +26,8 @@ from storage.errors import InputError
 if TYPE_CHECKING:
     import torch
 
+    from storage.schema import GraphSchema
+
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,12 +100,12 @@ def resolve_model(ref: str, typed: bool) -> str:
 
 def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | Mapping[str, int | None],
                hidden: int, out_channels: int, num_layers: int, dropout: float, heads: int,
-               num_relations: int = 1) -> torch.nn.Module:
+               schema: GraphSchema | None = None) -> torch.nn.Module:
     """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``.
 
     On a typed graph ``in_channels`` maps each node type to its feature width (None: a learnt embedding): the model
     is ``stages.train.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
-    built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get ``num_relations``)."""
+    built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get the graph's ``schema``)."""
     import torch
 
     from stages.train.model import build_model
@@ -113,7 +115,7 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     sizes: dict[str, Any] = {"in_channels": hidden if typed else in_channels, "hidden": hidden,
                              "out_channels": out_channels, "num_layers": num_layers, "dropout": dropout}
     if ref in MODELS:
-        model = build_model(ref, **sizes, heads=heads, num_relations=num_relations, **model_kwargs)
+        model = build_model(ref, **sizes, heads=heads, schema=schema, **model_kwargs)
     else:
         factory = load(ref, "model")
         try:

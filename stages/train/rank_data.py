@@ -31,6 +31,7 @@ from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
+from storage.schema import GraphSchema
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RankData:
     num_features: int             # a typed graph: 0 (per type in ``in_channels``)
     num_classes: int
     cache_policy: str             # the policy applied (``auto`` resolved)
+    schema: GraphSchema           # the graph's node and edge types (a homogeneous graph: one of each)
     setup: dict[str, Any]         # this rank's row of ``metrics.json["ranks"]``
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
@@ -84,7 +86,8 @@ class RankData:
                    degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
-                   cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels)
+                   cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
+                   schema=partition.schema)
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,

@@ -21,6 +21,7 @@ from typing import Any
 
 from stages.meter import measure
 from stages.run_log import stage_log
+from stages.runtime.fanouts import graph_fanouts
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
 from stages.train.cluster import Cluster, rank_threads
@@ -56,7 +57,10 @@ class _Job:
     def __post_init__(self) -> None:
         partition, features, hotness = (self.upstream[name] for name in UPSTREAM)
         check_lineage(partition, features, hotness)
-        self.num_partitions = PartitionArtifact(self.store, partition).num_partitions
+        partition_artifact = PartitionArtifact(self.store, partition)
+        self.num_partitions = partition_artifact.num_partitions
+        # edge_fanouts that name no edge type of this graph fail here, before any launch
+        graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
         self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stages.runtime.dist_features import FeatureCounters
+from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_state, save_checkpoint
 from stages.train.guard import loss_check
@@ -54,7 +55,8 @@ class Trainer:
                                        loss_name=params.loss, precision=params.precision)
         # the loader batches the task's seeds
         seeds = dataclasses.replace(data, split_gid={split: self.task.seeds(split) for split in data.split_gid})
-        self.loader = NodeLoader(seeds, params.fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
+        fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, data.schema)
+        self.loader = NodeLoader(seeds, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
         self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
@@ -62,7 +64,7 @@ class Trainer:
                                 in_channels=data.in_channels if data.in_channels is not None else data.num_features,
                                 hidden=params.hidden, out_channels=data.num_classes, num_layers=params.num_layers,
                                 dropout=params.dropout, heads=params.gat_heads,
-                                num_relations=data.csr.num_edge_types).to(data.device)
+                                schema=data.schema).to(data.device)
         # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)
         self.embeddings = data.features.embeddings if isinstance(data.features, TypedRows) else {}
         self.whole_batch = not is_block_model(self.model)

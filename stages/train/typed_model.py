@@ -45,7 +45,11 @@ class _Layered(torch.nn.Module):
         """Layer ``i`` of ``block``'s targets in eval mode, its ReLU included but for the last layer (layer-wise
         inference, ``stages.infer.layerwise``)."""
         out = self.step(i, h, block, None, None)
-        return out if i == self.num_layers - 1 else relu_dropout(out, self.dropout_p, False)[0]
+        return out if i == self.num_layers - 1 else self.between(out, False)[0]
+
+    def between(self, h: Tensor, training: bool) -> tuple[Tensor, float]:
+        """What runs between two layers: ReLU and dropout, as ``(rows, pending scale)`` (``relu_dropout``)."""
+        return relu_dropout(h, self.dropout_p, training)
 
     def step(self, i: int, h: Tensor, block: Block | None, edge_index: Tensor | None,
              edge_type: Tensor | None) -> Tensor:
@@ -61,7 +65,7 @@ class _Layered(torch.nn.Module):
         for i in range(self.num_layers):
             h = self.step(i, h, None if blocks is None else blocks[i], edge_index, edge_type)
             if i < self.num_layers - 1:
-                h, scale = relu_dropout(h, self.dropout_p, self.training)
+                h, scale = self.between(h, self.training)
                 h = h * scale if scale != 1.0 else h
         return h
 
@@ -207,13 +211,16 @@ class HeteroModel(torch.nn.Module):
 
     @property
     def relational(self) -> bool:
-        return isinstance(self.body, (BlockRGCN, BlockRGAT))
+        """Whether the body takes the edge types (the built-in bodies of this module and ``stages.train.hgt``)."""
+        return isinstance(self.body, _Layered)
 
     def forward(self, x_dict: Mapping[str, Tensor], *, node_type: Tensor, edge_index: Tensor | None = None,
                 edge_type: Tensor | None = None, blocks: list[Block] | None = None) -> Tensor:
         h = self.encoder(x_dict, node_type)
         if blocks is not None:
             return self.body(h, blocks=blocks)
+        if getattr(self.body, "needs_node_types", False):
+            return self.body(h, edge_index, edge_type, node_type=node_type)
         if self.relational:
             return self.body(h, edge_index, edge_type)
         return self.body(h, edge_index)

@@ -124,6 +124,31 @@ def test_a_factory_gets_the_sizes_and_model_kwargs():
         make_model("examples.custom_model:nope", {}, **SIZES)
 
 
+def test_a_typed_plugin_gets_the_metadata_and_needs_a_typed_graph():
+    from stages.train.typed_model import HeteroBody, HeteroModel
+    from storage.schema import EdgeType, GraphSchema, NodeType
+
+    schema = GraphSchema((NodeType("paper", 5, 4, 3), NodeType("author", 2)),
+                         (EdgeType("author", "writes", "paper"), EdgeType("paper", "rev_writes", "author")))
+    sizes = {**SIZES, "in_channels": {"author": None, "paper": 4}}
+    model = make_model("examples.hetero_model:build", {}, **sizes, schema=schema)
+    assert isinstance(model, HeteroModel) and isinstance(model.body, HeteroBody)
+    assert set(model.body.module.heads) == {"author", "paper"} and len(model.body.module.convs) == 2
+    x_dict = {"paper": torch.randn(5, 4), "author": torch.randn(2, 16)}   # an author's row: its embedding
+    node_type = torch.tensor([1, 1, 1, 1, 1, 0, 0])   # 5 papers, 2 authors; schema order: author (0), paper (1)
+    # authors 5, 6 wrote papers 0, 1 (edge type 0: author writes paper); paper 0 -> author 5 (1: rev_writes)
+    edge_index, edge_type = torch.tensor([[5, 6, 0], [0, 1, 5]]), torch.tensor([0, 0, 1])
+    out = model(x_dict, node_type=node_type, edge_index=edge_index, edge_type=edge_type)
+    assert out.shape == (7, 3)
+    h = model.encoder(x_dict, node_type)
+    ref = model.body.module({"author": h[5:], "paper": h[:5]},
+                            {("author", "writes", "paper"): torch.tensor([[0, 1], [0, 1]]),
+                             ("paper", "rev_writes", "author"): torch.tensor([[0], [0]])})
+    assert torch.allclose(out[:5], ref["paper"]) and torch.allclose(out[5:], ref["author"])
+    with pytest.raises(InputError, match="takes metadata .* it needs a typed graph"):
+        make_model("examples.hetero_model:build", {}, **SIZES)
+
+
 def test_losses_builtin_and_plugin():
     logits, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
     assert torch.equal(make_loss("cross_entropy")(logits, y), torch.nn.functional.cross_entropy(logits, y))

@@ -36,7 +36,8 @@ def _case(root: str, model: str, chunk_edges: int) -> tuple[ArtifactStore, dict[
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model, path", [("rgcn", "layer matrices and halo"), ("rgat", "layer matrices and halo"),
-                                         ("hgt", "per-chunk gather"), ("gat", "per-chunk gather")])
+                                         ("hgt", "per-chunk gather"), ("gat", "per-chunk gather"),
+                                         ("examples.hetero_model:build", "whole model per chunk")])
 def test_typed_inference_equals_the_whole_graph_forward(tmp_path, model: str, path: str):
     store, manifests, manifest = _case(str(tmp_path), model, chunk_edges=4000)
     ref: Reference = typed_full_graph_reference(store, manifests)

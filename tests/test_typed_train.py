@@ -65,6 +65,14 @@ def test_hgt_learns_the_types(art, two):
     assert hgt >= 0.5, hgt
 
 
+def test_a_typed_plugin_trains_on_hetero_data_dicts(art, two):
+    # measured (graph seed 1, train seed 0, 10 epochs, 2 ranks): 75.3 % (a SAGEConv per edge type, summed: close
+    # to R-GCN's 79.9 %, above the untyped GraphSAGE's 70.8 %), whole batches through HeteroBody's per-type dicts
+    acc = run(art, two, model="examples.hetero_model:build")[0].summary["test_acc"]
+    print(f"examples.hetero_model {acc:.4f}")
+    assert acc >= 0.65, acc
+
+
 def test_one_partition_reaches_the_same_accuracy(art, rgcn):
     one = build_upstream(art, 1, GRAPH)
     single, double = run(art, one, model="rgcn")[0].summary["test_acc"], rgcn[0].summary["test_acc"]

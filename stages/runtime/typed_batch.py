@@ -18,6 +18,7 @@ edges of hops 1..k a prefix of its ``edge_index``: the per-layer block layout of
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -38,15 +39,12 @@ def to_hetero_data(batch: Data, schema: GraphSchema, x_dict: Mapping[str, Tensor
     """``batch`` (with ``node_type``; ``edge_type`` unless the graph has one edge type) per type (module
     docstring); ``x_dict``: each type's rows in batch order (``NodeLoader.gather_rows``)."""
     node_type = batch.node_type
-    edge_type = getattr(batch, "edge_type", None)
-    if edge_type is None:
-        edge_type = torch.zeros(batch.edge_index.shape[1], dtype=torch.long, device=node_type.device)
-    local_pos = torch.empty_like(node_type)   # each batch position's index among its type's nodes
+    split = TypeSplit.of(node_type, batch.edge_index, getattr(batch, "edge_type", None), len(schema.node_types),
+                         schema.num_edge_types)
     out = HeteroData()
     for t, nt in enumerate(schema.node_types):
+        pos = split.node_pos[t]
         is_t = node_type == t
-        pos = torch.nonzero(is_t).squeeze(1)
-        local_pos[pos] = torch.arange(pos.numel(), device=pos.device)
         store = out[nt.name]
         store.n_id, store.batch_pos, store.num_nodes = batch.n_id.index_select(0, pos), pos, int(pos.numel())
         store.batch_size = int(is_t[:batch.batch_size].sum())
@@ -54,10 +52,36 @@ def to_hetero_data(batch: Data, schema: GraphSchema, x_dict: Mapping[str, Tensor
         if x_dict is not None:
             store.x = x_dict[nt.name]
     for e, et in enumerate(schema.edge_types):
-        is_e = edge_type == e
-        cols = torch.nonzero(is_e).squeeze(1)
-        ei = batch.edge_index.index_select(1, cols)
         store = out[et.as_tuple()]
-        store.edge_index = torch.stack([local_pos.index_select(0, ei[0]), local_pos.index_select(0, ei[1])])
-        store.num_sampled_edges = _per_hop(batch.num_sampled_edges, is_e)
+        store.edge_index = split.edge_index[e]
+        store.num_sampled_edges = _per_hop(batch.num_sampled_edges, split.edge_type == e)
     return out
+
+
+@dataclass(frozen=True)
+class TypeSplit:
+    """A one-layout graph (node type per position, edge type per edge) per type: ``node_pos[t]`` the positions of
+    type t's nodes (in order: a type's rows keep the batch's order), ``edge_index[e]`` type e's edges as per-type
+    positions (row 0 among the source type's nodes, row 1 among the target type's), ``edge_type`` per edge (zeros
+    for a graph of one edge type)."""
+
+    node_pos: list[Tensor]
+    edge_index: list[Tensor]
+    edge_type: Tensor
+
+    @classmethod
+    def of(cls, node_type: Tensor, edge_index: Tensor, edge_type: Tensor | None, num_node_types: int,
+           num_edge_types: int) -> TypeSplit:
+        if edge_type is None:
+            edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long, device=edge_index.device)
+        local_pos = torch.empty(node_type.shape, dtype=torch.long, device=node_type.device)   # index within its type
+        node_pos = []
+        for t in range(num_node_types):
+            pos = torch.nonzero(node_type == t).squeeze(1)
+            local_pos[pos] = torch.arange(pos.numel(), device=pos.device)
+            node_pos.append(pos)
+        per_type = []
+        for e in range(num_edge_types):
+            ei = edge_index.index_select(1, torch.nonzero(edge_type == e).squeeze(1))
+            per_type.append(torch.stack([local_pos.index_select(0, ei[0]), local_pos.index_select(0, ei[1])]))
+        return cls(node_pos, per_type, edge_type)

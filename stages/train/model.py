@@ -192,6 +192,9 @@ def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Da
         if is_block_model(model):
             block_model: Any = _unwrapped(model)   # a block model's num_layers is an int (nn.Module says Tensor)
             out = model(x, blocks=make_blocks(batch, block_model.num_layers))[:batch.batch_size]
+        elif getattr(_unwrapped(model), "needs_node_types", False):   # a typed body (inference's whole-model path)
+            out = model(x, batch.edge_index, getattr(batch, "edge_type", None),
+                        node_type=batch.node_type)[:batch.batch_size]
         else:
             out = model(x, batch.edge_index)[:batch.batch_size]
     return out.float() if precision == "bfloat16" else out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -105,7 +106,8 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
 
     On a typed graph ``in_channels`` maps each node type to its feature width (None: a learnt embedding): the model
     is ``stages.train.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
-    built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get the graph's ``schema``)."""
+    built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get the graph's ``schema``; a plug-in
+    that declares ``metadata`` gets PyG's ``(node types, edge types)`` and runs on per-type dicts, ``HeteroBody``)."""
     import torch
 
     from stages.train.model import build_model
@@ -114,10 +116,17 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     ref = resolve_model(ref, typed)
     sizes: dict[str, Any] = {"in_channels": hidden if typed else in_channels, "hidden": hidden,
                              "out_channels": out_channels, "num_layers": num_layers, "dropout": dropout}
+    typed_plugin = False
     if ref in MODELS:
         model = build_model(ref, **sizes, heads=heads, schema=schema, **model_kwargs)
     else:
         factory = load(ref, "model")
+        typed_plugin = takes_metadata(factory)
+        if typed_plugin:
+            if not typed or schema is None:
+                raise InputError(f"model {ref} takes metadata (a typed plug-in, HeteroData dicts): it needs a typed "
+                                 f"graph; on this one give a factory without a metadata parameter")
+            sizes["metadata"] = ([t.name for t in schema.node_types], [e.as_tuple() for e in schema.edge_types])
         try:
             model = factory(**sizes, **model_kwargs)
         except TypeError as err:   # most often a size or a model_kwargs entry the factory does not take
@@ -126,11 +135,22 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model {ref} returned a {type(model).__name__}, not a torch.nn.Module")
     if typed:
-        from stages.train.typed_model import HeteroModel, TypedInput
+        from stages.train.typed_model import HeteroBody, HeteroModel, TypedInput
 
         assert not isinstance(in_channels, int)
+        if typed_plugin:
+            assert schema is not None
+            model = HeteroBody(model, sizes["metadata"][0], sizes["metadata"][1])
         return HeteroModel(TypedInput(in_channels, hidden), model)
     return model
+
+
+def takes_metadata(factory: Callable[..., Any]) -> bool:
+    """Whether a plug-in factory declares a ``metadata`` parameter: a typed plug-in (``examples/hetero_model.py``)."""
+    try:
+        return "metadata" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):   # no signature to read (a builtin): a plain factory
+        return False
 
 
 def make_loss(ref: str) -> Callable[[Any, Any], Any]:

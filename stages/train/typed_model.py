@@ -15,16 +15,17 @@ of each. Parameters are PyG's ``RGCNConv`` / ``GATConv``'s, so the whole-batch p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import GATConv, RGCNConv
 
+from stages.runtime.typed_batch import TypeSplit
 from stages.train.blocks import Block, relu_dropout, spmm
 
-__all__ = ["BlockMLP", "BlockRGAT", "BlockRGCN", "HeteroModel", "TypedInput"]
+__all__ = ["BlockMLP", "BlockRGAT", "BlockRGCN", "HeteroBody", "HeteroModel", "TypedInput"]
 
 
 class _Layered(torch.nn.Module):
@@ -187,6 +188,41 @@ class TypedInput(torch.nn.Module):
         for t, name in enumerate(self.type_names):
             h = h.index_copy(0, torch.nonzero(node_type == t).squeeze(1), self.encode(name, x_dict[name]).to(h.dtype))
         return h
+
+
+class HeteroBody(torch.nn.Module):
+    """A typed plug-in (``examples/hetero_model.py``: ``forward(x_dict, edge_index_dict) -> {type: out}``, PyG's
+    ``HeteroData`` API) as a body of the one layout: the rows and edges split per type (``TypeSplit``), every node
+    and edge type present (empty ones too: then each parameter takes part in every step, as DDP expects), and the
+    outputs put back in batch order (a type the module gives no output keeps zero rows). Runs on the whole
+    sampled batch (no blocks)."""
+
+    needs_node_types = True
+    supports_blocks = False
+
+    def __init__(self, module: torch.nn.Module, node_types: Sequence[str],
+                 edge_types: Sequence[tuple[str, str, str]]) -> None:
+        super().__init__()
+        self.module, self.node_types, self.edge_types = module, list(node_types), [tuple(e) for e in edge_types]
+
+    def forward(self, h: Tensor, edge_index: Tensor, edge_type: Tensor | None = None, *,
+                node_type: Tensor) -> Tensor:
+        split = TypeSplit.of(node_type, edge_index, edge_type, len(self.node_types), len(self.edge_types))
+        x_dict = {t: h.index_select(0, pos) for t, pos in zip(self.node_types, split.node_pos)}
+        out_dict = self.module(x_dict, dict(zip(self.edge_types, split.edge_index)))
+        if not isinstance(out_dict, Mapping):
+            raise TypeError(f"a typed plug-in returns a dict of outputs per node type, got a {type(out_dict).__name__}")
+        out: Tensor | None = None
+        for t, pos in zip(self.node_types, split.node_pos):
+            rows = out_dict.get(t)
+            if rows is None:
+                continue
+            if out is None:
+                out = rows.new_zeros((h.shape[0], rows.shape[1]))
+            out = out.index_copy(0, pos, rows)
+        if out is None:
+            raise ValueError(f"the typed plug-in gave no output for any node type ({', '.join(self.node_types)})")
+        return out
 
 
 class HeteroModel(torch.nn.Module):

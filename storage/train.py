@@ -21,6 +21,7 @@ complete, while checkpoints must survive a killed run so that its next attempt r
     <artifacts root>/.checkpoints/train-<key>/[node-<n>/]   (a temp dir for object-store roots)
         spec.json                the job spec the ranks read (``stages.train.spec.TrainSpec``)
         ckpt-<epoch>.pt          checkpoints (contents, atomic save and resume agreement: ``stages.train.checkpoint``)
+        ckpt-<epoch>.rank-<r>.pt  typed graphs: rank r's learnt embedding shards of that checkpoint (on r's node)
         result/model.pt, result/metrics.json   the job's results (``write_result``), copied into the artifact
         result/error-<rank>.json                a failed rank's one-line error, for the launcher to name it
 """
@@ -162,6 +163,23 @@ _CKPT = re.compile(r"^ckpt-(\d+)\.pt$")
 def checkpoint_path(directory: str | os.PathLike[str], epoch: int) -> Path:
     """The checkpoint taken after ``epoch`` (0-based, completed)."""
     return Path(directory) / f"ckpt-{epoch:05d}.pt"
+
+
+_SHARD = re.compile(r"^ckpt-(\d+)\.rank-(\d+)\.pt$")
+
+
+def shard_path(directory: str | os.PathLike[str], epoch: int, rank: int) -> Path:
+    """Global rank ``rank``'s part of the checkpoint after ``epoch``."""
+    return Path(directory) / f"ckpt-{epoch:05d}.rank-{rank:05d}.pt"
+
+
+def list_shards(directory: str | os.PathLike[str]) -> list[tuple[int, int, Path]]:
+    """``(epoch, rank, path)`` of the complete rank parts in ``directory``, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted((int(m.group(1)), int(m.group(2)), directory / name) for name in os.listdir(directory)
+                  if (m := _SHARD.match(name)))
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:

@@ -4,6 +4,7 @@ ranks (kept free of pytest: every spawned rank imports this module)."""
 from __future__ import annotations
 
 import sys
+import tempfile
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,9 @@ from stages.download.synthetic_hetero import generate_synthetic_hetero
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.sharded_embedding import ShardedEmbedding
+from stages.train.checkpoint import resume_part, save_part, save_replicated_part
 from storage.graph import Graph
+from storage.train import list_shards
 
 WORLD_SIZE = 2
 TIMEOUT_S = 120
@@ -78,7 +81,28 @@ def run(rank: int) -> dict:
     out["emb_final"] = emb.weight.detach().clone()
     out["touched"] = torch.cat(touched)
     out["state"] = emb.state_dict()
+    out["moved_part"] = moved_part(rank)
+    out["replicated_part"] = replicated_part(rank)
     return out
+
+
+def moved_part(rank: int) -> dict:
+    """Ranks that swapped nodes since the checkpoint: each node's directory holds the other rank's part."""
+    with tempfile.TemporaryDirectory(prefix=f"node-{rank}-") as directory:
+        save_part(directory, 0, 1 - rank, {"rank": 1 - rank, "rows": torch.full((3,), float(1 - rank))})
+        return resume_part(directory, 0, rank=rank, world=WORLD_SIZE)
+
+
+def replicated_part(rank: int) -> tuple[list[int], dict]:
+    """Two nodes of one rank each: each part is written on both; then node 1's directory is lost, and rank 1
+    resumes its part from node 0's copy."""
+    with tempfile.TemporaryDirectory(prefix=f"node-{rank}-") as directory:
+        save_replicated_part(directory, 0, {"rank": rank}, rank=rank, world=WORLD_SIZE, local_world=1)
+        held = sorted(r for _, r, _ in list_shards(directory))
+        if rank == 1:
+            for _, _, path in list_shards(directory):
+                path.unlink()
+        return held, resume_part(directory, 0, rank=rank, world=WORLD_SIZE)
 
 
 def worker(rank: int, init_file: str, out_dir: str) -> None:

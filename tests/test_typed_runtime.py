@@ -158,6 +158,13 @@ def test_two_ranks_sample_what_one_samples(ranks_out, graph):
         check_per_type_hop(graph, hop_edges(per_type, 0), seed_gid.tolist(), per_type_fanout(graph))
 
 
+def test_checkpoint_parts_survive_ranks_moving_between_nodes_and_a_lost_node(ranks_out):
+    for rank, out in enumerate(ranks_out):   # each directory held only the other rank's part
+        assert out["moved_part"]["rank"] == rank and torch.equal(out["moved_part"]["rows"], torch.full((3,), rank))
+        held, part = out["replicated_part"]   # two nodes: each part on both, and node 1's copy lost before resuming
+        assert held == [0, 1] and part == {"rank": rank}
+
+
 def replay_on_one_rank() -> ShardedEmbedding:
     """The 2-rank run's gathers and losses in one process: the loss is the ranks' mean (DDP's averaging)."""
     emb = ShardedEmbedding([0, EMB_BOUNDS[-1]], EMB_DIM, lr=0.1, seed=3, node_type=1)

@@ -8,14 +8,18 @@ graph's docstring), so R-GCN must clearly beat a paper-only MLP and a GraphSAGE 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from stages.train import stage as train
+from stages.train.faults import FAULT_ENV
+from stages.train.launcher import TrainingError
 from storage import ArtifactStore, Manifest
-from storage.train import METRICS, MODEL
+from storage.store import stage_key
+from storage.train import METRICS, MODEL, checkpoint_dir, list_checkpoints, list_shards
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
@@ -111,3 +115,30 @@ def test_edge_fanouts_reach_the_training_batches(art):
     metrics = run(art, tiny, model="rgcn", epochs=1, edge_fanouts={n: [0, 0] for n in names})[1]
     assert metrics["epochs"][0]["sampled_edges"] == 0
     assert run(art, tiny, model="rgcn", epochs=1)[1]["epochs"][0]["sampled_edges"] > 100
+
+
+def test_a_killed_typed_run_resumes_to_the_same_model(art, tmp_path, monkeypatch):
+    """Rank 1 dies at the start of epoch 3; the rerun resumes from the checkpoint after epoch 2, each rank's
+    embedding shards and their SparseAdam state from its own part file, and ends exactly where an uninterrupted
+    run ends: the same losses, the same published weights and embedding tables."""
+    small = build_upstream(art, 2, {**GRAPH, "num_nodes": 3000})
+    params = train_params(**{**TYPED, "epochs": 3, "model": "rgcn"})
+    reference = run(art, small, **{**TYPED, "epochs": 3, "model": "rgcn"})
+    other = ArtifactStore(tmp_path / "art")   # the same upstream artifacts, no train artifact yet
+    for stage in train.UPSTREAM:
+        key = small[stage].key
+        shutil.copytree(Path(art.url(stage, key)), tmp_path / "art" / stage / key)
+    key = stage_key(train.NAME, train.VERSION, params.key_params(), {n: small[n].key for n in train.UPSTREAM})
+    monkeypatch.setenv(FAULT_ENV, "1:2:0")   # rank 1 SIGKILLs itself before batch 0 of epoch 2 (0-based)
+    with pytest.raises(TrainingError, match=r"rank 1 was killed by SIGKILL"):
+        train.run(other, params, train_upstream(small), log=lambda _: None)
+    directory = checkpoint_dir(other, key)
+    assert [e for e, _ in list_checkpoints(directory)] == [0, 1]
+    assert {(e, r) for e, r, _ in list_shards(directory)} == {(e, r) for e in (0, 1) for r in (0, 1)}
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = run(other, small, **{**TYPED, "epochs": 3, "model": "rgcn"})
+    assert resumed[1]["resumed_from_epoch"] == 1
+    for got, want in zip(resumed[1]["epochs"], reference[1]["epochs"], strict=True):
+        assert (got["loss"], got["val_acc"]) == (want["loss"], want["val_acc"]), got["epoch"]
+    assert resumed[2].keys() == reference[2].keys() and any(k.startswith("embeddings.") for k in resumed[2])
+    assert all(torch.equal(resumed[2][k], reference[2][k]) for k in reference[2])

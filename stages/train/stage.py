@@ -37,9 +37,10 @@ from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, job_dir, read_result, result_dir, spec_path, write_train_artifact
 
 NAME = "train"
-VERSION = 4   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
+VERSION = 5   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
 #              publishes the last epoch's model (was the first's), and empty splits score null (was 0.0);
-#              4: model.pt's embedding tables in the dataset's order of each type (were in tgid order)
+#              4: model.pt's embedding tables in the dataset's order of each type (were in tgid order);
+#              5: a checkpoint's embedding shards in one part file per rank (a 4 checkpoint cannot resume)
 UPSTREAM = ("partition", "features", "hotness")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "join", "report"]
 

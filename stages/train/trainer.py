@@ -24,7 +24,7 @@ import torch.distributed as dist
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.typed_rows import TypedRows
-from stages.train.checkpoint import resume_state, save_checkpoint
+from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.guard import loss_check
 from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
@@ -44,12 +44,14 @@ BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called bef
 
 class Trainer:
     def __init__(self, spec: TrainSpec, params: Params, data: RankData, *, local_rank: int = 0,
-                 batch_hook: BatchHook | None = None) -> None:
-        """``local_rank``: which rank of its node (local rank 0 keeps the node's checkpoints); ``batch_hook``: an
-        optional per-epoch hook (the tests' fault injection, ``stages.train.faults``)."""
+                 local_world: int | None = None, batch_hook: BatchHook | None = None) -> None:
+        """``local_rank``: which rank of its node (local rank 0 keeps the node's checkpoints); ``local_world``: the
+        ranks per node (default: all on one); ``batch_hook``: an optional per-epoch hook (the tests' fault
+        injection, ``stages.train.faults``)."""
         self.spec, self.params, self.data = spec, params, data
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook
+        self.local_world = data.world if local_world is None else local_world
         self.rng = RngStreams(params.seed, data.rank, data.device)
         self.task = NodeClassification(data.label_of, data.split_gid, loss_fn=make_loss(params.loss),
                                        loss_name=params.loss, precision=params.precision)
@@ -141,28 +143,33 @@ class Trainer:
 
     # ---- state ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """A checkpoint's contents but the run key. A collective: every rank's RNG states are gathered, so that
-        any node's copy resumes every rank (torchrun may give a node other global ranks next time)."""
-        # per rank: its RNG streams, its embedding shards and their optimiser state, its shards of the best epoch
-        own = {"rng": self.rng.state_dict(), "embeddings": {t: e.state_dict() for t, e in self.embeddings.items()},
-               "best_embeddings": self.best.extra}
+        """A checkpoint's contents but the run key and the ranks' parts (``part_state_dict``). A collective: every
+        rank's RNG states are gathered, so that any node's copy resumes every rank (torchrun may give a node other
+        global ranks next time)."""
         ranks: list[Any] = [None] * self.world
-        dist.all_gather_object(ranks, own)
+        dist.all_gather_object(ranks, {"rng": self.rng.state_dict()})
         best = {**self.best.state_dict(), "extra": None}
         return {"epoch": self.epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "best": best, "ranks": ranks, "history": self.history}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        own = state["ranks"][self.rank]
+    def part_state_dict(self) -> dict[str, Any]:
+        """This rank's own part of a checkpoint: its embedding shards and their optimiser state, and its shards of
+        the best epoch (typed graphs; stages.train.checkpoint)."""
+        return {"embeddings": {t: e.state_dict() for t, e in self.embeddings.items()},
+                "best_embeddings": self.best.extra}
+
+    def load_state_dict(self, state: dict[str, Any], part: dict[str, Any] | None = None) -> None:
+        """``state`` (``state_dict``) and, with learnt embeddings, this rank's ``part`` (``part_state_dict``)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.best.load_state_dict({**state["best"], "extra": own["best_embeddings"]})
-        self.rng.load_state_dict(own["rng"])
+        self.best.load_state_dict({**state["best"], "extra": None if part is None else part["best_embeddings"]})
+        self.rng.load_state_dict(state["ranks"][self.rank]["rng"])
         for name, emb in self.embeddings.items():
-            emb.load_state_dict(own["embeddings"][name])
+            assert part is not None, "a checkpoint of learnt embeddings has a part per rank"
+            emb.load_state_dict(part["embeddings"][name])
         self.history, self.epoch = state["history"], int(state["epoch"])
 
     def _embedding_weights(self) -> dict[str, Any]:
@@ -192,14 +199,21 @@ class Trainer:
                             local_rank=self.local_rank)
         if ckpt is None:
             return None
-        self.load_state_dict(ckpt)
+        part = resume_part(self.spec.checkpoint_dir, int(ckpt["epoch"]), rank=self.rank, world=self.world) \
+            if self.embeddings else None
+        self.load_state_dict(ckpt, part)
         # 1-based, as every epoch a person reads (the log lines, the report); the checkpoint keeps it 0-based
         print(f"resuming from the checkpoint after epoch {self.epoch + 1}/{self.params.epochs}", flush=True)
         return self.epoch
 
     def save_checkpoint(self) -> None:
-        """Every rank joins (``state_dict`` is a collective); each node's local rank 0 writes its own copy."""
+        """Every rank joins (``state_dict`` is a collective); each node's local rank 0 writes its own copy, after
+        every rank has written its part (typed graphs): a checkpoint on disk has all its parts."""
         state = self.state_dict()
+        if self.embeddings:
+            save_replicated_part(self.spec.checkpoint_dir, self.epoch, self.part_state_dict(), rank=self.rank,
+                                 world=self.world, local_world=self.local_world)
+            dist.barrier()
         if self.local_rank == 0:
             save_checkpoint(self.spec.checkpoint_dir, self.epoch, {"key": self.spec.key, **state})
 

@@ -63,7 +63,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
                             timeout=timedelta(seconds=params.collective_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device)
-    trainer = Trainer(spec, params, data, local_rank=local_rank, batch_hook=fault_hook)
+    trainer = Trainer(spec, params, data, local_rank=local_rank, local_world=local_world, batch_hook=fault_hook)
     metrics = trainer.fit()
     state = trainer.published_state()   # a collective: the embedding shards are gathered
     if local_rank == 0:   # every node: the publishing node may host any global rank

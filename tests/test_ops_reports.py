@@ -66,8 +66,8 @@ def test_without_validation_the_last_epoch_is_selected_and_patience_never_stops(
 
 def _stats(val_acc: float) -> EpochStats:
     return EpochStats(epoch=0, loss=1.0, train_acc=0.5, val_acc=val_acc, lr=0.01, epoch_s=1.0, eval_s=0.1, batches=3,
-                      sampled_edges_per_s=1e6, hit_rate=0.5, requested_rows=10, cached_rows=5, local_rows=3,
-                      remote_rows=2, cached_bytes=20, local_bytes=12, remote_bytes=8)
+                      sampled_edges=1_000_000, sampled_edges_per_s=1e6, hit_rate=0.5, requested_rows=10,
+                      cached_rows=5, local_rows=3, remote_rows=2, cached_bytes=20, local_bytes=12, remote_bytes=8)
 
 
 def test_an_empty_validation_split_is_null_in_metrics_json_and_n_a_in_the_log():
@@ -146,8 +146,8 @@ def test_the_resume_log_and_the_report_count_epochs_alike(monkeypatch, capsys):
     """The checkpoint taken after epoch index 1 (the second epoch): both say "epoch 2"."""
     monkeypatch.setattr(trainer_module, "resume_state", lambda *a, **k: {"epoch": 1})
     fake = SimpleNamespace(spec=SimpleNamespace(checkpoint_dir="unused", key="k"), rank=0, world=1, local_rank=0,
-                           params=SimpleNamespace(epochs=8), epoch=-1)
-    fake.load_state_dict = lambda state: setattr(fake, "epoch", state["epoch"])
+                           params=SimpleNamespace(epochs=8), epoch=-1, embeddings={})
+    fake.load_state_dict = lambda state, part=None: setattr(fake, "epoch", state["epoch"])
     assert trainer_module.Trainer.resume(fake) == 1   # type: ignore[arg-type]
     logged = capsys.readouterr().out
     assert "resuming from the checkpoint after epoch 2/8" in logged, logged

@@ -13,7 +13,13 @@ import torch
 
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_cache import FeatureCache
-from stages.runtime.feature_store import InMemoryFeatureStore, ZarrFeatureStore, open_feature_store
+from stages.runtime.feature_store import (
+    InMemoryFeatureStore,
+    ZarrFeatureStore,
+    fit_in_budget,
+    host_budget,
+    open_feature_store,
+)
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.graph import GraphArtifact
@@ -105,6 +111,14 @@ def test_zarr_store_gathers_like_memory(built):
     assert lazy.gather(torch.empty(0, dtype=torch.long)).shape == (0, mem.num_features)
     with pytest.raises(IndexError, match="lids must lie in"):
         lazy.gather(torch.tensor([mem.num_rows]))
+
+
+def test_several_stores_share_one_host_budget():
+    """A typed rank's featured types fit one budget together, the smallest first (each had all of it before)."""
+    assert fit_in_budget({"paper": 500, "author": 300, "venue": 10}, 400) == {"venue", "author"}
+    assert fit_in_budget({"paper": 500, "author": 300, "venue": 10}, 1000) == {"paper", "author", "venue"}
+    assert fit_in_budget({"paper": 500}, 499) == set() and fit_in_budget({}, 0) == set()
+    assert host_budget(123, ranks_on_host=4) == 123 and host_budget(None, ranks_on_host=2) > 0
 
 
 def test_cache_lookup_by_gid():

@@ -16,6 +16,7 @@ decided by the cache policy (``stages.train.cache_policy``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 import numpy as np
 import psutil
@@ -114,6 +115,25 @@ def x_nbytes(x: zarr.Array) -> int:
     return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
 
 
+def host_budget(memory_budget_bytes: int | None, ranks_on_host: int) -> int:
+    """A rank's bytes of feature rows in RAM: ``memory_budget_bytes``, or with None ``AUTO_BUDGET_SHARE`` of the
+    available memory shared by ``ranks_on_host``."""
+    if memory_budget_bytes is not None:
+        return memory_budget_bytes
+    return int(AUTO_BUDGET_SHARE * psutil.virtual_memory().available / max(ranks_on_host, 1))
+
+
+def fit_in_budget(need: Mapping[str, int], budget: int) -> set[str]:
+    """Which of several stores (``need``: bytes by name) go in RAM together within ``budget``: the smallest first,
+    so that one large store read from Zarr leaves every smaller one in memory."""
+    chosen, left = set(), budget
+    for name in sorted(need, key=lambda n: (need[n], n)):
+        if need[name] <= left:
+            chosen.add(name)
+            left -= need[name]
+    return chosen
+
+
 def open_feature_store(x: zarr.Array, *, memory_budget_bytes: int | None = None, ranks_on_host: int = 1,
                        pin: bool = False) -> FeatureStore:
     """Partition ``x`` (opened lazily, ``storage.features.FeaturesArtifact.x``), in RAM when it fits the budget.
@@ -121,9 +141,6 @@ def open_feature_store(x: zarr.Array, *, memory_budget_bytes: int | None = None,
     ``memory_budget_bytes`` None: ``AUTO_BUDGET_SHARE`` of the available memory, shared by ``ranks_on_host``.
     0 forces on-demand reads. ``pin``: page-lock the host copy (only worth it for a CUDA device).
     """
-    need = x_nbytes(x)
-    if memory_budget_bytes is None:
-        memory_budget_bytes = int(AUTO_BUDGET_SHARE * psutil.virtual_memory().available / max(ranks_on_host, 1))
-    if need <= memory_budget_bytes:
+    if x_nbytes(x) <= host_budget(memory_budget_bytes, ranks_on_host):
         return InMemoryFeatureStore(_load_x(x, pin))
     return ZarrFeatureStore(x)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.feature_store import open_feature_store
+from stages.runtime.feature_store import fit_in_budget, host_budget, open_feature_store, x_nbytes
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.cache_policy import cache_gids, resolve_policy
@@ -47,15 +47,18 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
     policy = resolve_policy(params.cache_policy, device.type)
     cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank)).to(device)
     cached_type, cached_tgid = index.locate(cached_gid)
-    featured = set(features.featured_types)
+    # the host budget is the rank's, for all its featured types together (each type had all of it before)
+    x_of = {name: features.x(rank, name) for name in features.featured_types}
+    in_ram = fit_in_budget({name: x_nbytes(x) for name, x in x_of.items()},
+                           host_budget(params.host_memory_budget_bytes, local_world))
     sources: dict[str, RowSource] = {}
     types: dict[str, dict[str, Any]] = {}
     for t, node_type in enumerate(schema.node_types):
         name, tgid_bounds = node_type.name, index.type_tgid_bounds[t]
         own_rows = int(tgid_bounds[rank + 1] - tgid_bounds[rank])
-        if name in featured:
-            store = open_feature_store(features.x(rank, name), memory_budget_bytes=params.host_memory_budget_bytes,
-                                       ranks_on_host=local_world, pin=device.type == "cuda")
+        if name in x_of:
+            store = open_feature_store(x_of[name], memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
+                                       pin=device.type == "cuda")
             rows = DistFeatures(store, tgid_bounds, device=device)
             cache = rows.build_cache(cached_tgid[cached_type == t])
             sources[name] = rows

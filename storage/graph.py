@@ -11,8 +11,11 @@ nodes are numbered type after type (schema order), so node type t's own id ``i``
 - ``x/<node type>`` [N_t, F_t] for the node types that have features (the dataset's dtype, every value finite).
 - ``y`` int64 [N] (-1 = unlabelled; a labelled type's classes are ``[0, num_classes_t)``).
 - ``split/train``, ``split/valid``, ``split/test``: int64 orig ids (OGB's split names).
+- ``edge_split/train``, ``edge_split/valid``, ``edge_split/test`` (link prediction only): int64 [2, E_s] (src,
+  dst) orig ids of one target edge type's positives (``stages.download.edge_split``); the CSR above is then the
+  message-passing graph, without the valid and test edges.
 - attrs: ``schema`` (``GraphSchema.to_dict``), name, source, num_nodes, num_edges, num_features, num_classes,
-  directed, split sizes, edges per edge type.
+  directed, split sizes, edges per edge type; with edge splits ``link_edge_type`` (its key) and their sizes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Graph:
     name: str = ""
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    edge_splits: dict[str, np.ndarray] = field(default_factory=dict)   # link prediction: split -> [2, E] orig
+    link_edge_type: str | None = None                                   # the key of the split edges' type
 
     @classmethod
     def homogeneous(cls, indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -100,6 +105,9 @@ class Graph:
             "directed": bool(self.directed),
             "split_sizes": {s: int(self.splits[s].shape[0]) for s in SPLITS},
             "edges_per_type": self.edges_per_type(),
+            **({"link_edge_type": self.link_edge_type,
+                "edge_split_sizes": {s: int(self.edge_splits[s].shape[1]) for s in SPLITS}}
+               if self.edge_splits else {}),
             **self.extra,
         }
 
@@ -120,6 +128,12 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
     split = root.create_group("split")
     for name in SPLITS:
         write_array(split, name, graph.splits[name].astype(np.int64, copy=False))
+    if graph.edge_splits:
+        if set(graph.edge_splits) != set(SPLITS) or graph.link_edge_type is None:
+            raise ValueError(f"edge splits {sorted(graph.edge_splits)} need all of {SPLITS} and link_edge_type")
+        edge_split = root.create_group("edge_split")
+        for name in SPLITS:
+            write_array(edge_split, name, graph.edge_splits[name].astype(np.int64, copy=False))
     attrs = graph.attrs()
     root.attrs.update(attrs)
     return attrs
@@ -152,7 +166,10 @@ def _read_graph(url: str, *, features: bool = True) -> Graph:
     splits = {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
     x_group = open_subgroup(root, "x") if features else None
     known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
-             "directed", "split_sizes", "edges_per_type"}
+             "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes"}
+    link_edge_type = attrs.get("link_edge_type")
+    edge_splits = {name: read_array(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
+        if link_edge_type is not None else {}
     return Graph(
         schema=schema,
         indptr=read_array(root, "indptr"),
@@ -164,4 +181,6 @@ def _read_graph(url: str, *, features: bool = True) -> Graph:
         name=attr_str(attrs, "name", url, default=""),
         source=attr_str(attrs, "source", url, default=""),
         extra={k: v for k, v in attrs.items() if k not in known},
+        edge_splits=edge_splits,
+        link_edge_type=None if link_edge_type is None else str(link_edge_type),
     )

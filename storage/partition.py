@@ -9,7 +9,9 @@ ID spaces (docs/design.md):
   ``orig_of_gid`` int64 [N], ``gid_of_orig`` int64 [N]; attrs: the graph's ``schema`` and the figures.
 - ``part-<p>.zarr``: ``indptr`` int64 [n_p*R+1] over (lid, edge type) rows ``lid * R + e``, ``indices`` int64
   [e_p] in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
-  parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order.
+  parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order. With link prediction's edge splits
+  (``storage.graph``) also ``edge_split/<split>`` int64 [2, E] (src, dst) in **gids**: the split's positives whose
+  dst p owns, sorted by dst.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, open_group, read_array, write_array
+from storage.zarr_io import attr_int, open_group, open_subgroup, read_array, write_array
 
 _BOOK = "book.zarr"
 
@@ -99,14 +101,22 @@ def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) 
     g.attrs.update(attrs)
 
 
-def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False) -> None:
-    """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``."""
+def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
+               edge_splits: dict[str, np.ndarray] | None = None) -> None:
+    """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``, with its ``edge_splits`` (split ->
+    [2, E] gids whose dst it owns) when the graph has them."""
     g = open_group(writer.file_url(_part_name(csr.part)), mode="w")
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
     write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
+    if edge_splits:
+        group = g.create_group("edge_split")
+        for name, pairs in edge_splits.items():
+            write_array(group, name, pairs.astype(np.int64, copy=False))
     g.attrs.update({"part": csr.part, "start_gid": csr.start_gid, "num_nodes": csr.num_nodes,
                     "num_edge_types": csr.num_edge_types,
                     "num_edges": int(csr.indices.shape[0])})
+    if edge_splits:
+        g.attrs["edge_split_sizes"] = {k: int(v.shape[1]) for k, v in edge_splits.items()}
 
 
 def _read_part(url: str) -> PartCSR:
@@ -159,6 +169,14 @@ class PartitionArtifact(ArtifactHandle):
     def csr(self, p: int) -> PartCSR:
         """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""
         return _read_part(self._url(_part_name(p)))
+
+    def edge_split(self, p: int, split: str) -> np.ndarray:
+        """int64 [2, E] (src, dst) gids of link prediction's ``split`` positives whose dst partition p owns."""
+        link = self.manifest.summary.get("link_edge_type")
+        if link is None:
+            raise ArtifactError(f"partition {self.manifest.key} has no edge splits (its graph was downloaded for "
+                                f"node classification)")
+        return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split"), split)
 
     def in_degree(self) -> np.ndarray:
         """int64 [N]: the in-degree of every gid, from the parts' ``indptr`` arrays only (8 bytes a node, no edges

@@ -44,6 +44,18 @@ def relabel(part_of_orig: np.ndarray, num_parts: int, node_type: np.ndarray | No
                          type_bounds=table.type_bounds)
 
 
+def part_edge_splits(edge_splits: dict[str, np.ndarray], book: PartitionBook, p: int) -> dict[str, np.ndarray]:
+    """Link prediction's split positives (orig ``[2, E]``) that part p holds, in gids: those whose dst it owns,
+    sorted by (dst, src) (a rank's seed edges, in the order of its nodes)."""
+    lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
+    out = {}
+    for name, pairs in edge_splits.items():
+        gid = book.gid_of_orig[pairs]
+        mine = gid[:, (gid[1] >= lo) & (gid[1] < hi)]
+        out[name] = mine[:, np.lexsort((mine[0], mine[1]))]
+    return out
+
+
 def build_part_csr(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, p: int,
                    num_edge_types: int = 1) -> PartCSR:
     """Part p's incoming-edge CSR: rows are its (lid, edge type) pairs, ``lid * R + e`` (``storage.graph``'s row

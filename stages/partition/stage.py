@@ -38,7 +38,7 @@ class Params(StageParams):
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     from stages.partition.assign import assign_parts
-    from stages.partition.relabel import build_part_csr, relabel
+    from stages.partition.relabel import build_part_csr, part_edge_splits, relabel
     from stages.partition.report import partition_report, typed_report
 
     download = upstream["download"]
@@ -71,8 +71,14 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
                                       "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                                       "schema": schema.to_dict()})
+            link_sizes = []
             for p in tqdm(range(num_parts), desc="partition: write parts", disable=not progress, leave=False):
-                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, schema.num_edge_types))
+                splits = part_edge_splits(graph.edge_splits, book, p) if graph.edge_splits else None
+                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, schema.num_edge_types),
+                           edge_splits=splits)
+                link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
+            if graph.edge_splits:   # link prediction: each part's seed edges (those whose dst it owns)
+                stats["link_edge_type"], stats["edge_split_sizes"] = graph.link_edge_type, link_sizes
         writer.summary.update(stats)
         writer.summary.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
                                "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,

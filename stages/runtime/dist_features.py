@@ -26,10 +26,11 @@ from torch import Tensor
 from stages.runtime.collectives import Owners, all_to_all, comm_device, max_over_ranks, route_to_owners
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore
+from stages.runtime.sums import FieldSums
 
 
 @dataclass
-class FeatureCounters:
+class FeatureCounters(FieldSums):
     """Where the rows a rank asked for came from (one epoch, usually)."""
 
     requested_rows: int = 0
@@ -47,8 +48,6 @@ class FeatureCounters:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
-    def __add__(self, other: FeatureCounters) -> FeatureCounters:
-        return FeatureCounters(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
 
 
 class DistFeatures:

@@ -15,13 +15,15 @@ to a training epoch) and is the Mann-Whitney statistic with tied scores counted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.collectives import comm_device
+from stages.runtime.sums import FieldSums
+from stages.train.stats import all_reduce_f64
 
 
 def ogb_rank(pos: Tensor, neg: Tensor) -> Tensor:
@@ -31,7 +33,7 @@ def ogb_rank(pos: Tensor, neg: Tensor) -> Tensor:
 
 
 @dataclass
-class RankSums:
+class RankSums(FieldSums):
     """Sums over positives of the per-positive-negative metrics; ``+`` adds two; ``all_reduce`` adds every rank's."""
 
     reciprocal_rank: float = 0.0
@@ -46,16 +48,11 @@ class RankSums:
         return cls(float((1.0 / rank).sum()), float((rank <= 1).sum()), float((rank <= 3).sum()),
                    float((rank <= 10).sum()), int(rank.numel()))
 
-    def __add__(self, other: RankSums) -> RankSums:
-        return RankSums(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    def all_reduce(self, group: dist.ProcessGroup | None = None) -> RankSums:
+    def all_reduce(self) -> RankSums:
         """Every rank's sums added (a collective: one SUM all-reduce of float64)."""
-        values = torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64,
-                              device=comm_device(group))
-        dist.all_reduce(values, group=group)
-        total = values.cpu().tolist()
-        return RankSums(*total[:-1], int(total[-1]))
+        rr, h1, h3, h10, count = all_reduce_f64([self.reciprocal_rank, self.hits_1, self.hits_3, self.hits_10,
+                                                 float(self.count)])
+        return RankSums(rr, h1, h3, h10, int(count))
 
     def means(self) -> dict[str, float | None]:
         """``mrr``, ``hits@1``, ``hits@3``, ``hits@10`` (None without positives)."""

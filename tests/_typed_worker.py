@@ -9,11 +9,13 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from stages.download.synthetic_hetero import generate_synthetic_hetero
 from stages.runtime.dist_sampler import DistNeighborSampler
+from stages.runtime.negatives import EdgeMembership
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.train.checkpoint import resume_part, save_part, save_replicated_part
@@ -82,8 +84,33 @@ def run(rank: int) -> dict:
     out["touched"] = torch.cat(touched)
     out["state"] = emb.state_dict()
     out["moved_part"] = moved_part(rank)
+    src, dst, edge_type = membership_queries(graph)
+    out["membership"] = EdgeMembership(csr, torch.tensor(bounds), edge_type).contains(src[rank::2], dst[rank::2])
     out["replicated_part"] = replicated_part(rank)
     return out
+
+
+def membership_queries(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Pairs to check against the ``writes`` edges: half real edges, half uniform pairs (mostly not edges)."""
+    edge_type = next(i for i, e in enumerate(graph.schema.edge_types) if e.rel == "writes")
+    r = graph.schema.num_edge_types
+    rows = np.arange(edge_type, graph.indptr.shape[0] - 1, r)
+    count = graph.indptr[rows + 1] - graph.indptr[rows]
+    dst = np.repeat(rows // r, count)
+    src = np.concatenate([graph.indices[a:b] for a, b in zip(graph.indptr[rows], graph.indptr[rows + 1])])
+    gen = np.random.default_rng(0)
+    pick = gen.choice(src.shape[0], 200, replace=False)
+    n = graph.schema.num_nodes
+    return (torch.from_numpy(np.concatenate([src[pick], gen.integers(0, n, 200)])),
+            torch.from_numpy(np.concatenate([dst[pick], gen.integers(0, n, 200)])), edge_type)
+
+
+def membership_truth(graph: Graph, src: torch.Tensor, dst: torch.Tensor, edge_type: int) -> torch.Tensor:
+    """bool: is each ``src -> dst`` a type-``edge_type`` edge, read off the whole graph's rows one by one."""
+    r = graph.schema.num_edge_types
+    rows = dst.numpy() * r + edge_type
+    return torch.tensor([int(u) in set(graph.indices[graph.indptr[row]:graph.indptr[row + 1]].tolist())
+                         for u, row in zip(src.tolist(), rows)])
 
 
 def moved_part(rank: int) -> dict:

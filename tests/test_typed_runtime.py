@@ -24,6 +24,8 @@ from tests._typed_worker import (
     TIMEOUT_S,
     WORLD_SIZE,
     emb_draws,
+    membership_queries,
+    membership_truth,
     per_type_fanout,
     typed_graph,
     worker,
@@ -163,6 +165,15 @@ def test_checkpoint_parts_survive_ranks_moving_between_nodes_and_a_lost_node(ran
         assert out["moved_part"]["rank"] == rank and torch.equal(out["moved_part"]["rows"], torch.full((3,), rank))
         held, part = out["replicated_part"]   # two nodes: each part on both, and node 1's copy lost before resuming
         assert held == [0, 1] and part == {"rank": rank}
+
+
+def test_edge_membership_asked_of_the_owners_on_two_ranks(ranks_out, graph):
+    """Each rank asks half the pairs; every answer equals the whole graph's."""
+    src, dst, edge_type = membership_queries(graph)
+    want = membership_truth(graph, src, dst, edge_type)
+    assert bool(want[:200].all()) and not bool(want[200:].all())
+    for rank, out in enumerate(ranks_out):
+        assert torch.equal(out["membership"], want[rank::2]), rank
 
 
 def replay_on_one_rank() -> ShardedEmbedding:

@@ -113,3 +113,12 @@ def test_the_partition_keeps_each_split_edge_with_its_dst_owner(hetero, tmp_path
         assert held <= in_mp if name == "train" else not held & in_mp, name
     assert [sum(sizes.values()) for sizes in manifest.summary["edge_split_sizes"]] == [
         sum(art.edge_split(p, s).shape[1] for s in SPLITS) for p in range(2)]
+
+
+def test_a_reverse_type_target_takes_its_forward_type_along(hetero):
+    rev = hetero.schema.edge_types.index(next(e for e in hetero.schema.edge_types if e.rel == "rev_writes"))
+    writes = reverse_type(hetero, rev)
+    assert writes is not None and hetero.schema.edge_types[writes].rel == "writes"
+    mp, splits = split_edges(hetero, rev, FRACTIONS, seed=3)
+    held = set(zip(*splits["valid"].tolist())) | set(zip(*splits["test"].tolist()))
+    assert typed_edges(hetero) - typed_edges(mp) == {(u, v, rev) for u, v in held} | {(v, u, writes) for u, v in held}

@@ -128,6 +128,19 @@ def test_a_fanout_per_edge_type(graph):
     assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.edge_type, b.edge_type)
 
 
+def test_a_zero_fanout_on_a_graph_of_one_edge_type():
+    """``edge_fanouts={"edge": [5, 0]}`` on a homogeneous graph: the second hop samples nothing, and the batch has
+    no edge types (as with a scalar fanout), so its blocks build."""
+    from tests._sampler_graphs import power_law_graph
+
+    csr = LocalCSR.from_numpy(*power_law_graph())
+    fanouts = hop_fanouts([5, 5], {"edge": [5, 0]}, [("node", "edge", "node")])
+    batch = NeighborSampler(csr, fanouts, generator=torch.Generator().manual_seed(0)).sample(torch.arange(20))
+    assert batch.num_sampled_edges[1] == 0 and batch.num_sampled_edges[0] > 0 and "edge_type" not in batch
+    plain = NeighborSampler(csr, [5], generator=torch.Generator().manual_seed(0)).sample(torch.arange(20))
+    assert torch.equal(batch.edge_index, plain.edge_index)
+
+
 def test_hop_fanouts_name_edge_types_by_key_or_relation(graph):
     types = [e.as_tuple() for e in graph.schema.edge_types]
     cites = next(i for i, e in enumerate(types) if e[1] == "cites")

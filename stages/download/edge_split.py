@@ -7,7 +7,7 @@ sample reaches them:
 - a symmetrised type (source type = target type, stored in both directions: ``storage.graph``) is split as
   undirected pairs ``u < v``; a held-out pair leaves in both directions;
 - a directed type's held-out edge ``u -> v`` also takes ``v -> u`` out of its reverse type (``rev_<rel>``, which
-  ``add_reverse`` made), when the graph has one.
+  ``add_reverse`` made; or the forward type, when the target is a ``rev_`` type), when the graph has one.
 
 Train positives stay in the graph (the model learns to score edges it also passes messages along, as in PyG's
 default ``disjoint_train_ratio=0``). Everything here is in orig ids and vectorised: one ``isin`` over the target
@@ -36,9 +36,13 @@ def edge_entries(graph: Graph, edge_type: int) -> tuple[np.ndarray, np.ndarray, 
 
 
 def reverse_type(graph: Graph, edge_type: int) -> int | None:
-    """The id of ``edge_type``'s reverse (``EdgeType.reverse``), if the graph has it."""
-    rev = graph.schema.edge_types[edge_type].reverse()
-    return graph.schema.edge_types.index(rev) if rev in graph.schema.edge_types else None
+    """The id of ``edge_type``'s reverse, if the graph has it: ``(dst, rev_<rel>, src)`` (``EdgeType.reverse``),
+    or, for a ``rev_`` type itself, the forward type it reverses."""
+    et = graph.schema.edge_types[edge_type]
+    candidates = [et.reverse()]
+    if et.rel.startswith("rev_"):
+        candidates.append(EdgeType(et.dst, et.rel.removeprefix("rev_"), et.src))
+    return next((graph.schema.edge_types.index(c) for c in candidates if c in graph.schema.edge_types), None)
 
 
 def split_edges(graph: Graph, edge_type: int, fractions: tuple[float, float, float], seed: int

@@ -186,7 +186,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                 curves.append(curve)
             write_curves(writer, curves, hit_rate_png(curves))
         writer.summary.update({"num_partitions": num_parts, "parts": rows, "curves": curves,
-                               "fanouts": list(params.fanouts), "epochs": params.epochs,
+                               "fanouts": list(params.fanouts), "edge_fanouts": dict(params.edge_fanouts),
+                               "epochs": params.epochs,
                                "budget": rows[0]["budget"] if rows else "", **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
@@ -206,7 +207,8 @@ def report(manifest: Manifest) -> Report:
         for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
                                "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
-    md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}, {s['epochs']} pre-sampled "
+    per_type = f" (per edge type {s['edge_fanouts']})" if s.get("edge_fanouts") else ""
+    md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}{per_type}, {s['epochs']} pre-sampled "
           f"epoch(s); hit rates measured on an independent epoch.\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
     return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

@@ -315,8 +315,9 @@ class Inference:
             for c in range(self.num_chunks):
                 a, b = self._chunk(c)
                 batch = sampler.sample(torch.arange(lo + a, lo + b, dtype=torch.long))   # collective
-                if self.node_type_of is not None:
+                if self.node_type_of is not None:   # as the training loader types a batch
                     batch.node_type = self.node_type_of(batch.n_id)
+                    batch.num_relations = self.csr.num_edge_types
                 if attach and self.degrees is not None:
                     with_degrees(batch, self.degrees)                                    # collective
                 x = features.fetch_rows(batch.n_id).to(torch.float32)             # collective

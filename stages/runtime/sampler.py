@@ -165,7 +165,9 @@ def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, rep
         if len(fanout) != num_types:
             raise ValueError(f"{len(fanout)} fanouts for a graph of {num_types} edge types")
         if len(set(fanout)) > 1 or fanout[0] == 0:
-            return _sample_per_edge_type(csr_local, target_lid, fanout, replace, generator)
+            count, row_pos, nbr_gid, edge_type = _sample_per_edge_type(csr_local, target_lid, fanout, replace,
+                                                                       generator)
+            return count, row_pos, nbr_gid, edge_type if num_types > 1 else None   # R = 1: no types, as below
         fanout = fanout[0]   # one count for every type: the draws of the scalar fanout
     if num_types == 1:
         count, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid, fanout, replace=replace,

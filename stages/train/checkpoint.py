@@ -78,10 +78,11 @@ def save_replicated_part(directory: str | os.PathLike[str], epoch: int, part: di
 
 
 def _exchange(send: torch.Tensor, to: int, recv: torch.Tensor, source: int) -> None:
-    """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``source`` (both posted, then awaited)."""
-    for work in (dist.isend(send, to), dist.irecv(recv, source)):
-        if work is not None:   # None only for a rank outside the group
-            work.wait()
+    """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``source``, posted as one group: on NCCL a
+    send and a receive issued apart can each wait for the other (2 nodes: ``to == source``; NVIDIA/nccl#479)."""
+    ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, source)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 def resume_part(directory: str | os.PathLike[str], epoch: int, *, rank: int, world: int) -> dict[str, Any]:
@@ -89,10 +90,14 @@ def resume_part(directory: str | os.PathLike[str], epoch: int, *, rank: int, wor
     between nodes, from a node that holds it. A collective (one ``all_gather_object`` of which parts each rank's
     directory holds; one ``broadcast_object_list`` per part that its rank's node lacks)."""
     here = {r for e, r, _ in list_shards(directory) if e == epoch}
+    mine = None
+    if rank in here:
+        try:
+            mine = torch.load(shard_path(directory, epoch, rank), map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001 - unreadable (a disk error): another node's copy, or one error everywhere
+            here.discard(rank)
     held: list[Any] = [None] * world
     dist.all_gather_object(held, sorted(here))
-    mine = torch.load(shard_path(directory, epoch, rank), map_location="cpu", weights_only=False) \
-        if rank in here else None
     for r in range(world):
         if r in held[r]:
             continue

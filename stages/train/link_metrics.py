@@ -9,8 +9,9 @@ Two protocols, by how negatives are drawn:
   each rank sends its own K best negative scores (``global_kth_negative``: one all-gather of K numbers), after
   which the count is again a sum. With fewer than K negatives in all, OGB scores 1.0; so does ``hits_at_k``.
 
-AUC (``auc``) is not a sum: it takes every score (an all-gather of the evaluation's scores, which are small next
-to a training epoch) and is the Mann-Whitney statistic with tied scores counted half, as scikit-learn's.
+AUC (``auc``) is not a sum: it needs every rank's scores, which the caller all-gathers first (an evaluation's
+scores are small next to a training epoch); ranks' own AUCs do not average to it. It is the Mann-Whitney
+statistic with tied scores counted half, as scikit-learn's. Scores must be finite (``-inf`` pads the K best).
 """
 
 from __future__ import annotations

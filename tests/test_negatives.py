@@ -42,3 +42,10 @@ def test_negatives_are_uniform_over_the_destination_type_and_follow_the_seed():
     assert int(plain.min()) >= 0 and int(plain.max()) < 87
     with pytest.raises(ValueError, match="need both"):
         NegativeDraws(87, index=index)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_negatives_on_a_cuda_index_from_a_cpu_generator():
+    index = TypeIndex(RangeTable.from_counts(np.array([[3, 50], [4, 30]])), "cuda")
+    gid = NegativeDraws(87, index=index, node_type=1).draw((100, 2), torch.Generator().manual_seed(0))
+    assert gid.device.type == "cuda" and bool((index.locate(gid.view(-1))[0] == 1).all())

@@ -39,6 +39,8 @@ class NegativeDraws:
         tgid = torch.randint(0, self.num_candidates, shape, generator=generator, device=generator.device)
         if self.index is None or self.node_type is None:
             return tgid
+        # on the index's device (a CPU generator may feed a CUDA index): tgid_to_gid indexes its tables with tgid
+        tgid = tgid.to(self.index.type_bounds.device)
         return self.index.tgid_to_gid(self.node_type, tgid.view(-1)).view(shape)
 
 

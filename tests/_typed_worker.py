@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from stages.download.edge_split import edge_entries
 from stages.download.synthetic_hetero import generate_synthetic_hetero
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.negatives import EdgeMembership
@@ -85,7 +86,7 @@ def run(rank: int) -> dict:
     out["state"] = emb.state_dict()
     out["moved_part"] = moved_part(rank)
     src, dst, edge_type = membership_queries(graph)
-    out["membership"] = EdgeMembership(csr, torch.tensor(bounds), edge_type).contains(src[rank::2], dst[rank::2])
+    out["membership"] = EdgeMembership(csr, bounds, edge_type).contains(src[rank::2], dst[rank::2])
     out["replicated_part"] = replicated_part(rank)
     return out
 
@@ -93,11 +94,7 @@ def run(rank: int) -> dict:
 def membership_queries(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Pairs to check against the ``writes`` edges: half real edges, half uniform pairs (mostly not edges)."""
     edge_type = next(i for i, e in enumerate(graph.schema.edge_types) if e.rel == "writes")
-    r = graph.schema.num_edge_types
-    rows = np.arange(edge_type, graph.indptr.shape[0] - 1, r)
-    count = graph.indptr[rows + 1] - graph.indptr[rows]
-    dst = np.repeat(rows // r, count)
-    src = np.concatenate([graph.indices[a:b] for a, b in zip(graph.indptr[rows], graph.indptr[rows + 1])])
+    _, src, dst = edge_entries(graph, edge_type)
     gen = np.random.default_rng(0)
     pick = gen.choice(src.shape[0], 200, replace=False)
     n = graph.schema.num_nodes

@@ -22,7 +22,7 @@ def graph():
 def test_membership_in_one_process(graph):
     src, dst, edge_type = membership_queries(graph)
     csr = LocalCSR.from_numpy(graph.indptr, graph.indices, num_edge_types=graph.schema.num_edge_types)
-    got = EdgeMembership(csr, torch.tensor([0, graph.schema.num_nodes]), edge_type).contains(src, dst)
+    got = EdgeMembership(csr, [0, graph.schema.num_nodes], edge_type).contains(src, dst)
     want = membership_truth(graph, src, dst, edge_type)
     assert torch.equal(got, want) and bool(want[:200].all()) and 0 < int(got.sum()) < 400
     assert torch.equal(has_local_edge(csr, src, dst, edge_type), want)

@@ -11,7 +11,7 @@ import torch
 from stages.runtime.fanouts import hop_fanouts
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from stages.runtime.sharded_embedding import ShardedEmbedding
-from stages.runtime.typed_batch import to_hetero_data
+from stages.runtime.typed_batch import set_types, to_hetero_data
 from stages.train.blocks import BatchGraph, Block
 from stages.train.model import build_model, seed_logits
 from stages.train.typed_model import TypedInput
@@ -235,9 +235,8 @@ def test_embedding_state_round_trips():
 def typed_batch(graph: Graph, fanouts: list):
     batch = NeighborSampler(whole_csr(graph), fanouts, generator=torch.Generator().manual_seed(5)).sample(
         torch.arange(0, graph.schema.num_nodes, 29))
-    batch.num_relations = graph.schema.num_edge_types
-    batch.node_type = torch.from_numpy(graph.schema.node_type_of_orig().astype(np.int64))[batch.n_id]
-    return batch
+    return set_types(batch, torch.from_numpy(graph.schema.node_type_of_orig().astype(np.int64))[batch.n_id],
+                     graph.schema.num_edge_types)
 
 
 @pytest.mark.parametrize("kind", ["rgcn", "rgat", "hgt"])

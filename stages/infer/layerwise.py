@@ -70,6 +70,7 @@ from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
+from stages.runtime.typed_batch import set_types
 from stages.train.blocks import BatchGraph, Block
 from stages.train.loader import with_degrees
 from stages.train.model import is_block_model, needs_degrees, seed_logits
@@ -316,8 +317,7 @@ class Inference:
                 a, b = self._chunk(c)
                 batch = sampler.sample(torch.arange(lo + a, lo + b, dtype=torch.long))   # collective
                 if self.node_type_of is not None:   # as the training loader types a batch
-                    batch.node_type = self.node_type_of(batch.n_id)
-                    batch.num_relations = self.csr.num_edge_types
+                    set_types(batch, self.node_type_of(batch.n_id), self.csr.num_edge_types)
                 if attach and self.degrees is not None:
                     with_degrees(batch, self.degrees)                                    # collective
                 x = features.fetch_rows(batch.n_id).to(torch.float32)             # collective

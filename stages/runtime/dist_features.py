@@ -49,7 +49,6 @@ class FeatureCounters(FieldSums):
         return asdict(self)
 
 
-
 class DistFeatures:
     """``gather(n_id) -> [len(n_id), F]`` rows on ``device`` for rank ``rank`` of a graph split by ``bounds``.
 

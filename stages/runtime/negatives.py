@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import all_to_all, comm_device, route_to_owners
+from stages.runtime.collectives import Owners, all_to_all, comm_device, route_to_owners
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 
@@ -65,23 +66,23 @@ class EdgeMembership:
     """``contains(src_gid, dst_gid)`` over a graph split by ``bounds``: each pair asked of its dst's owner. A
     collective on several ranks (4 all-to-alls: counts, dsts, srcs, answers); every rank must call it alike."""
 
-    def __init__(self, csr: LocalCSR, bounds: Tensor, edge_type: int = 0,
+    def __init__(self, csr: LocalCSR, bounds: np.ndarray | list[int], edge_type: int = 0,
                  group: dist.ProcessGroup | None = None) -> None:
-        self.csr, self.bounds, self.edge_type, self.group = csr, bounds.to(csr.indptr.device), edge_type, group
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        self.device = comm_device(group) if dist.is_initialized() else torch.device("cpu")
+        self.csr, self.edge_type, self.group = csr, edge_type, group
+        self.owners = Owners.of(bounds, group, csr.indptr.device)
+        self.device = comm_device(group) if self.owners.distributed else torch.device("cpu")
 
     def contains(self, src_gid: Tensor, dst_gid: Tensor) -> Tensor:
         src_gid, dst_gid = src_gid.reshape(-1), dst_gid.reshape(-1)
-        wire = torch.int32 if int(self.bounds[-1]) < 2**31 else torch.long
-        req = route_to_owners(dst_gid, self.bounds, self.rank, self.world, self.group, self.device, wire,
+        owners = self.owners
+        wire = torch.int32 if int(owners.bounds[-1]) < 2**31 else torch.long
+        req = route_to_owners(dst_gid, owners.bounds, owners.rank, owners.world_size, self.group, self.device, wire,
                               ("pair destinations", "membership check"))
         out = torch.zeros(dst_gid.numel(), dtype=torch.bool, device=dst_gid.device)
         lo = self.csr.start_gid
         local = req.local_pos
         out[local] = has_local_edge(self.csr, src_gid[local], dst_gid[local] - lo, self.edge_type)
-        if self.world == 1:
+        if owners.world_size == 1:
             return out
         got_src = all_to_all(src_gid.index_select(0, req.req_pos), req.req_split, req.got_split, self.group,
                              self.device, wire)

@@ -35,6 +35,14 @@ def _per_hop(counts: list[int], member: Tensor) -> list[int]:
     return (at[1:] - at[:-1]).tolist()
 
 
+def set_types(batch: Data, node_type: Tensor, num_relations: int) -> Data:
+    """Mark ``batch`` typed: each node's type and the schema's edge type count, which the blocks read as
+    ``batch.num_relations``. Not ``num_edge_types``: PyG's ``Data`` computes that from the batch's own edge types,
+    short of any type the batch did not sample."""
+    batch.node_type, batch.num_relations = node_type, num_relations
+    return batch
+
+
 def to_hetero_data(batch: Data, schema: GraphSchema, x_dict: Mapping[str, Tensor] | None = None) -> HeteroData:
     """``batch`` (with ``node_type``; ``edge_type`` unless the graph has one edge type) per type (module
     docstring); ``x_dict``: each type's rows in batch order (``NodeLoader.gather_rows``)."""

@@ -42,11 +42,12 @@ def save_checkpoint(directory: str | os.PathLike[str], epoch: int, state: dict[s
     """Write ``state`` as the checkpoint after ``epoch`` (0-based, completed) and drop all but the ``keep`` newest."""
     path = checkpoint_path(directory, epoch)
     atomic_write_bytes(path, torch_bytes(state))
-    kept = list_checkpoints(directory)[-keep:]
-    for _, old in list_checkpoints(directory)[:-keep]:
+    listed = list_checkpoints(directory)
+    for _, old in listed[:-keep]:
         old.unlink(missing_ok=True)
+    oldest_kept = listed[-keep:][0][0]
     for part_epoch, _, part in list_shards(directory):   # parts of dropped checkpoints (or of none: a killed run's)
-        if part_epoch < kept[0][0]:
+        if part_epoch < oldest_kept:
             part.unlink(missing_ok=True)
     return path
 

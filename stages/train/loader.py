@@ -24,6 +24,7 @@ from torch_geometric.data import Data
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
 from stages.runtime.fanouts import Fanout
+from stages.runtime.typed_batch import set_types
 from stages.runtime.typed_rows import TypedRows
 from stages.train.loop import LabelOf
 from stages.train.rank_data import RankData
@@ -47,14 +48,11 @@ class NodeLoader:
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
-        ``batch.deg`` when ``attach_degrees``; a typed graph's with ``node_type`` per node and ``num_relations``,
-        the schema's edge type count (``edge_type`` per edge comes from the sampler). Not ``num_edge_types``: PyG's
-        ``Data`` computes that from the batch's own edge types, short of any type the batch did not sample. A
-        collective."""
+        ``batch.deg`` when ``attach_degrees``; a typed graph's with its node and edge types (``set_types``;
+        ``edge_type`` per edge comes from the sampler). A collective."""
         batch = self.sampler.sample(seed_gid)
         if isinstance(self.features, TypedRows):
-            batch.node_type = self.features.index.locate(batch.n_id)[0]
-            batch.num_relations = self.sampler.num_edge_types
+            set_types(batch, self.features.index.locate(batch.n_id)[0], self.sampler.num_edge_types)
         if self.attach_degrees:
             if self.degrees is None:
                 raise ValueError("this rank's data has no degree path (RankData.degrees)")

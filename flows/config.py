@@ -38,7 +38,10 @@ STAGES: dict[str, Stage] = {"download": download_stage, "partition": partition_s
 ORDER: tuple[str, ...] = tuple(STAGES)
 # one name for one setting that several stages must agree on (the hotness stage pre-samples the training batches)
 SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), "fanouts": ("hotness", "train"),
-                                      "edge_fanouts": ("hotness", "train"), "batch_size": ("hotness", "train")}
+                                      "edge_fanouts": ("hotness", "train"), "batch_size": ("hotness", "train"),
+                                      # the download stage holds the valid/test edges out of what trains on them
+                                      "task": ("download", "hotness", "train"),
+                                      "num_negatives": ("hotness", "train"), "edges_per_epoch": ("hotness", "train")}
 # a short name two stages declare, given to the stage a user means by it
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
 CONTROL = ("artifacts", "until", "force")

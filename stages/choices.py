@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Dataset = Literal["synthetic", "synthetic-hetero", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M", "ogbn-mag",
-                  "files"]
+Dataset = Literal["synthetic", "synthetic-hetero", "synthetic-link", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M",
+                  "ogbn-mag", "files"]
 PartitionMethod = Literal["metis", "random"]
 Compressor = Literal["lz4", "zstd"]
 # the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept (stages/features/dtypes.py)
@@ -21,7 +21,12 @@ FeatureNorm = Literal["none", "l1"]
 # node's own row only (the no-graph baseline); auto: rgcn on a typed graph (it beats a GraphSAGE that ignores the
 # types by 9 points on synthetic-hetero: tests/test_typed_train.py), sage on a homogeneous one
 ModelName = Literal["auto", "sage", "gcn", "gat", "rgcn", "rgat", "hgt", "mlp"]
-LossName = Literal["cross_entropy"]
+# auto: cross_entropy for task=node, bce (binary cross-entropy with logits of positives and negatives) for task=link
+LossName = Literal["auto", "cross_entropy", "bce"]
+# what is learnt: a class per node, or whether an edge of one type exists (docs/design.md §7)
+TaskName = Literal["node", "link"]
+# link prediction's pair scorers (stages/train/link_decoders.py); train.decoder also takes an import path
+DecoderName = Literal["dot", "mlp"]
 LrSchedule = Literal["none", "cosine", "step"]
 # the dtype of the model's matrix products (stages/train/model.py: seed_logits autocasts them to bfloat16)
 Precision = Literal["float32", "bfloat16"]
@@ -36,4 +41,6 @@ PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 MODEL_CHOICES: tuple[str, ...] = get_args(ModelName)
 MODELS: tuple[str, ...] = tuple(m for m in MODEL_CHOICES if m != "auto")   # the concrete built-ins
 LOSSES: tuple[str, ...] = get_args(LossName)
+DECODERS: tuple[str, ...] = get_args(DecoderName)
+LINK_DATASETS: tuple[str, ...] = ("synthetic-link",)   # graphs made for task=link
 CACHE_POLICIES: tuple[str, ...] = tuple(p for p in get_args(CachePolicyName) if p != "auto")   # concrete ones

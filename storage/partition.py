@@ -170,6 +170,11 @@ class PartitionArtifact(ArtifactHandle):
         """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""
         return _read_part(self._url(_part_name(p)))
 
+    @property
+    def link_edge_type(self) -> str | None:
+        """The key of link prediction's split edge type, or None (a graph downloaded for node classification)."""
+        return self.manifest.summary.get("link_edge_type")
+
     def edge_split(self, p: int, split: str) -> np.ndarray:
         """int64 [2, E] (src, dst) gids of link prediction's ``split`` positives whose dst partition p owns."""
         link = self.manifest.summary.get("link_edge_type")

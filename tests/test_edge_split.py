@@ -11,6 +11,7 @@ from stages.download.synthetic import generate_synthetic
 from stages.download.synthetic_hetero import generate_synthetic_hetero
 from stages.partition import stage as partition
 from storage import ArtifactStore
+from storage.errors import InputError
 from storage.graph import SPLITS, Graph, GraphArtifact, write_graph
 from storage.partition import PartitionArtifact, concat_parts
 
@@ -66,7 +67,7 @@ def test_splits_are_deterministic_by_seed_and_homogeneous_graphs_split_alike():
     for v in range(0, 2000, 97):   # rows stay sorted by source
         nbrs = mp.indices[mp.indptr[v]:mp.indptr[v] + rows[v]]
         assert np.all(nbrs[1:] > nbrs[:-1])
-    with pytest.raises(ValueError, match="summing to 1"):
+    with pytest.raises(InputError, match=r"link_split=0.5,0.1,0.1: give train, valid, test fractions"):
         split_edges(graph, 0, (0.5, 0.1, 0.1), seed=0)
 
 

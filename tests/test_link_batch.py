@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.train.link_batch import link_seeds
+from stages.runtime.link_batch import link_seeds
 
 
 def test_pairs_are_positions_among_distinct_seeds():

@@ -6,22 +6,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stages.train.link_decoders import MLPDecoder, link_loss, make_decoder
+from stages.train.link_decoders import MLPDecoder, link_loss
+from stages.train.plugins import make_decoder
+from storage.errors import InputError
 
 
 def test_decoders_score_pairs_symmetrically():
     gen = torch.Generator().manual_seed(0)
     h_u, h_v = torch.randn(5, 8, generator=gen), torch.randn(5, 8, generator=gen)
-    dot = make_decoder("dot", 8)
+    dot = make_decoder("dot", 8, 0.0)
     assert torch.allclose(dot(h_u, h_v), torch.einsum("nc,nc->n", h_u, h_v))
     torch.manual_seed(0)
-    mlp = make_decoder("mlp", 8)
+    mlp = make_decoder("mlp", 8, 0.0)
     assert isinstance(mlp, MLPDecoder) and mlp(h_u, h_v).shape == (5,)
     assert torch.allclose(mlp(h_u, h_v), mlp(h_v, h_u))   # the Hadamard product is symmetric
     mlp(h_u, h_v).sum().backward()
     assert all(p.grad is not None for p in mlp.parameters())
-    with pytest.raises(ValueError, match="unknown decoder 'cosine'; choose one of dot, mlp"):
-        make_decoder("cosine", 8)
+    with pytest.raises(InputError, match="has no 'cosine'"):
+        make_decoder("stages.train.link_decoders:cosine", 8, 0.0)
+
+
+def test_a_plugin_decoder_is_built_with_the_embedding_width():
+    decoder = make_decoder("examples.link_decoder:bilinear", 8, 0.0)
+    h_u, h_v = torch.randn(3, 8), torch.randn(3, 8)
+    assert decoder(h_u, h_v).shape == (3,)
+    assert decoder.weight.shape == (8, 8)
 
 
 def test_link_loss_weighs_each_side_as_a_mean():

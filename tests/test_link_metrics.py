@@ -6,7 +6,7 @@ import pytest
 import torch
 from ogb.linkproppred import Evaluator
 
-from stages.train.link_metrics import RankSums, auc, global_kth_negative, hits_at_k, ogb_rank
+from stages.train.link_metrics import RankSums, auc, global_kth_negative, hits_at_k, ogb_rank, pair_auc
 from tests._link_worker import WORLD_SIZE, K, scores, worker
 from tests._spawn import spawn_ranks
 
@@ -37,6 +37,20 @@ def test_auc_counts_tied_pairs_half():
     pairs = (pos[:, None] > flat[None, :]).double() + 0.5 * (pos[:, None] == flat[None, :]).double()
     assert auc(pos, flat) == pytest.approx(float(pairs.mean()), abs=1e-12)
     assert auc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0 and auc(torch.tensor([]), flat) is None
+
+
+def test_filtered_negatives_count_in_no_rank_and_pair_auc_is_the_compared_pairs():
+    pos, neg = torch.tensor([1.0, 0.0]), torch.tensor([[2.0, 0.5, 1.0], [3.0, -1.0, 0.0]])
+    mask = torch.tensor([[False, True, True], [True, True, False]])
+    assert ogb_rank(pos, neg, mask).tolist() == [1.5, 2.0]   # [2.0] and [0.0] filtered out
+    assert ogb_rank(pos, neg[:, [1, 2]]).tolist()[0] == 1.5   # as if the filtered negatives had not been drawn
+    assert pair_auc(pos, neg, mask).tolist() == [0.75, 0.5]
+    assert pair_auc(pos, neg, torch.zeros_like(mask)).tolist() == [1.0, 1.0]   # nothing compared: no loss
+    sums = RankSums.of(pos, neg, mask)
+    assert RankSums.from_list(sums.as_list()) == sums and sums.means()["auc"] == pytest.approx(0.625)
+    flat_pos, flat_neg = torch.randn(50), torch.randn(50, 1)
+    assert float(pair_auc(flat_pos, flat_neg).mean()) == pytest.approx(
+        float(((flat_pos > flat_neg[:, 0]).double()).mean()))
 
 
 def test_two_ranks_sum_to_one_process(tmp_path):

@@ -43,7 +43,7 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("model", "examples.custom_model", "unknown model"),                        # no :factory
     ("model", "examples/custom_model.py:build", "unknown model"),
     ("model", "no_such_pkg.models:build", "module no_such_pkg.models not found on the Python path"),
-    ("loss", "mse", "invalid parameter loss='mse': unknown loss; expected cross_entropy, or an import path"),
+    ("loss", "mse", "invalid parameter loss='mse': unknown loss; expected auto, cross_entropy, bce, or an import path"),
     ("loss", "examples.nothing_here:f", "module examples.nothing_here not found"),
 ])
 def test_a_bad_plugin_name_is_one_input_error_at_config_time(field: str, value: str, message: str):
@@ -161,8 +161,9 @@ def test_losses_builtin_and_plugin():
 def test_node_classification_task():
     labels = torch.tensor([2, 0, 1, 1])
     task = NodeClassification(lambda seed: labels[seed], {"train": torch.tensor([0, 1])})
-    assert torch.equal(task.seeds("train"), torch.tensor([0, 1])) and torch.equal(task.labels(torch.tensor([3])),
-                                                                                   torch.tensor([1]))
+    seed_gid, target = task.batch(torch.tensor([3]), training=True)
+    assert torch.equal(task.seeds("train"), torch.tensor([0, 1])) and torch.equal(target, torch.tensor([1]))
+    assert torch.equal(seed_gid, torch.tensor([3])) and task.size(target) == 1
     out = torch.tensor([[0.0, 0.0, 5.0], [0.0, 5.0, 0.0], [0.0, 5.0, 0.0]], requires_grad=True)
     y = torch.tensor([2, 0, 1])
     assert task.metric_sums(out, y) == [2.0, 3.0] and task.metric([2.0, 3.0]) == pytest.approx(2 / 3)

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.schema import EdgeType
 
@@ -45,12 +46,18 @@ def reverse_type(graph: Graph, edge_type: int) -> int | None:
     return next((graph.schema.edge_types.index(c) for c in candidates if c in graph.schema.edge_types), None)
 
 
+def check_link_split(fractions: tuple[float, float, float]) -> None:
+    """Three non-negative fractions summing to 1, with some training edges (InputError otherwise)."""
+    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0 or fractions[0] <= 0:
+        raise InputError(f"link_split={','.join(map(str, fractions))}: give train, valid, test fractions, "
+                         f"non-negative, summing to 1, with train > 0 (e.g. 0.85,0.05,0.10)")
+
+
 def split_edges(graph: Graph, edge_type: int, fractions: tuple[float, float, float], seed: int
                 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """``(message-passing graph, {split: int64 [2, E_split] (src, dst) orig ids})`` (module docstring); the graph
     carries the splits too (``Graph.edge_splits``, written by ``storage.graph.write_graph``)."""
-    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
-        raise ValueError(f"edge split fractions {fractions}: three non-negative numbers summing to 1")
+    check_link_split(fractions)
     et: EdgeType = graph.schema.edge_types[edge_type]
     entry, src, dst = edge_entries(graph, edge_type)
     symmetric = et.src == et.dst and not graph.directed

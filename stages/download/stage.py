@@ -12,13 +12,15 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from stages.choices import TYPED_OGB_DATASETS, Dataset
+from stages.choices import LINK_DATASETS, TYPED_OGB_DATASETS, Dataset, TaskName
 from stages.download.canonical import check_classes, check_finite
+from stages.download.edge_split import check_link_split, split_edges
 from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero
 from stages.download.typed_files import is_typed_dir, load_typed_files
 from stages.meter import measure
 from stages.params import Seed, StageParams, runtime
+from stages.runtime.fanouts import match_edge_type
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
@@ -26,14 +28,22 @@ from storage.schema import GraphSchema
 
 NAME = "download"
 VERSION = 2   # 2: typed graphs (graph.zarr holds a schema, x per node type, one CSR row per node and edge type)
+LINK_FIELDS = ("task", "link_split", "link_edge_type")   # in the key only for task=link: node keys as before
 UPSTREAM: tuple[str, ...] = ()
 
 
 class Params(StageParams):
     """What defines the dataset; ``key_params`` keeps only the fields that matter for the chosen one."""
 
-    dataset: Dataset = Field("synthetic", description="synthetic or synthetic-hetero (MAG-like, typed; no "
-                                                      "network), an OGB node dataset, or files")
+    dataset: Dataset = Field("synthetic", description="synthetic, synthetic-hetero (MAG-like, typed) or "
+                                                      "synthetic-link (task=link; no network), an OGB node "
+                                                      "dataset, or files")
+    task: TaskName = Field("node", description="link: hold out link_split's valid/test edges of link_edge_type "
+                                               "from the graph the samplers see (the train stage's task=link)")
+    link_split: tuple[float, float, float] = Field((0.85, 0.05, 0.10), description="task=link: train, valid, "
+                                                   "test fractions of link_edge_type's edges (split with seed)")
+    link_edge_type: str | None = Field(None, description="task=link on a typed graph: the edge type to predict "
+                                                         "(src___rel___dst or a unique relation name)")
     num_nodes: int = Field(100_000, ge=2, description="synthetic: nodes (synthetic-hetero: of all types, in "
                                                       "ogbn-mag's shares)")
     avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
@@ -53,9 +63,14 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _check(self) -> Params:
+        if self.dataset in LINK_DATASETS and self.task != "link":
+            raise InputError(f"dataset {self.dataset} is made for link prediction: set task=link (the pipeline's "
+                             f"task sets it in download, hotness and train)")
+        if self.task == "link":
+            check_link_split(self.link_split)
         if self.dataset == "files" and not self.path:
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
-        if self.dataset == "synthetic":
+        if self.dataset in ("synthetic", "synthetic-link"):
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
         if self.dataset == "synthetic-hetero":
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
@@ -63,8 +78,15 @@ class Params(StageParams):
         return self
 
     def key_params(self) -> dict[str, Any]:
-        """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download."""
-        if self.dataset in ("synthetic", "synthetic-hetero"):
+        """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download; the
+        link split's only for task=link (with the seed it is drawn with)."""
+        out = self._dataset_key()
+        if self.task == "link":
+            out |= self.model_dump(mode="json", include=set(LINK_FIELDS) | {"seed"})
+        return out
+
+    def _dataset_key(self) -> dict[str, Any]:
+        if self.dataset in ("synthetic", "synthetic-hetero", "synthetic-link"):
             typed = {"add_reverse"} if self.dataset == "synthetic-hetero" else set()
             return self.model_dump(mode="json", include={"dataset", "num_nodes", "avg_degree", "num_features",
                                                          "num_classes", "seed", "split"} | typed)
@@ -92,7 +114,25 @@ def files_fingerprint(directory: str) -> str:
 
 
 def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
-    """The dataset as a validated ``Graph``: every source refuses non-finite features (``check_finite``)."""
+    """The dataset as a validated ``Graph`` (every source refuses non-finite features, ``check_finite``); for
+    task=link its message-passing graph with the edge splits (``stages.download.edge_split``)."""
+    graph = load_dataset(params, download_dir=download_dir, progress=progress)
+    if params.task != "link":
+        return graph
+    names = [e.as_tuple() for e in graph.schema.edge_types]
+    if params.link_edge_type is None and len(names) > 1:
+        raise InputError(f"task=link on a typed graph: set link_edge_type to the edge type to predict (one of "
+                         f"{', '.join(e.key for e in graph.schema.edge_types)})")
+    try:
+        edge_type = 0 if params.link_edge_type is None else match_edge_type(params.link_edge_type, names,
+                                                                            "link_edge_type")
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return split_edges(graph, edge_type, params.link_split, params.seed)[0]
+
+
+def load_dataset(params: Params, *, download_dir: str, progress: bool) -> Graph:
+    """The dataset as it comes, validated."""
     if params.dataset == "files":
         from stages.download.files_source import load_files
 
@@ -104,7 +144,7 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
         return generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
                                          params.num_classes, params.seed, split=params.split,
                                          add_reverse=params.add_reverse)
-    if params.dataset == "synthetic":
+    if params.dataset in ("synthetic", "synthetic-link"):
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
                                    params.seed, split=params.split, progress=progress)
     else:

@@ -6,16 +6,27 @@ a power-law graph) ranks better and runs on CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from stages.runtime.link_batch import link_seeds
+from stages.runtime.negatives import NegativeDraws
 from stages.runtime.sampler import NeighborSampler, iter_seed_batches
 from storage.progress import progress as tqdm
 
+SeedsOf = Callable[[Tensor, torch.Generator], Tensor]   # a batch of items -> the gids it samples around
+
 
 def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,
-                   generator: torch.Generator, desc: str = "pre-sample", progress: bool = False) -> Tensor:
+                   generator: torch.Generator, desc: str = "pre-sample", progress: bool = False,
+                   seeds_of: SeedsOf | None = None, limit: int | None = None) -> Tensor:
     """int64 [N]: in how many batches' ``n_id`` each gid appeared, over ``epochs`` shuffled epochs.
+
+    ``seed_gid`` are the items training batches (node gids); ``seeds_of`` maps a batch of other items to the gids
+    to sample (link prediction: positive edges' ends and their negatives, ``link_seeds_of``); ``limit``: an epoch
+    is the first so many of the shuffled items (as training's ``edges_per_epoch``).
 
     ``generator`` draws the neighbours as well as the shuffles: a plan is reproducible from the stage's seed (the
     draws came from torch's global generator until the golden test of the homogeneous artifacts caught two runs
@@ -23,19 +34,30 @@ def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: in
     previous, sampler.generator = sampler.generator, generator
     try:
         return _count(sampler, seed_gid, batch_size=batch_size, epochs=epochs, generator=generator, desc=desc,
-                      progress=progress)
+                      progress=progress, seeds_of=seeds_of, limit=limit)
     finally:
         sampler.generator = previous
 
 
 def _count(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,
-           generator: torch.Generator, desc: str, progress: bool) -> Tensor:
+           generator: torch.Generator, desc: str, progress: bool, seeds_of: SeedsOf | None,
+           limit: int | None) -> Tensor:
     count_gid = torch.zeros(sampler.num_nodes, dtype=torch.long)
-    num_batches = epochs * -(-seed_gid.numel() // batch_size)
+    num_batches = epochs * -(-seed_gid[:limit].numel() // batch_size)
     with tqdm(total=num_batches, desc=desc, unit="batch", disable=not progress, leave=False) as bar:
         for _ in range(epochs):
-            for batch_gid in iter_seed_batches(seed_gid, batch_size, generator=generator):
-                n_id = sampler.sample(batch_gid).n_id
+            for item in iter_seed_batches(seed_gid, batch_size, generator=generator, limit=limit):
+                n_id = sampler.sample(item if seeds_of is None else seeds_of(item, generator)).n_id
                 count_gid.index_add_(0, n_id, torch.ones_like(n_id))
                 bar.update()
     return count_gid
+
+
+def link_seeds_of(edge_gid: Tensor, draws: NegativeDraws, num_negatives: int) -> SeedsOf:
+    """The ``SeedsOf`` of link prediction's training batches: items are positions in ``edge_gid`` ([2, E] (src,
+    dst) positives); each batch samples around its positives' ends and ``num_negatives`` uniform negative
+    destinations per positive (drawn as the trainer draws them, ``stages.train.link_task``)."""
+    def seeds_of(item: Tensor, generator: torch.Generator) -> Tensor:
+        src_gid, dst_gid = edge_gid[:, item]
+        return link_seeds(src_gid, dst_gid, draws.draw((int(item.numel()), num_negatives), generator)).seed_gid
+    return seeds_of

@@ -12,26 +12,30 @@ its hit rate measured on one more, independently drawn epoch, so the reported fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import Field
 
+from stages.choices import TaskName
 from stages.hotness import plan as planning
 from stages.meter import measure
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
-from storage import ArtifactStore, Manifest, StageWriter
+from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.hotness import CURVE_PNG, CachePlan, write_curves, write_plan
 from storage.partition import PartitionArtifact, concat_parts
 from storage.report import Report, markdown_table
+from storage.schema import EdgeType
 
 if TYPE_CHECKING:
     import torch
 
+    from stages.hotness.counting import SeedsOf
     from stages.runtime.sampler import NeighborSampler
 
 NAME = "hotness"
@@ -50,6 +54,18 @@ class Params(StageParams):
                                                                    "over cache_ratio")
     cache_ratio: float = Field(0.2, ge=0, description="cache rows per rank, as a fraction of its partition")
     seed: Seed = Field(0, description="pre-sampling seed")
+    task: TaskName = Field("node", description="the training task: link pre-samples from positive edges and their "
+                                               "negatives")
+    num_negatives: int = Field(1, ge=1, description="task=link: negatives per positive; the training one")
+    edges_per_epoch: int | None = Field(65_536, ge=1, description="task=link: positives an epoch trains on, over "
+                                                                  "all partitions; the training one")
+
+    def key_params(self) -> dict[str, Any]:
+        """Every field; the link ones only for task=link (node keys as before)."""
+        out = super().key_params()
+        if self.task == "node":
+            del out["task"], out["num_negatives"], out["edges_per_epoch"]
+        return out
 
 
 
@@ -97,9 +113,11 @@ class _RowCosts:
 
 
 def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
-                    deg_order: np.ndarray, lo: int, hi: int, costs: _RowCosts, params: Params, progress: bool
+                    deg_order: np.ndarray, lo: int, hi: int, costs: _RowCosts, params: Params, progress: bool,
+                    seeds_of: SeedsOf | None = None, limit: int | None = None
                     ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
-    """``deg_order``: the degree baseline's ranking of the cacheable gids, the same for every partition."""
+    """``deg_order``: the degree baseline's ranking of the cacheable gids, the same for every partition;
+    ``train_gid``: the training items (node gids; with ``seeds_of``, positions of positive edges)."""
     import torch
 
     from stages.hotness.counting import count_requests
@@ -109,11 +127,12 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     fit_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_FIT))
     eval_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_EVAL))
     requests = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
-                              generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress).numpy()
+                              generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress,
+                              seeds_of=seeds_of, limit=limit).numpy()
     fit = costs.lookups(requests)
     held_out = costs.lookups(count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1,
                                             generator=eval_gen, desc=f"hotness: evaluate part {p}",
-                                            progress=progress).numpy())
+                                            progress=progress, seeds_of=seeds_of, limit=limit).numpy())
     hot_order = costs.cacheable(planning.hotness_order(fit, in_degree_gid))
     budget = costs.budget(params, hot_order, lo, hi)
     plan_gid = hot_order[: budget.rows]
@@ -140,6 +159,38 @@ def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, i
     return plan, row, curve
 
 
+def _train_items(params: Params, partition: PartitionArtifact, features: FeaturesArtifact, p: int
+                 ) -> tuple[torch.Tensor, SeedsOf | None, int | None]:
+    """Partition p's training items, how a batch of them becomes sample seeds (None: they are the seeds) and how
+    many an epoch takes (None: all): its train nodes' gids, or for task=link the positions of its train positives
+    (``link_seeds_of``), its share of ``edges_per_epoch`` (as the train stage's ``rank_share``)."""
+    import torch
+
+    from stages.hotness.counting import link_seeds_of
+    from stages.runtime.negatives import NegativeDraws
+    from stages.runtime.typed_rows import TypeIndex
+
+    if params.task == "node":
+        train_gid = features.part(p, load_x=False).split_lids["train"] + int(partition.bounds()[p])
+        return torch.from_numpy(train_gid), None, None
+    key = partition.link_edge_type
+    if key is None:
+        raise InputError("hotness task=link needs a graph split for it: run the download stage with task=link too "
+                         "(set task=link for the whole pipeline)")
+    schema = partition.schema
+    if schema.is_homogeneous:
+        draws = NegativeDraws(schema.num_nodes)
+    else:
+        draws = NegativeDraws(schema.num_nodes, index=TypeIndex(partition.range_table()),
+                              node_type=schema.type_id(EdgeType.from_key(key).dst))
+    edge_gid = torch.from_numpy(partition.edge_split(p, "train"))
+    limit = None
+    if params.edges_per_epoch is not None:
+        total = sum(sizes["train"] for sizes in partition.manifest.summary["edge_split_sizes"])
+        limit = math.ceil(params.edges_per_epoch * edge_gid.shape[1] / total) if total else 0
+    return torch.arange(edge_gid.shape[1]), link_seeds_of(edge_gid, draws, params.num_negatives), limit
+
+
 def _row_costs(partition: PartitionArtifact, features: FeaturesArtifact) -> _RowCosts:
     schema = partition.schema
     if schema.is_homogeneous:
@@ -160,7 +211,6 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
     def body(writer: StageWriter) -> None:
         # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
-        import torch
 
         from stages.hotness.plot import hit_rate_png
         from stages.runtime.sampler import LocalCSR, NeighborSampler
@@ -177,10 +227,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             sampler = NeighborSampler(csr, fanouts)
             for p in range(num_parts):
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
-                split = features.part(p, load_x=False)
-                train_gid = torch.from_numpy(split.split_lids["train"] + lo)
-                plan, row, curve = _plan_partition(p, sampler, train_gid, in_degree_gid, deg_order, lo, hi,
-                                                   costs, params, progress)
+                train_items, seeds_of, limit = _train_items(params, partition, features, p)
+                plan, row, curve = _plan_partition(p, sampler, train_items, in_degree_gid, deg_order, lo, hi,
+                                                   costs, params, progress, seeds_of, limit)
                 write_plan(writer, plan)
                 rows.append(row)
                 curves.append(curve)

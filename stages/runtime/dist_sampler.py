@@ -109,16 +109,17 @@ def equal_batch_count(num_local_seeds: int, batch_size: int, group: dist.Process
 
 
 def iter_equal_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Generator | None = None,
-                            group: dist.ProcessGroup | None = None) -> Iterator[Tensor]:
-    """One epoch of this rank's shuffled ``train_gid`` in ``equal_batch_count`` batches (same on every rank).
+                            group: dist.ProcessGroup | None = None, limit: int | None = None) -> Iterator[Tensor]:
+    """One epoch of this rank's shuffled ``train_gid`` in ``equal_batch_count`` batches (same on every rank);
+    ``limit``: only the first so many of the shuffled seeds (a fresh sample of them every epoch).
 
     A rank with fewer batches pads with extra batches recycling its own shuffled seeds (cyclically, ``min(
     batch_size, n)`` per batch, so seeds stay unique within a batch); a rank with no seeds yields empty
     batches, which the samplers accept and still join every exchange with. The count collective runs once,
     when iteration starts.
     """
-    num_batches = equal_batch_count(train_gid.numel(), batch_size, group)
-    order_gid = shuffled(train_gid, generator)
+    order_gid = shuffled(train_gid, generator)[:limit]
+    num_batches = equal_batch_count(order_gid.numel(), batch_size, group)
     num_seeds = order_gid.numel()
     for b in range(num_batches):
         lo = b * batch_size

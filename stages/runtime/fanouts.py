@@ -73,21 +73,26 @@ def hop_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[int]
     ValueError (one line) for a name the graph does not have or a length other than ``len(fanouts)``."""
     if not edge_fanouts:
         return list(fanouts)
-    keys = [KEY_SEPARATOR.join(e) for e in edge_types]
-    rels = [e[1] for e in edge_types]
     chosen: dict[int, Sequence[int]] = {}
     for name, per_hop in edge_fanouts.items():
-        matches = [i for i, k in enumerate(keys) if k == name] or [i for i, r in enumerate(rels) if r == name]
-        if len(matches) != 1:
-            what = "no" if not matches else "more than one"
-            raise ValueError(f"edge_fanouts names {name!r}: {what} edge type of this graph has that key or relation "
-                             f"(its edge types: {', '.join(keys)})")
         if len(per_hop) != len(fanouts):
             raise ValueError(f"edge_fanouts[{name!r}] has {len(per_hop)} values, fanouts {len(fanouts)}: give one per "
                              f"hop")
-        chosen[matches[0]] = per_hop
-    return [tuple(int(chosen[e][h]) if e in chosen else int(fanouts[h]) for e in range(len(keys)))
+        chosen[match_edge_type(name, edge_types, "edge_fanouts")] = per_hop
+    return [tuple(int(chosen[e][h]) if e in chosen else int(fanouts[h]) for e in range(len(edge_types)))
             for h in range(len(fanouts))]
+
+
+def match_edge_type(name: str, edge_types: Sequence[tuple[str, str, str]], what: str) -> int:
+    """The position of the edge type ``name`` names (its ``src___rel___dst`` key, or its relation where that is
+    unique); ValueError (one line, ``what`` names the setting) otherwise."""
+    keys = [KEY_SEPARATOR.join(e) for e in edge_types]
+    matches = [i for i, k in enumerate(keys) if k == name] or [i for i, e in enumerate(edge_types) if e[1] == name]
+    if len(matches) != 1:
+        found = "no" if not matches else "more than one"
+        raise ValueError(f"{what} names {name!r}: {found} edge type of this graph has that key or relation (its edge "
+                         f"types: {', '.join(keys)})")
+    return matches[0]
 
 
 def graph_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[int]],

@@ -348,11 +348,12 @@ def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:
 
 
 def iter_seed_batches(train_gid: Tensor, batch_size: int, *, generator: torch.Generator | None = None,
-                      drop_last: bool = False) -> Iterator[Tensor]:
-    """One epoch: ``train_gid`` reshuffled with ``generator``, cut into batches (the last may be short)."""
+                      drop_last: bool = False, limit: int | None = None) -> Iterator[Tensor]:
+    """One epoch: ``train_gid`` reshuffled with ``generator`` (its first ``limit``), cut into batches (the last may
+    be short)."""
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
-    order_gid = shuffled(train_gid, generator)
+    order_gid = shuffled(train_gid, generator)[:limit]
     stop = order_gid.numel() - (order_gid.numel() % batch_size if drop_last else 0)
     for lo in range(0, stop, batch_size):
         yield order_gid[lo:lo + batch_size]

@@ -15,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-DECODERS = ("dot", "mlp")
-
 
 class DotDecoder(torch.nn.Module):
     def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
@@ -39,14 +37,6 @@ class MLPDecoder(torch.nn.Module):
         for lin in self.lins[:-1]:
             h = F.dropout(F.relu(lin(h)), self.dropout, self.training)
         return self.lins[-1](h).squeeze(-1)
-
-
-def make_decoder(kind: str, channels: int, dropout: float = 0.0) -> torch.nn.Module:
-    if kind == "dot":
-        return DotDecoder()
-    if kind == "mlp":
-        return MLPDecoder(channels, dropout=dropout)
-    raise ValueError(f"unknown decoder {kind!r}; choose one of {', '.join(DECODERS)}")
 
 
 def link_loss(pos_score: Tensor, neg_score: Tensor) -> Tensor:

@@ -27,10 +27,25 @@ from stages.runtime.sums import FieldSums
 from stages.train.stats import all_reduce_f64
 
 
-def ogb_rank(pos: Tensor, neg: Tensor) -> Tensor:
-    """float [n]: each positive's rank among its own negatives ``neg`` [n, k] (module docstring)."""
+def ogb_rank(pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> Tensor:
+    """float [n]: each positive's rank among its own negatives ``neg`` [n, k] (module docstring); ``neg_mask``
+    [n, k]: the negatives that count (filtered ones do not)."""
     pos = pos.view(-1, 1)
-    return 0.5 * ((neg > pos).sum(1) + (neg >= pos).sum(1)).to(torch.float32) + 1
+    above, at_least = neg > pos, neg >= pos
+    if neg_mask is not None:
+        above, at_least = above & neg_mask, at_least & neg_mask
+    return 0.5 * (above.sum(1) + at_least.sum(1)).to(torch.float32) + 1
+
+
+def pair_auc(pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> Tensor:
+    """float [n]: the share of each positive's own (counted) negatives that score below it, ties half: the AUC of
+    the pairs the per-positive protocol compares, whose mean over positives is additive across ranks (the AUC of
+    all positives against all negatives is not: ``auc``). 1 for a positive without a counted negative."""
+    pos = pos.view(-1, 1)
+    mask = torch.ones_like(neg, dtype=torch.bool) if neg_mask is None else neg_mask
+    below = ((neg < pos) & mask).sum(1) + 0.5 * ((neg == pos) & mask).sum(1)
+    counted = mask.sum(1)
+    return torch.where(counted > 0, below / counted.clamp(min=1), torch.ones_like(below, dtype=torch.float32))
 
 
 @dataclass
@@ -42,25 +57,36 @@ class RankSums(FieldSums):
     hits_3: float = 0.0
     hits_10: float = 0.0
     count: int = 0
+    pair_auc: float = 0.0
 
     @classmethod
-    def of(cls, pos: Tensor, neg: Tensor) -> RankSums:
-        rank = ogb_rank(pos, neg)
+    def of(cls, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> RankSums:
+        pos, neg = pos.detach().float(), neg.detach().float()
+        rank = ogb_rank(pos, neg, neg_mask)
         return cls(float((1.0 / rank).sum()), float((rank <= 1).sum()), float((rank <= 3).sum()),
-                   float((rank <= 10).sum()), int(rank.numel()))
+                   float((rank <= 10).sum()), int(rank.numel()), float(pair_auc(pos, neg, neg_mask).sum()))
+
+    def as_list(self) -> list[float]:
+        """The sums in field order (the ``Task``'s ``metric_sums``; ``from_list`` reads them back)."""
+        return [self.reciprocal_rank, self.hits_1, self.hits_3, self.hits_10, float(self.count), self.pair_auc]
+
+    @classmethod
+    def from_list(cls, values: list[float] | tuple[float, ...]) -> RankSums:
+        rr, h1, h3, h10, count, auc_sum = values
+        return cls(rr, h1, h3, h10, int(count), auc_sum)
 
     def all_reduce(self) -> RankSums:
         """Every rank's sums added (a collective: one SUM all-reduce of float64)."""
-        rr, h1, h3, h10, count = all_reduce_f64([self.reciprocal_rank, self.hits_1, self.hits_3, self.hits_10,
-                                                 float(self.count)])
-        return RankSums(rr, h1, h3, h10, int(count))
+        return RankSums.from_list(all_reduce_f64(self.as_list()))
 
     def means(self) -> dict[str, float | None]:
-        """``mrr``, ``hits@1``, ``hits@3``, ``hits@10`` (None without positives)."""
+        """``mrr``, ``hits@1``, ``hits@3``, ``hits@10``, ``auc`` (of the compared pairs, ``pair_auc``); None
+        without positives."""
         if self.count == 0:
-            return {"mrr": None, "hits@1": None, "hits@3": None, "hits@10": None}
+            return {"mrr": None, "hits@1": None, "hits@3": None, "hits@10": None, "auc": None}
         return {"mrr": self.reciprocal_rank / self.count, "hits@1": self.hits_1 / self.count,
-                "hits@3": self.hits_3 / self.count, "hits@10": self.hits_10 / self.count}
+                "hits@3": self.hits_3 / self.count, "hits@10": self.hits_10 / self.count,
+                "auc": self.pair_auc / self.count}
 
 
 def global_kth_negative(neg: Tensor, k: int, group: dist.ProcessGroup | None = None) -> float | None:

@@ -34,7 +34,9 @@ class NodeLoader:
     """Batches of one rank's own nodes: seeds (shuffled by ``shuffle_gen``), sampled with ``sampler_gen``."""
 
     def __init__(self, data: RankData, fanouts: Sequence[Fanout], batch_size: int, *, shuffle_gen: torch.Generator,
-                 sampler_gen: torch.Generator) -> None:
+                 sampler_gen: torch.Generator, epoch_items: int | None = None) -> None:
+        """``epoch_items``: train on only so many of this rank's train items an epoch, a fresh shuffled sample of
+        them each epoch (None: all)."""
         self.split_gid, self.batch_size, self.shuffle_gen = data.split_gid, batch_size, shuffle_gen
         self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen)
         self.degrees = data.degrees
@@ -44,7 +46,10 @@ class NodeLoader:
         self.features = data.features                        # rows in the store's dtype, on the device
         self.label_of: LabelOf = data.label_of               # seed gids -> labels on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
-        self.num_real_train_batches = math.ceil(self.split_gid["train"].numel() / batch_size)
+        self.epoch_items = epoch_items
+        num_train = self.split_gid["train"].numel()
+        epoch_train = num_train if epoch_items is None else min(num_train, epoch_items)
+        self.num_real_train_batches = math.ceil(epoch_train / batch_size)
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
@@ -79,8 +84,10 @@ class NodeLoader:
             self.features.step_embeddings()
 
     def train_batches(self) -> Iterator[Tensor]:
-        """One epoch of this rank's shuffled train seed gids, ``equal_batch_count`` batches (padding last)."""
-        return iter_equal_seed_batches(self.split_gid["train"], self.batch_size, generator=self.shuffle_gen)
+        """One epoch of this rank's shuffled train items (``epoch_items`` of them), ``equal_batch_count`` batches
+        (padding last)."""
+        return iter_equal_seed_batches(self.split_gid["train"], self.batch_size, generator=self.shuffle_gen,
+                                       limit=self.epoch_items)
 
     def eval_batches(self, split: str) -> list[Tensor]:
         """The split's own nodes in order, then empty batches up to the largest rank's count."""

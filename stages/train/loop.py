@@ -1,9 +1,10 @@
 """One training epoch and one evaluation pass over sampled batches, shared by the ``Trainer`` and the benchmark.
 
-Nothing here knows about ranks or about the task: the caller hands in the seed batches (equal counts on every rank
-for DDP), the two callables of the seam below (``stages.train.loader.NodeLoader`` holds a rank's: its distributed
-sampler, and the feature path of cache, store and remote owners) and the ``Task`` (``stages.train.tasks``: labels,
-outputs, loss, metric sums); sums come back for it to all-reduce (``stats``).
+Nothing here knows about ranks or about the task: the caller hands in the batches of the task's items (node
+gids, or positions of positive edges; equal counts on every rank for DDP), the two callables of the seam below
+(``stages.train.loader.NodeLoader`` holds a rank's: its distributed sampler, and the feature path of cache, store
+and remote owners) and the ``Task`` (``stages.train.tasks``: a batch's seed nodes and targets, outputs, loss, metric
+sums); sums come back for it to all-reduce (``stats``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from stages.train.tasks import Task
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
 # n_id gids -> [len, F] feature rows on the training device; a typed graph's per node type
 GatherRows = Callable[[Tensor], Tensor | dict[str, Tensor]]
-LabelOf = Callable[[Tensor], Tensor]       # seed gids -> int64 labels on the training device
+LabelOf = Callable[[Tensor], Tensor]       # seed gids -> int64 labels on the training device (``NodeClassification``)
 OnBatch = Callable[[int], None]            # called with the batch index before each batch
 CheckLoss = Callable[[int, Tensor], None]  # (batch index, loss) before the backward pass; raises to stop
 
@@ -32,7 +33,7 @@ class EpochSums:
 
     loss_sum: float = 0.0
     metric_sums: list[float] = field(default_factory=list)   # the task's, over the same seeds (``Task.sum_names``)
-    seeds: int = 0
+    seeds: int = 0            # what the loss is a mean over (``Task.size``: seed nodes, positive edges)
     batches: int = 0          # all batches run, padding included
     sampled_edges: int = 0    # all batches
     wall_s: float = 0.0
@@ -65,13 +66,13 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
     start = time.perf_counter()
-    for b, seed_gid in enumerate(seed_batches):
+    for b, item in enumerate(seed_batches):
         if on_batch is not None:
             on_batch(b)
+        seed_gid, y = task.batch(item, training=True)
         batch = sample(seed_gid)
         x = _rows(gather_rows, batch.n_id)
-        y = task.labels(seed_gid)
-        out = task.forward(model, x, batch)
+        out = task.forward(model, x, batch, y)
         loss = task.loss(out, y)
         if check_loss is not None:
             check_loss(b, loss)
@@ -83,9 +84,9 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
         sums.batches += 1
         sums.sampled_edges += int(batch.edge_index.shape[1])
         if b < num_real_batches:
-            sums.loss_sum += float(loss.detach()) * y.numel()
+            sums.loss_sum += float(loss.detach()) * task.size(y)
             sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
-            sums.seeds += int(y.numel())
+            sums.seeds += task.size(y)
     _sync(device)
     sums.wall_s = time.perf_counter() - start
     return sums
@@ -99,11 +100,12 @@ def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sa
     outside DDP's backward."""
     model.eval()
     sums = [0.0] * len(task.sum_names)
-    for seed_gid in seed_batches:
+    for item in seed_batches:
+        seed_gid, y = task.batch(item, training=False)   # a collective for some tasks (filtered negatives)
         batch = sample(seed_gid)
         x = _rows(gather_rows, batch.n_id)
-        if seed_gid.numel() == 0:
+        if task.size(y) == 0:
             continue
-        out = task.forward(model, x, batch)
-        sums = [s + t for s, t in zip(sums, task.metric_sums(out, task.labels(seed_gid)))]
+        out = task.forward(model, x, batch, y)
+        sums = [s + t for s, t in zip(sums, task.metric_sums(out, y))]
     return sums

@@ -6,11 +6,13 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.choices import LOSSES, MODEL_CHOICES, CachePolicyName, Device, LrSchedule, Precision
+from stages.choices import DECODERS, LOSSES, MODEL_CHOICES, CachePolicyName, Device, LrSchedule, Precision, TaskName
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
 from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
 from storage.errors import InputError
+
+LINK_FIELDS = ("task", "decoder", "num_negatives", "eval_negatives", "filter_negatives", "edges_per_epoch")
 
 
 class Params(StageParams):
@@ -25,9 +27,28 @@ class Params(StageParams):
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for the model's "
                                                                            "factory or built-in constructor",
                                          json_schema_extra={FORM: "a mapping, e.g. {aggr: max}"})
-    loss: str = Field("cross_entropy", description="cross_entropy, or a function package.module:name (logits, y) -> "
-                                                   "the batch's mean loss",
+    task: TaskName = Field("node", description="node: a class per node; link: whether an edge of link_edge_type "
+                                               "exists (the download stage holds out its valid/test edges)")
+    loss: str = Field("auto", description="auto (cross_entropy for task=node, bce for task=link), or a function "
+                                          "package.module:name (logits, y) -> the batch's mean loss; task=link: "
+                                          "(positive scores [B], negative scores [n]) -> it",
                       json_schema_extra={FORM: f"{', '.join(LOSSES)}, or an import path package.module:function"})
+    decoder: str = Field("dot", description="task=link: a pair's score from its two embeddings: dot, mlp (on their "
+                                            "Hadamard product, OGB's LinkPredictor), or a factory "
+                                            "package.module:name called with channels, returning a module "
+                                            "(h_src, h_dst) -> scores",
+                         json_schema_extra={FORM: f"{', '.join(DECODERS)}, or an import path package.module:factory"})
+    num_negatives: int = Field(1, ge=1, description="task=link: uniform negative destinations drawn per training "
+                                                    "positive")
+    eval_negatives: int = Field(100, ge=1, description="task=link: uniform negatives each valid/test positive is "
+                                                       "ranked against (MRR, Hits@K; ogbl-citation2 uses 1000), "
+                                                       "shared by the positives of a batch")
+    edges_per_epoch: int | None = Field(65_536, ge=1, description="task=link: positive edges an epoch trains on, "
+                                        "over all ranks: a fresh shuffled share of each rank's every epoch (null: "
+                                        "all; the default synthetic-link graph has ~850 000)")
+    filter_negatives: bool = Field(False, description="task=link: negatives that are real edges of the "
+                                                      "message-passing graph (or equal their positive) count in "
+                                                      "no loss or rank (one exchange more per batch)")
     hidden: int = Field(256, ge=1, description="hidden channels per layer")
     fanouts: Fanouts = Field((15, 10, 5), description="neighbours sampled per hop (-1 = all); the model has one "
                                                       "layer per hop")
@@ -81,19 +102,40 @@ class Params(StageParams):
     def _loss_is_known(cls, value: str) -> str:
         return check_ref(value, LOSSES, "loss")
 
+    @field_validator("decoder")
+    @classmethod
+    def _decoder_is_known(cls, value: str) -> str:
+        return check_ref(value, DECODERS, "decoder")
+
+    @property
+    def resolved_loss(self) -> str:
+        """``loss`` with ``auto`` as the task's built-in (cross_entropy, bce)."""
+        if self.loss != "auto":
+            return self.loss
+        return "bce" if self.task == "link" else "cross_entropy"
+
     def key_params(self) -> dict[str, Any]:
         """The fields that define the artifact, plus a digest of plug-in code (an edit retrains,
         ``stages.train.plugin_code``); the step schedule's settings only when that schedule is used."""
         out = super().key_params()
         if self.lr_schedule != "step":
             del out["lr_step_epochs"], out["lr_gamma"]
-        for field in ("model", "loss"):
+        out["loss"] = self.resolved_loss   # auto and its built-in are one artifact (node keys as before auto)
+        if self.task == "node":   # the link settings do not touch a node model (and node keys stay as they were)
+            for field in LINK_FIELDS:
+                del out[field]
+        for field in ("model", "loss", "decoder"):
+            if field not in out:
+                continue
             if is_import_path(out[field]):
                 out[f"{field}_code"] = source_digest(out[field])
         return out
 
     @model_validator(mode="after")
     def _check(self) -> Params:
+        if self.resolved_loss in LOSSES and self.resolved_loss != ("bce" if self.task == "link" else "cross_entropy"):
+            raise InputError(f"loss={self.loss} is not a task={self.task} loss: use auto (or "
+                             f"{'bce' if self.task == 'link' else 'cross_entropy'})")
         if self.model in ("gat", "rgat", "hgt") and self.hidden % self.gat_heads:
             raise InputError(f"hidden={self.hidden} must be a multiple of gat_heads={self.gat_heads} "
                              f"({self.model} splits hidden among its heads)")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stages.choices import LOSSES, MODELS
+from stages.choices import DECODERS, LOSSES, MODELS
 from storage.errors import InputError
 
 if TYPE_CHECKING:
@@ -154,12 +154,36 @@ def takes_metadata(factory: Callable[..., Any]) -> bool:
 
 
 def make_loss(ref: str) -> Callable[[Any, Any], Any]:
-    """The loss function ``(logits, y) -> 0-d tensor`` named by ``ref``."""
+    """The loss function named by ``ref`` (a resolved name: ``Params.resolved_loss``): ``(logits, y) -> 0-d
+    tensor`` for node classification, ``(positive scores, negative scores) -> 0-d tensor`` for link prediction."""
     import torch.nn.functional as F
 
+    from stages.train.link_decoders import link_loss
+
     if ref in LOSSES:
-        return {"cross_entropy": F.cross_entropy}[ref]
+        builtins: dict[str, Callable[[Any, Any], Any]] = {"cross_entropy": F.cross_entropy, "bce": link_loss}
+        return builtins[ref]
     fn = load(ref, "loss")
     if not callable(fn):
-        raise InputError(f"loss {ref} is a {type(fn).__name__}, not a function (logits, y) -> tensor")
+        raise InputError(f"loss {ref} is a {type(fn).__name__}, not a function (scores, targets) -> tensor")
     return fn
+
+
+def make_decoder(ref: str, channels: int, dropout: float) -> torch.nn.Module:
+    """Link prediction's pair scorer: a built-in (``stages.train.link_decoders``) or what the factory ``ref``
+    returns for ``channels`` (the embeddings' width): a module ``(h_src [.., D], h_dst [.., D]) -> scores [..]``."""
+    import torch
+
+    from stages.train.link_decoders import DotDecoder, MLPDecoder
+
+    if ref in DECODERS:
+        return DotDecoder() if ref == "dot" else MLPDecoder(channels, dropout=dropout)
+    factory = load(ref, "decoder")
+    try:
+        decoder = factory(channels=channels)
+    except TypeError as err:
+        raise InputError(f"decoder {ref}: calling it with channels failed: {err} (a decoder factory takes "
+                         f"channels=<embedding width> as a keyword)") from None
+    if not isinstance(decoder, torch.nn.Module):
+        raise InputError(f"decoder {ref} returned a {type(decoder).__name__}, not a torch.nn.Module")
+    return decoder

@@ -31,7 +31,26 @@ from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
-from storage.schema import GraphSchema
+from storage.schema import EdgeType, GraphSchema
+
+
+@dataclass(frozen=True)
+class LinkEdges:
+    """A rank's positives of link prediction's edge type: those whose destination it owns."""
+
+    edge_gid: dict[str, Tensor]   # SPLITS -> int64 [2, E] (src, dst) gids, on the device
+    edge_type: int                # the split edge type's id in the schema
+    dst_type: int                 # its destination's node type id (negatives are drawn among that type)
+
+    @classmethod
+    def open(cls, partition: PartitionArtifact, rank: int, device: torch.device) -> LinkEdges | None:
+        key = partition.link_edge_type
+        if key is None:
+            return None
+        schema = partition.schema
+        et = EdgeType.from_key(key)
+        return cls({s: torch.from_numpy(partition.edge_split(rank, s)).to(device) for s in SPLITS},
+                   schema.edge_type_id(et), schema.type_id(et.dst))
 
 
 @dataclass
@@ -52,6 +71,7 @@ class RankData:
     schema: GraphSchema           # the graph's node and edge types (a homogeneous graph: one of each)
     setup: dict[str, Any]         # this rank's row of ``metrics.json["ranks"]``
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
+    link: LinkEdges | None = None        # link prediction: this rank's positive edges (a graph split for it)
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
 
     @property
@@ -87,7 +107,7 @@ class RankData:
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
-                   schema=partition.schema)
+                   schema=partition.schema, link=LinkEdges.open(partition, rank, device))
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,

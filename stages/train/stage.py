@@ -158,6 +158,7 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
             "best_val_acc": metrics["best_val_acc"], "best_epoch": metrics["best_epoch"],
             "last_epoch": metrics["last_epoch"], "final_val_acc": metrics["final_val_acc"],
             "stopped_early": metrics["stopped_early"], "task": metrics["task"], "recipe": metrics["recipe"],
+            "test_metrics": metrics.get("test_metrics", {}),
             "num_partitions": num_partitions, "world_size": metrics["world_size"], "nodes": nnodes,
             "model": metrics["model"],
             "cache_policy": metrics["cache_policy"], "device": metrics["device"], "backend": metrics["backend"],
@@ -191,13 +192,18 @@ def report(manifest: Manifest) -> Report:
     nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
     stop = f", stopped early (patience {r['patience']})" if s["stopped_early"] else ""
     # an empty valid or test split has no accuracy: None in the summary, "n/a" here (never "0.00 %")
+    name = s["task"].get("metric", "accuracy")   # the task's selected metric: accuracy, or link prediction's mrr
+
+    def shown(value: float | None) -> str:
+        return percent(value) if name == "accuracy" or value is None else f"{value:.4f}"
+
     if s["best_val_acc"] is None:
         selected = f"(no validation split: the last epoch's model, epoch {s['best_epoch'] + 1})"
     else:
-        selected = f"at the best validation epoch {s['best_epoch'] + 1} (val {percent(s['best_val_acc'])})"
-    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test accuracy "
-                f"{percent(s['test_acc'])} {selected}; last epoch {s['last_epoch'] + 1}: test "
-                f"{percent(s['test_acc_last'])} | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
+        selected = f"at the best validation epoch {s['best_epoch'] + 1} (val {shown(s['best_val_acc'])})"
+    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test {name} "
+                f"{shown(s['test_acc'])} {selected}; last epoch {s['last_epoch'] + 1}: test "
+                f"{shown(s['test_acc_last'])} | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
                 f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
                 f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
     cols = ("epoch", "loss", "train_acc", "val_acc", "lr", "epoch_s", "sampled_edges_per_s", "hit_rate",
@@ -214,10 +220,26 @@ def report(manifest: Manifest) -> Report:
     inputs = (f"{m['in_channels']} features" if isinstance(m["in_channels"], int) else
               "a typed input (per node type below)")
     md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
-          f"{m['parameters']:,} parameters, {inputs} → {m['out_channels']} classes.{path} "
+          f"{m['parameters']:,} parameters, {inputs} → {_outputs(m)}.{path} "
           f"Task: {s['task']['name']}, {s['task']['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
           f"{r['patience']}. {published}; \"last epoch\" is the model after the last epoch trained.{resumed}\n\n"
-          f"### Per epoch\n\n{markdown_table(table)}\n\n"
+          f"{_test_metrics(s)}### Per epoch\n\n{markdown_table(table)}\n\n"
           f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(s)}")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})
+
+
+def _outputs(model: dict[str, Any]) -> str:
+    """What the model outputs: classes, or link prediction's embeddings and the decoder that scores pairs."""
+    if "decoder" in model:
+        return f"{model['out_channels']}-wide node embeddings, pairs scored by the {model['decoder']} decoder"
+    return f"{model['out_channels']} classes"
+
+
+def _test_metrics(s: dict[str, Any]) -> str:
+    """Every test metric of the published model, when the task has more than one (link prediction)."""
+    metrics = s.get("test_metrics", {})
+    if len(metrics) < 2:
+        return ""
+    row = {k: ("n/a" if v is None else round(v, 4)) for k, v in metrics.items()}
+    return f"### Test metrics of the published model\n\n{markdown_table([row])}\n\n"

@@ -78,9 +78,12 @@ class EpochStats:
         """The record of ``metrics.json``: JSON-ready, a metric over an empty split None."""
         return {k: (or_none(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
-    def log_line(self, epochs: int) -> str:
-        """One line for the job log, ``epochs`` being the run's total."""
-        return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {percent(self.train_acc, 1)}, "
-                f"val {percent(self.val_acc, 1)} | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
+    def log_line(self, epochs: int, metric: str = "accuracy") -> str:
+        """One line for the job log, ``epochs`` being the run's total; ``metric``: the task's (``Task.metric_name``;
+        accuracy in percent, any other as a number)."""
+        train, val = (percent(self.train_acc, 1), percent(self.val_acc, 1)) if metric == "accuracy" else (
+            f"{metric} {self.train_acc:.4f}", f"{metric} {self.val_acc:.4f}")
+        return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {train}, "
+                f"val {val} | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
                 f"edges/s | cache hit {100 * self.hit_rate:.1f} %, remote {self.remote_rows:,} rows "
                 f"({self.remote_bytes / 2**20:.1f} MiB)")

@@ -1,16 +1,17 @@
 """The Task seam: what a learning task tells the trainer, so that the trainer and the loops hold no task's code.
 
-A task names its seeds per split and their targets, turns a sampled batch into outputs, scores them (the loss to
-minimise; additive metric sums that ranks all-reduce) and names its evaluator. ``NodeClassification`` is the
-default (and today the only) task; link prediction ([6/7]) is a second ``Task``, not a second trainer: the
-``Trainer`` (``stages.train.trainer``) and the loops (``stages.train.loop``) only call these members.
+A task names its items per split (what a batch is made of: seed nodes, or positive edges), turns a batch of items
+into the nodes to sample around and a target, the sampled batch into outputs, scores them (the loss to minimise;
+additive metric sums that ranks all-reduce) and names its evaluator. ``NodeClassification`` (here) is the default;
+``LinkPrediction`` (``stages.train.link_task``) is the second ``Task``, not a second trainer: the ``Trainer``
+(``stages.train.trainer``) and the loops (``stages.train.loop``) only call these members.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -25,33 +26,51 @@ LossFn = Callable[[Tensor, Tensor], Tensor]   # (outputs, targets) -> the batch'
 class Task(Protocol):
     name: str                     # in reports: "node classification"
     evaluator: str                # what ``metric`` is: "accuracy (OGB Evaluator acc)"
+    metric_name: str              # the selected metric's short name: "accuracy", "mrr"
     sum_names: tuple[str, ...]    # the entries of ``metric_sums``, e.g. ("correct", "total")
 
     def seeds(self, split: str) -> Tensor:
-        """This rank's seeds of ``split`` (``SPLITS``), on the training device."""
+        """This rank's items of ``split`` (``SPLITS``), 1-D on the training device: the loader shuffles and
+        batches them (node gids; positions of the rank's positive edges)."""
         ...
 
-    def labels(self, seed: Tensor) -> Tensor:
-        """The targets of ``seed`` (a batch of this rank's seeds), on the training device."""
+    def batch(self, item: Tensor, *, training: bool) -> tuple[Tensor, Any]:
+        """``(seed gids to sample around, target)`` of a batch of items: what ``forward``, ``loss`` and
+        ``metric_sums`` read. Every rank calls it for every batch, empty ones too (it may be a collective)."""
         ...
 
-    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data) -> Tensor:
-        """The model's outputs for the batch's seeds (``x``: the rows of ``batch.n_id``; a typed graph's per node
-        type)."""
+    def size(self, target: Any) -> int:
+        """How many items ``target`` scores: what the batch's mean loss is a mean over."""
         ...
 
-    def loss(self, out: Tensor, y: Tensor) -> Tensor:
+    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data, target: Any) -> Any:
+        """The model's outputs for the batch (``x``: the rows of ``batch.n_id``; a typed graph's per node type)."""
+        ...
+
+    def loss(self, out: Any, target: Any) -> Tensor:
         """The mean loss of the batch, 0-d; an empty batch gives 0 that still reaches every parameter (DDP)."""
         ...
 
-    def metric_sums(self, out: Tensor, y: Tensor) -> list[float]:
+    def metric_sums(self, out: Any, target: Any) -> list[float]:
         """Sums over the batch that add up across batches and ranks (``sum_names``)."""
         ...
 
     def metric(self, sums: Sequence[float]) -> float:
-        """The metric from sums added over every batch of every rank; NaN when they cover no seed (an empty
-        split: the report says n/a, and model selection falls back to the last epoch)."""
+        """The selected metric from sums added over every batch of every rank; NaN when they cover no item (an
+        empty split: the report says n/a, and model selection falls back to the last epoch)."""
         ...
+
+    def metrics(self, sums: Sequence[float]) -> dict[str, float | None]:
+        """Every metric the sums give, by name (``metrics.json``'s ``test_metrics``); None for an empty split."""
+        ...
+
+
+def checked_loss(value: Any, name: str) -> Tensor:
+    """``value`` if it is what a loss must return (a 0-d tensor); a plug-in's anything else is one InputError."""
+    if not isinstance(value, Tensor) or value.dim() != 0:
+        shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise InputError(f"loss {name} returned {shape}: it must return a 0-d tensor, the batch's mean loss")
+    return value
 
 
 def ogb_accuracy_counts(input_dict: dict[str, Tensor]) -> tuple[int, int]:
@@ -69,6 +88,7 @@ class NodeClassification:
 
     name: str = "node classification"
     evaluator: str = "accuracy (OGB Evaluator acc)"
+    metric_name: str = "accuracy"
     sum_names: tuple[str, ...] = ("correct", "total")
 
     def __init__(self, label_of: Callable[[Tensor], Tensor], split_gid: Mapping[str, Tensor] | None = None, *,
@@ -84,21 +104,20 @@ class NodeClassification:
             raise ValueError("this NodeClassification was built without seeds (split_gid)")
         return self.split_gid[split]
 
-    def labels(self, seed: Tensor) -> Tensor:
-        return self.label_of(seed)
+    def batch(self, item: Tensor, *, training: bool) -> tuple[Tensor, Tensor]:
+        """The items are the seed gids; the target their labels."""
+        return item, self.label_of(item)
 
-    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data) -> Tensor:
+    def size(self, target: Tensor) -> int:
+        return int(target.numel())
+
+    def forward(self, model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data, target: Tensor) -> Tensor:
         return seed_logits(model, x, batch, precision=self.precision)
 
     def loss(self, out: Tensor, y: Tensor) -> Tensor:
         if y.numel() == 0:   # a padding rank's empty batch: a mean over nothing would be NaN
             return out.sum() * 0.0
-        value = self.loss_fn(out, y)
-        if not isinstance(value, Tensor) or value.dim() != 0:
-            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise InputError(f"loss {self.loss_name} returned {shape}: it must return a 0-d tensor, the batch's "
-                             f"mean loss")
-        return value
+        return checked_loss(self.loss_fn(out, y), self.loss_name)
 
     def metric_sums(self, out: Tensor, y: Tensor) -> list[float]:
         correct, total = ogb_accuracy_counts({"y_true": y[:, None], "y_pred": out.detach().argmax(1)[:, None]})
@@ -107,3 +126,7 @@ class NodeClassification:
     def metric(self, sums: Sequence[float]) -> float:
         correct, total = sums
         return correct / total if total else math.nan   # an empty split has no accuracy (not 0 %)
+
+    def metrics(self, sums: Sequence[float]) -> dict[str, float | None]:
+        value = self.metric(sums)
+        return {"accuracy": None if math.isnan(value) else value}

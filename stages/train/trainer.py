@@ -23,23 +23,51 @@ import torch.distributed as dist
 
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
+from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.guard import loss_check
+from stages.train.link_task import LinkModel, LinkPrediction
 from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
 from stages.train.params import Params
-from stages.train.plugins import make_loss, make_model, resolve_model
+from stages.train.plugins import make_decoder, make_loss, make_model, resolve_model
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
 from stages.train.stats import EpochStats, all_reduce_f64, or_none
-from stages.train.tasks import NodeClassification
+from stages.train.tasks import NodeClassification, Task
+from storage.errors import InputError
 from storage.train import EMBEDDING_PREFIX
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
+
+
+def make_task(params: Params, data: RankData, generator: torch.Generator) -> Task:
+    """``params.task`` on this rank's data; ``generator``: the stream link prediction draws negatives from."""
+    loss = params.resolved_loss
+    if params.task == "node":
+        return NodeClassification(data.label_of, data.split_gid, loss_fn=make_loss(loss), loss_name=loss,
+                                  precision=params.precision)
+    link = data.link
+    if link is None:
+        raise InputError("task=link needs a graph split for it: the download stage must run with task=link too "
+                         "(set task=link for the whole pipeline, not train.task alone)")
+    typed = data.features if isinstance(data.features, TypedRows) else None
+    draws = NegativeDraws(int(data.bounds[-1]), index=None if typed is None else typed.index,
+                          node_type=None if typed is None else link.dst_type)
+    membership = EdgeMembership(data.csr, data.bounds, link.edge_type) if params.filter_negatives else None
+    return LinkPrediction(link.edge_gid, draws, generator, num_negatives=params.num_negatives,
+                          eval_negatives=params.eval_negatives, membership=membership, loss_fn=make_loss(loss),
+                          loss_name=loss)
+
+
+def rank_share(total: int, mine: int) -> int:
+    """This rank's part of ``total`` items, in proportion to its ``mine`` (a collective: one all-reduce)."""
+    everyone = int(all_reduce_f64([float(mine)])[0])
+    return math.ceil(total * mine / everyone) if everyone else 0
 
 
 class Trainer:
@@ -53,24 +81,30 @@ class Trainer:
         self.local_rank, self.batch_hook = local_rank, batch_hook
         self.local_world = data.world if local_world is None else local_world
         self.rng = RngStreams(params.seed, data.rank, data.device)
-        self.task = NodeClassification(data.label_of, data.split_gid, loss_fn=make_loss(params.loss),
-                                       loss_name=params.loss, precision=params.precision)
+        self.task = make_task(params, data, self.rng.sampler)
         # the loader batches the task's seeds
         seeds = dataclasses.replace(data, split_gid={split: self.task.seeds(split) for split in data.split_gid})
         fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, data.schema)
+        epoch_items = None
+        if params.task == "link" and params.edges_per_epoch is not None:
+            epoch_items = rank_share(params.edges_per_epoch, int(seeds.split_gid["train"].numel()))
         self.loader = NodeLoader(seeds, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
-                                 sampler_gen=self.rng.sampler)
+                                 sampler_gen=self.rng.sampler, epoch_items=epoch_items)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
         self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
-        self.model = make_model(self.model_kind, params.model_kwargs,
-                                in_channels=data.in_channels if data.in_channels is not None else data.num_features,
-                                hidden=params.hidden, out_channels=data.num_classes, num_layers=params.num_layers,
-                                dropout=params.dropout, heads=params.gat_heads,
-                                schema=data.schema).to(data.device)
+        link = params.task == "link"   # the model's outputs are then embeddings, hidden wide, for the decoder
+        self.out_channels = params.hidden if link else data.num_classes
+        self.encoder = make_model(self.model_kind, params.model_kwargs,
+                                  in_channels=data.in_channels if data.in_channels is not None else data.num_features,
+                                  hidden=params.hidden, out_channels=self.out_channels,
+                                  num_layers=params.num_layers, dropout=params.dropout, heads=params.gat_heads,
+                                  schema=data.schema)
+        self.model = (LinkModel(self.encoder, make_decoder(params.decoder, params.hidden, params.dropout),
+                                params.precision) if link else self.encoder).to(data.device)
         # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)
         self.embeddings = data.features.embeddings if isinstance(data.features, TypedRows) else {}
-        self.whole_batch = not is_block_model(self.model)
-        self.loader.attach_degrees = needs_degrees(self.model)   # GCN's true degrees travel with each batch
+        self.whole_batch = not is_block_model(self.encoder)
+        self.loader.attach_degrees = needs_degrees(self.encoder)   # GCN's true degrees travel with each batch
         if self.whole_batch and self.rank == 0:
             print(f"model {self.model_kind} does not follow the block protocol (stages.train.model): each batch runs "
                   f"whole, every layer over every sampled node", flush=True)
@@ -95,7 +129,7 @@ class Trainer:
             lr = float(self.optimizer.param_groups[0]["lr"])
             sums, traffic = self.train_epoch(epoch)
             eval_start = time.perf_counter()
-            val_acc = self.evaluate("valid")
+            val_acc = self.task.metric(self.evaluate("valid"))
             stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
                                       eval_s=time.perf_counter() - eval_start, lr=lr)
             improved = self.best.update(epoch, val_acc, self.model, self._embedding_weights())
@@ -106,7 +140,8 @@ class Trainer:
             self.save_checkpoint()
             if self.rank == 0:
                 best = improved and not math.isnan(val_acc)   # without validation every epoch "improves"
-                print(stats.log_line(self.params.epochs) + (" | best" if best else ""), flush=True)
+                print(stats.log_line(self.params.epochs, self.task.metric_name) + (" | best" if best else ""),
+                      flush=True)
         stopped_early = self.epoch + 1 < self.params.epochs
         if stopped_early and self.rank == 0:
             print(f"early stop after epoch {self.epoch + 1}: no better validation accuracy for {self.params.patience} "
@@ -129,15 +164,16 @@ class Trainer:
                            after_step=self.loader.step_embeddings)
         return sums, self.data.features.reset_counters()
 
-    def evaluate(self, split: str) -> float:
-        """The task's global metric on ``split`` (a collective: all ranks' sums)."""
+    def evaluate(self, split: str) -> list[float]:
+        """The task's metric sums on ``split``, every rank's added (a collective)."""
         local = eval_sums(self.model, self.loader.eval_batches(split), self.loader.sample, self.loader.gather_rows,
                           self.task)
-        return self.task.metric(all_reduce_f64(local))
+        return all_reduce_f64(local)
 
-    def test(self) -> float:
-        """The test metric of the model as it is; every test pass draws the same stream (seeded as epoch
-        ``epochs``), so the last and the best model are tested on the same sampled neighbourhoods."""
+    def test(self) -> list[float]:
+        """The test metric sums of the model as it is; every test pass draws the same stream (seeded as epoch
+        ``epochs``), so the last and the best model are tested on the same sampled neighbourhoods (and, for link
+        prediction, against the same negatives)."""
         self.rng.seed_epoch(self.params.epochs)
         return self.evaluate("test")
 
@@ -217,21 +253,27 @@ class Trainer:
         if self.local_rank == 0:
             save_checkpoint(self.spec.checkpoint_dir, self.epoch, {"key": self.spec.key, **state})
 
-    def metrics(self, test_acc: float, test_acc_last: float, stopped_early: bool, resumed_from: int | None,
-                ranks: list[Any]) -> dict[str, Any]:
+    def metrics(self, test_sums: list[float], test_sums_last: list[float], stopped_early: bool,
+                resumed_from: int | None, ranks: list[Any]) -> dict[str, Any]:
         """``metrics.json`` (format in ``storage.train``); ``ranks``: every rank's ``RankData.setup``."""
         params, history = self.params, self.history
         # an empty split has no metric: null in the JSON (NaN is not JSON), "n/a" in the report
+        test_acc, test_acc_last = self.task.metric(test_sums), self.task.metric(test_sums_last)
+        # test_acc & co. are the task's selected metric (accuracy; link prediction's MRR), named in "task"
         return {"epochs": history, "test_acc": or_none(test_acc), "test_acc_last": or_none(test_acc_last),
+                "test_metrics": self.task.metrics(test_sums),
                 "best_val_acc": or_none(self.best.val), "best_epoch": self.best.epoch, "last_epoch": self.epoch,
                 "final_val_acc": history[-1]["val_acc"], "stopped_early": stopped_early,
-                "task": {"name": self.task.name, "evaluator": self.task.evaluator},
-                "recipe": {"loss": params.loss, "lr": params.lr, "weight_decay": params.weight_decay,
+                "task": {"name": self.task.name, "evaluator": self.task.evaluator,
+                         "metric": self.task.metric_name},
+                "recipe": {"loss": params.resolved_loss, "lr": params.lr, "weight_decay": params.weight_decay,
                            "lr_schedule": params.lr_schedule, "patience": params.patience},
                 "world_size": self.world, "resumed_from_epoch": resumed_from, "ranks": ranks,
                 "model": {"kind": self.model_kind, "kwargs": params.model_kwargs,
                           "in_channels": self.data.in_channels or self.data.num_features,
-                          "hidden": params.hidden, "out_channels": self.data.num_classes,
+                          "hidden": params.hidden, "out_channels": self.out_channels,
                           "num_layers": params.num_layers, "whole_batch": self.whole_batch,
+                          **({"decoder": params.decoder} if params.task == "link" else {}),
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend()}
+

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import traceback
-from datetime import timedelta
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
@@ -19,6 +14,7 @@ from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
+from tests._rank import run_gloo_rank
 
 WORLD_SIZE = 3   # three owners: remote requests must be routed by owner, not just to 'the other rank'
 TIMEOUT_S = 120
@@ -64,12 +60,4 @@ def run_rank(rank: int, root: str, keys: dict[str, str]) -> dict:
 
 
 def worker(rank: int, init_file: str, out_dir: str, root: str, keys: dict[str, str]) -> None:
-    try:
-        torch.set_num_threads(1)   # two ranks on a 2-core box
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
-                                timeout=timedelta(seconds=TIMEOUT_S))
-        torch.save(run_rank(rank, root, keys), Path(out_dir, f"{rank}.pt"))
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - any failure of a rank is written for the parent test to show
-        Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())
-        sys.exit(1)
+    run_gloo_rank(rank, init_file, out_dir, WORLD_SIZE, TIMEOUT_S, lambda: run_rank(rank, root, keys))

@@ -27,7 +27,7 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        ("infer", "fanouts"): (10, 5),
                                        ("hotness", "edge_fanouts"): {"edge": (5, 3, 2)},
                                        ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "mlp",
-                                       ("download", "link_edge_type"): "to"}
+                                       ("download", "link_edge_type"): "edge"}
 
 
 def _strip_optional(annotation: Any) -> Any:

@@ -12,6 +12,8 @@ from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
 from storage.errors import InputError
 
+LINK_NEEDS_SPLIT = ("task=link needs a graph split for it: the download stage must run with task=link too (set "
+                    "task=link for the whole pipeline, not train.task alone)")
 LINK_FIELDS = ("task", "decoder", "num_negatives", "eval_negatives", "filter_negatives", "edges_per_epoch")
 
 

@@ -26,11 +26,11 @@ from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
 from stages.train.cluster import Cluster, rank_threads
 from stages.train.host_memory import huge_page_env
-from stages.train.params import Params
+from stages.train.params import LINK_NEEDS_SPLIT, Params
 from stages.train.plugin_code import plugin_files
 from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
-from storage import ArtifactStore, Manifest, StageWriter
+from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
@@ -62,6 +62,8 @@ class _Job:
         self.num_partitions = partition_artifact.num_partitions
         # edge_fanouts that name no edge type of this graph fail here, before any launch
         graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
+        if self.params.task == "link" and partition_artifact.link_edge_type is None:
+            raise InputError(LINK_NEEDS_SPLIT)
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
         self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})
@@ -79,8 +81,8 @@ class _Job:
                          params=self.params.model_dump(mode="json"),
                          checkpoint_dir=str(self.ckpt_dir), result_dir=str(results),
                          node_rank=self.cluster.node_rank,
-                         fingerprint=artifact_fingerprint(self.store, self.key, self.upstream,
-                                                          plugin_files([self.params.model, self.params.loss])))
+                         fingerprint=artifact_fingerprint(self.store, self.key, self.upstream, plugin_files(
+                             [self.params.model, self.params.loss, self.params.decoder])))
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their

@@ -31,7 +31,7 @@ from stages.train.link_task import LinkModel, LinkPrediction
 from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
-from stages.train.params import Params
+from stages.train.params import LINK_NEEDS_SPLIT, Params
 from stages.train.plugins import make_decoder, make_loss, make_model, resolve_model
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
@@ -53,8 +53,7 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
                                   precision=params.precision)
     link = data.link
     if link is None:
-        raise InputError("task=link needs a graph split for it: the download stage must run with task=link too "
-                         "(set task=link for the whole pipeline, not train.task alone)")
+        raise InputError(LINK_NEEDS_SPLIT)
     typed = data.features if isinstance(data.features, TypedRows) else None
     draws = NegativeDraws(int(data.bounds[-1]), index=None if typed is None else typed.index,
                           node_type=None if typed is None else link.dst_type)

@@ -26,7 +26,7 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        ("train", "loss"): "examples.custom_model:smoothed_cross_entropy",
                                        ("infer", "fanouts"): (10, 5),
                                        ("hotness", "edge_fanouts"): {"edge": (5, 3, 2)},
-                                       ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "mlp",
+                                       ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "dot",
                                        ("download", "link_edge_type"): "edge"}
 
 

@@ -65,9 +65,10 @@ def test_without_validation_the_last_epoch_is_selected_and_patience_never_stops(
 
 
 def _stats(val_acc: float) -> EpochStats:
-    return EpochStats(epoch=0, loss=1.0, train_acc=0.5, val_acc=val_acc, lr=0.01, epoch_s=1.0, eval_s=0.1, batches=3,
-                      sampled_edges=1_000_000, sampled_edges_per_s=1e6, hit_rate=0.5, requested_rows=10,
-                      cached_rows=5, local_rows=3, remote_rows=2, cached_bytes=20, local_bytes=12, remote_bytes=8)
+    return EpochStats(epoch=0, loss=1.0, train_acc=0.5, val_acc=val_acc, lr=0.01, epoch_s=1.0, eval_s=0.1,
+                      train_items=30, batches=3, sampled_edges=1_000_000, sampled_edges_per_s=1e6, hit_rate=0.5,
+                      requested_rows=10, cached_rows=5, local_rows=3, remote_rows=2, cached_bytes=20, local_bytes=12,
+                      remote_bytes=8)
 
 
 def test_an_empty_validation_split_is_null_in_metrics_json_and_n_a_in_the_log():

@@ -57,7 +57,7 @@ class Params(StageParams):
     task: TaskName = Field("node", description="the training task: link pre-samples from positive edges and their "
                                                "negatives")
     num_negatives: int = Field(1, ge=1, description="task=link: negatives per positive; the training one")
-    edges_per_epoch: int | None = Field(65_536, ge=1, description="task=link: positives an epoch trains on, over "
+    edges_per_epoch: int | None = Field(16_384, ge=1, description="task=link: positives an epoch trains on, over "
                                                                   "all partitions; the training one")
 
     def key_params(self) -> dict[str, Any]:

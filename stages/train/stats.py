@@ -41,6 +41,7 @@ class EpochStats:
     lr: float                    # the learning rate of this epoch (lr_schedule)
     epoch_s: float               # the slowest rank's training pass
     eval_s: float                # the slowest rank's validation pass
+    train_items: int             # all ranks' real train items of the epoch: seed nodes, or positive edges
     batches: int                 # per rank, padding included (equal on every rank)
     sampled_edges: int           # all ranks' sampled edges of the epoch's train batches
     sampled_edges_per_s: float   # sampled_edges / epoch_s
@@ -68,7 +69,8 @@ class EpochStats:
              traffic.remote_bytes, *sums.metric_sums])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
         return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=metric(metric_sums), val_acc=val_acc,
-                   lr=lr, epoch_s=epoch_s, eval_s=eval_s, batches=sums.batches, sampled_edges=int(edges),
+                   lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=int(seeds), batches=sums.batches,
+                   sampled_edges=int(edges),
                    sampled_edges_per_s=edges / max(epoch_s, 1e-9), hit_rate=hits / max(req, 1),
                    requested_rows=int(req), cached_rows=int(hits), local_rows=int(local), remote_rows=int(remote),
                    cached_bytes=int(cached_bytes), local_bytes=int(local_bytes),

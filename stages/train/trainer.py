@@ -58,7 +58,14 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
     draws = NegativeDraws(int(data.bounds[-1]), index=None if typed is None else typed.index,
                           node_type=None if typed is None else link.dst_type)
     membership = EdgeMembership(data.csr, data.bounds, link.edge_type) if params.filter_negatives else None
-    return LinkPrediction(link.edge_gid, draws, generator, num_negatives=params.num_negatives,
+    edge_gid = dict(link.edge_gid)
+    if params.eval_edges is not None:   # a fixed sample (the same every epoch), each rank its share
+        for split in ("valid", "test"):
+            edges = edge_gid[split]
+            keep = torch.randperm(edges.shape[1], generator=torch.Generator().manual_seed(params.seed + data.rank))
+            edge_gid[split] = edges[:, keep[:rank_share(params.eval_edges, edges.shape[1])].sort().values.to(
+                edges.device)]
+    return LinkPrediction(edge_gid, draws, generator, num_negatives=params.num_negatives,
                           eval_negatives=params.eval_negatives, membership=membership, loss_fn=make_loss(loss),
                           loss_name=loss)
 

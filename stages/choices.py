@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 Dataset = Literal["synthetic", "synthetic-hetero", "synthetic-link", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M",
-                  "ogbn-mag", "files"]
+                  "ogbn-mag", "ogbl-collab", "ogbl-citation2", "files"]
 PartitionMethod = Literal["metis", "random"]
 Compressor = Literal["lz4", "zstd"]
 # the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept (stages/features/dtypes.py)
@@ -35,12 +35,15 @@ CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 
 DATASETS: tuple[str, ...] = get_args(Dataset)
+# OGB's node-property datasets (ogb's NodePropPredDataset: stages/download/ogb_source.py)
 OGB_DATASETS: tuple[str, ...] = tuple(name for name in DATASETS if name.startswith("ogbn-"))
+# OGB's link-property datasets (LinkPropPredDataset: stages/download/ogbl_source.py), with OGB's own edge split
+OGBL_DATASETS: tuple[str, ...] = tuple(name for name in DATASETS if name.startswith("ogbl-"))
 TYPED_OGB_DATASETS: tuple[str, ...] = ("ogbn-mag",)   # heterogeneous in OGB (master.csv "is hetero")
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 MODEL_CHOICES: tuple[str, ...] = get_args(ModelName)
 MODELS: tuple[str, ...] = tuple(m for m in MODEL_CHOICES if m != "auto")   # the concrete built-ins
 LOSSES: tuple[str, ...] = get_args(LossName)
 DECODERS: tuple[str, ...] = get_args(DecoderName)
-LINK_DATASETS: tuple[str, ...] = ("synthetic-link",)   # graphs made for task=link
+LINK_DATASETS: tuple[str, ...] = ("synthetic-link", *OGBL_DATASETS)   # graphs made for task=link
 CACHE_POLICIES: tuple[str, ...] = tuple(p for p in get_args(CachePolicyName) if p != "auto")   # concrete ones

@@ -14,12 +14,20 @@ nodes are numbered type after type (schema order), so node type t's own id ``i``
 - ``edge_split/train``, ``edge_split/valid``, ``edge_split/test`` (link prediction only): int64 [2, E_s] (src,
   dst) orig ids of one target edge type's positives (``stages.download.edge_split``); the CSR above is then the
   message-passing graph, without the valid and test edges.
+- ``edge_split_neg/<split>`` (datasets that fix their evaluation negatives, OGB's ``ogbl-*``; valid and test
+  only), by the attr ``link_eval``:
+  - ``per-positive`` (ogbl-citation2): int64 [E_s, K] orig ids of dst nodes; row i holds the K negatives of
+    positive ``edge_split/<split>[:, i]``: the pairs (its src, each of them), ranked against it alone (MRR);
+  - ``shared`` (ogbl-collab): int64 [2, E_neg] (src, dst) orig ids, the one set of negative pairs every positive
+    of the split is ranked against (Hits@K against all of them).
 - attrs: ``schema`` (``GraphSchema.to_dict``), name, source, num_nodes, num_edges, num_features, num_classes,
-  directed, split sizes, edges per edge type; with edge splits ``link_edge_type`` (its key) and their sizes.
+  directed, split sizes, edges per edge type; with edge splits ``link_edge_type`` (its key) and their sizes; with
+  negatives ``link_eval`` and ``edge_split_neg_shapes`` ({split: shape}).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +39,8 @@ from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_str, open_group, open_subgroup, read_array, write_array
 
 SPLITS = ("train", "valid", "test")
+# how fixed evaluation negatives are laid out and ranked against the positives (module docstring)
+LINK_EVALS = ("per-positive", "shared")
 _GROUP = "graph.zarr"
 
 
@@ -50,6 +60,8 @@ class Graph:
     extra: dict[str, Any] = field(default_factory=dict)
     edge_splits: dict[str, np.ndarray] = field(default_factory=dict)   # link prediction: split -> [2, E] orig
     link_edge_type: str | None = None                                   # the key of the split edges' type
+    edge_split_negatives: dict[str, np.ndarray] = field(default_factory=dict)   # split -> fixed eval negatives
+    link_eval: str | None = None                        # their layout: a LINK_EVALS entry (module docstring)
 
     @classmethod
     def homogeneous(cls, indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -108,6 +120,9 @@ class Graph:
             **({"link_edge_type": self.link_edge_type,
                 "edge_split_sizes": {s: int(self.edge_splits[s].shape[1]) for s in SPLITS}}
                if self.edge_splits else {}),
+            **({"link_eval": self.link_eval,
+                "edge_split_neg_shapes": {s: list(a.shape) for s, a in self.edge_split_negatives.items()}}
+               if self.edge_split_negatives else {}),
             **self.extra,
         }
 
@@ -134,9 +149,28 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
         edge_split = root.create_group("edge_split")
         for name in SPLITS:
             write_array(edge_split, name, graph.edge_splits[name].astype(np.int64, copy=False))
+    if graph.edge_split_negatives:
+        check_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval)
+        negatives = root.create_group("edge_split_neg")
+        for name, neg in graph.edge_split_negatives.items():
+            write_array(negatives, name, neg.astype(np.int64, copy=False), progress=progress)
     attrs = graph.attrs()
     root.attrs.update(attrs)
     return attrs
+
+
+def check_negatives(negatives: dict[str, np.ndarray], edge_splits: dict[str, np.ndarray],
+                    link_eval: str | None) -> None:
+    """Fixed evaluation negatives fit their positives in ``link_eval``'s layout (module docstring); ValueError
+    otherwise (a loader's bug, not the user's)."""
+    if link_eval not in LINK_EVALS or not edge_splits or not set(negatives) <= set(SPLITS):
+        raise ValueError(f"negatives for {sorted(negatives)} need edge splits and link_eval in {LINK_EVALS}, got "
+                         f"{link_eval!r}")
+    for name, neg in negatives.items():
+        fits = neg.shape[0] == edge_splits[name].shape[1] if link_eval == "per-positive" else neg.shape[0] == 2
+        if neg.ndim != 2 or not fits:
+            raise ValueError(f"{link_eval} negatives of split {name} have shape {neg.shape}; positives "
+                             f"{edge_splits[name].shape}")
 
 
 class GraphArtifact(ArtifactHandle):
@@ -152,12 +186,14 @@ class GraphArtifact(ArtifactHandle):
     def schema(self) -> GraphSchema:
         return GraphSchema.from_dict(self.manifest.summary["schema"])
 
-    def read(self, features: bool = True) -> Graph:
-        """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only)."""
-        return _read_graph(self._url(_GROUP), features=features)
+    def read(self, features: bool = True, negatives: bool = False) -> Graph:
+        """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only);
+        ``negatives=True`` also reads the fixed evaluation negatives (ogbl-citation2's are 1.4 GB, which only the
+        partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says)."""
+        return _read_graph(self._url(_GROUP), features=features, negatives=negatives)
 
 
-def _read_graph(url: str, *, features: bool = True) -> Graph:
+def _read_graph(url: str, *, features: bool = True, negatives: bool = False) -> Graph:
     root = open_group(url)
     attrs = dict(root.attrs)
     if "schema" not in attrs:
@@ -166,10 +202,15 @@ def _read_graph(url: str, *, features: bool = True) -> Graph:
     splits = {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
     x_group = open_subgroup(root, "x") if features else None
     known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
-             "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes"}
+             "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes", "link_eval",
+             "edge_split_neg_shapes"}
     link_edge_type = attrs.get("link_edge_type")
     edge_splits = {name: read_array(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
         if link_edge_type is not None else {}
+    link_eval = attrs.get("link_eval")
+    neg_shapes = attrs.get("edge_split_neg_shapes")   # which splits have negatives
+    edge_split_negatives = {name: read_array(open_subgroup(root, "edge_split_neg"), name)
+                            for name in (neg_shapes if negatives and isinstance(neg_shapes, Mapping) else ())}
     return Graph(
         schema=schema,
         indptr=read_array(root, "indptr"),
@@ -183,4 +224,6 @@ def _read_graph(url: str, *, features: bool = True) -> Graph:
         extra={k: v for k, v in attrs.items() if k not in known},
         edge_splits=edge_splits,
         link_edge_type=None if link_edge_type is None else str(link_edge_type),
+        edge_split_negatives=edge_split_negatives,
+        link_eval=None if link_eval is None else str(link_eval),
     )

@@ -11,7 +11,12 @@ ID spaces (docs/design.md):
   [e_p] in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
   parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order. With link prediction's edge splits
   (``storage.graph``) also ``edge_split/<split>`` int64 [2, E] (src, dst) in **gids**: the split's positives whose
-  dst p owns, sorted by dst.
+  dst p owns, sorted by dst. With fixed evaluation negatives (``storage.graph``'s ``link_eval``, summary attr
+  ``link_eval``) also ``edge_split_neg/<split>`` in **gids**, each kept with the part that owns its dst, as the
+  positives are: ``per-positive``: int64 [E, K], row i the negative dsts of ``edge_split/<split>[:, i]`` (same
+  order, same src); ``shared``: int64 [2, E_neg] (src, dst), the negative pairs whose dst p owns, sorted by dst
+  (the split's whole set is every part's together: each rank scores its own share and the ranks combine their
+  top-K scores, instead of every rank scoring them all).
 """
 
 from __future__ import annotations
@@ -102,9 +107,10 @@ def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) 
 
 
 def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
-               edge_splits: dict[str, np.ndarray] | None = None) -> None:
+               edge_splits: dict[str, np.ndarray] | None = None,
+               edge_split_negatives: dict[str, np.ndarray] | None = None) -> None:
     """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``, with its ``edge_splits`` (split ->
-    [2, E] gids whose dst it owns) when the graph has them."""
+    [2, E] gids whose dst it owns) and ``edge_split_negatives`` (module docstring) when the graph has them."""
     g = open_group(writer.file_url(_part_name(csr.part)), mode="w")
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
     write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
@@ -117,6 +123,11 @@ def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
                     "num_edges": int(csr.indices.shape[0])})
     if edge_splits:
         g.attrs["edge_split_sizes"] = {k: int(v.shape[1]) for k, v in edge_splits.items()}
+    if edge_split_negatives:
+        group = g.create_group("edge_split_neg")
+        for name, neg in edge_split_negatives.items():
+            write_array(group, name, neg.astype(np.int64, copy=False), progress=progress)
+        g.attrs["edge_split_neg_shapes"] = {k: list(v.shape) for k, v in edge_split_negatives.items()}
 
 
 def _read_part(url: str) -> PartCSR:
@@ -182,6 +193,21 @@ class PartitionArtifact(ArtifactHandle):
             raise ArtifactError(f"partition {self.manifest.key} has no edge splits (its graph was downloaded for "
                                 f"node classification)")
         return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split"), split)
+
+    @property
+    def link_eval(self) -> str | None:
+        """How the fixed evaluation negatives are ranked, ``per-positive`` or ``shared`` (``storage.graph``), or
+        None: the dataset fixes none (the train stage draws its own)."""
+        return self.manifest.summary.get("link_eval")
+
+    def edge_split_negatives(self, p: int, split: str) -> np.ndarray:
+        """Partition p's fixed evaluation negatives of ``split`` (valid, test) in gids, laid out by ``link_eval``
+        (module docstring): per-positive int64 [E, K], row i for ``edge_split(p, split)[:, i]``; shared int64
+        [2, E_neg] (src, dst), the pairs whose dst p owns (``np.concatenate(..., axis=1)`` over the parts: all)."""
+        if self.link_eval is None:
+            raise ArtifactError(f"partition {self.manifest.key} has no fixed evaluation negatives (only ogbl-* "
+                                f"datasets have them); draw negatives in the train stage instead")
+        return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split_neg"), split)
 
     def in_degree(self) -> np.ndarray:
         """int64 [N]: the in-degree of every gid, from the parts' ``indptr`` arrays only (8 bytes a node, no edges

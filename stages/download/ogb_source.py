@@ -3,7 +3,7 @@
 Downloading and parsing OGB's on-disk format is left to the ``ogb`` package (``NodePropPredDataset``); this module
 makes it safe to run unattended and converts its output to the canonical form.
 
-``ogb`` 1.3.6 needs three adjustments, applied only while it runs (see :func:`_unattended_ogb`):
+``ogb`` 1.3.6 needs three adjustments, applied only while it runs (see :func:`unattended_ogb`):
 
 - it asks ``input()`` before downloading more than 1 GB (products, papers100M) and when a dataset directory has no
   current ``RELEASE_v<version>.txt``; a pipeline worker has no terminal, so the download is approved up front (the
@@ -13,6 +13,9 @@ makes it safe to run unattended and converts its output to the canonical form.
   PR #507), so they are loaded with ``weights_only=False``, as ogb did before PyTorch 2.6: trust them as much as
   the OGB download and ``root``;
 - its ``torch.save`` of that cache assumes ``processed/`` exists; it is created first.
+
+The link datasets' loader (``stages.download.ogbl_source``) shares these adjustments and the error handling
+(``unattended_ogb``, ``ogb_errors``) for ``ogb.linkproppred``.
 
 ogbn-mag is heterogeneous: ogb reads its per-type raw files (``read_csv_heterograph_raw``) into per-type dicts,
 which become a ``stages.download.typed.TypedSource`` (node types in ogb's sorted order: author, field_of_study,
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import types
 import urllib.error
@@ -57,7 +61,7 @@ def load_ogb(name: str, root: str, progress: bool = False, add_reverse: bool = T
     steps = tqdm(total=3, desc=name, unit="step", disable=not progress, leave=False)
     dataset = _open_dataset(name, root)
     steps.update()
-    with _ogb_errors(name, root), _unattended_ogb(_dataset_dir(name, root)):
+    with ogb_errors(name, root), unattended_ogb(dataset_dir(name, root)):
         split = dataset.get_idx_split()  # may torch.load split_dict.pt (papers100M)
     graph, labels = dataset[0]
     meta = dataset.meta_info
@@ -71,7 +75,7 @@ def load_ogb(name: str, root: str, progress: bool = False, add_reverse: bool = T
     indptr, indices = to_csr_incoming(edge_index[0], edge_index[1], num_nodes, directed=True)
     del edge_index
     steps.update()
-    result = Graph.homogeneous(indptr=indptr, indices=indices, x=_features(graph.get("node_feat"), num_nodes),
+    result = Graph.homogeneous(indptr=indptr, indices=indices, x=node_features(graph.get("node_feat"), num_nodes),
                                y=_labels(labels, num_nodes), splits=_splits(split, num_nodes),
                                num_classes=int(dataset.num_classes), directed=not undirected, name=name,
                                source=f"ogb:{name} (v{meta['version']}, {meta['url']})")
@@ -89,7 +93,7 @@ def _typed_graph(name: str, graph: dict[str, Any], labels: dict[str, Any], split
     num_nodes = {t: int(n) for t, n in sorted(graph["num_nodes_dict"].items())}
     edges = {EdgeType(*triplet): (np.asarray(ei[0]), np.asarray(ei[1]))
              for triplet, ei in sorted(graph["edge_index_dict"].items())}
-    features = {t: _features(x, num_nodes[t]) for t, x in (graph.get("node_feat_dict") or {}).items()
+    features = {t: node_features(x, num_nodes[t]) for t, x in (graph.get("node_feat_dict") or {}).items()
                 if x is not None}
     typed_labels = {t: (_labels(y, num_nodes[t]), num_classes) for t, y in labels.items()}
     splits = {t: _splits({s: split[s][t] for s in SPLITS}, num_nodes[t]) for t in split["train"]}
@@ -103,39 +107,42 @@ def _open_dataset(name: str, root: str) -> Any:
     from ogb.nodeproppred import NodePropPredDataset  # imported late: ogb pulls in pandas, and not every run needs it
 
     os.makedirs(root, exist_ok=True)
-    with _ogb_errors(name, root), _unattended_ogb(_dataset_dir(name, root)):
+    with ogb_errors(name, root), unattended_ogb(dataset_dir(name, root)):
         return NodePropPredDataset(name=name, root=root)
 
 
 @contextlib.contextmanager
-def _ogb_errors(name: str, root: str) -> Iterator[None]:
+def ogb_errors(name: str, root: str) -> Iterator[None]:
     """ogb's failures (network, corrupt zip, missing files) as one-line InputErrors that say what to do."""
     try:
         yield
     except urllib.error.URLError as err:
         raise InputError(f"could not download {name} ({err.reason}); check the network, or put the extracted "
-                         f"dataset at {_dataset_dir(name, root)}") from None
+                         f"dataset at {dataset_dir(name, root)}") from None
     except zipfile.BadZipFile:
         raise InputError(f"the downloaded {name} archive in {root} is corrupt (interrupted download?); delete the "
                          f".zip file there and rerun") from None
     except (RuntimeError, OSError) as err:  # interrupted download, missing raw/split files, unreadable cache
-        raise InputError(f"could not load {name} from {_dataset_dir(name, root)} ({err}); delete that directory "
+        raise InputError(f"could not load {name} from {dataset_dir(name, root)} ({err}); delete that directory "
                          f"and rerun to download it again") from None
 
 
-def _dataset_dir(name: str, root: str) -> str:
+def dataset_dir(name: str, root: str) -> str:
     return os.path.join(root, name.replace("-", "_"))  # ogb's naming: ogbn-arxiv -> ogbn_arxiv
 
 
 @contextlib.contextmanager
-def _unattended_ogb(dataset_dir: str) -> Iterator[None]:
-    """Patch ogb's dataset module for unattended use (module docstring), restoring it afterwards."""
-    import ogb.nodeproppred.dataset as ogb_dataset
+def unattended_ogb(directory: str, ogb_module: types.ModuleType | None = None) -> Iterator[None]:
+    """Patch ogb's dataset module for unattended use (module docstring), restoring it afterwards.
+
+    ``ogb_module``: the module whose dataset class runs (default ``ogb.nodeproppred.dataset``); the link datasets'
+    ``ogb.linkproppred.dataset`` prompts and loads the same way, through its own module globals."""
+    ogb_dataset: Any = ogb_module or importlib.import_module("ogb.nodeproppred.dataset")
 
     def no_prompt(prompt: str = "") -> str:
         # With decide_download replaced, ogb's only remaining question is whether to replace a directory that
         # lacks the current RELEASE_v<version>.txt (an interrupted copy, or an older OGB release).
-        raise InputError(f"{dataset_dir} is an incomplete or outdated OGB download (no current RELEASE_v*.txt); "
+        raise InputError(f"{directory} is an incomplete or outdated OGB download (no current RELEASE_v*.txt); "
                          "delete it and rerun to download it again")
 
     saved = ogb_dataset.decide_download, ogb_dataset.torch
@@ -155,7 +162,7 @@ def _save_creating_parent(obj: Any, path: str, **kwargs: Any) -> None:
     torch.save(obj, path, **kwargs)
 
 
-def _features(node_feat: np.ndarray | None, num_nodes: int) -> np.ndarray:
+def node_features(node_feat: np.ndarray | None, num_nodes: int) -> np.ndarray:
     if node_feat is None:  # not the case for the supported datasets, but the graph format needs features
         raise InputError("this OGB dataset has no node features; gnnpipe needs features")
     x = np.asarray(node_feat)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from stages.choices import LINK_DATASETS, TYPED_OGB_DATASETS, Dataset, TaskName
+from stages.choices import LINK_DATASETS, OGBL_DATASETS, TYPED_OGB_DATASETS, Dataset, TaskName
 from stages.download.canonical import check_classes, check_finite
 from stages.download.edge_split import check_link_split, split_edges
 from stages.download.synthetic import check_synthetic, generate_synthetic
@@ -37,13 +37,16 @@ class Params(StageParams):
 
     dataset: Dataset = Field("synthetic", description="synthetic, synthetic-hetero (MAG-like, typed) or "
                                                       "synthetic-link (task=link; no network), an OGB node "
-                                                      "dataset, or files")
+                                                      "dataset, ogbl-collab or ogbl-citation2 (task=link, OGB's "
+                                                      "split and evaluation negatives), or files")
     task: TaskName = Field("node", description="link: hold out link_split's valid/test edges of link_edge_type "
                                                "from the graph the samplers see (the train stage's task=link)")
     link_split: tuple[float, float, float] = Field((0.85, 0.05, 0.10), description="task=link: train, valid, "
-                                                   "test fractions of link_edge_type's edges (split with seed)")
+                                                   "test fractions of link_edge_type's edges (split with seed; "
+                                                   "ignored by ogbl-* datasets, which come split)")
     link_edge_type: str | None = Field(None, description="task=link on a typed graph: the edge type to predict "
-                                                         "(src___rel___dst or a unique relation name)")
+                                                         "(src___rel___dst or a unique relation name; ignored by "
+                                                         "ogbl-* datasets)")
     num_nodes: int = Field(100_000, ge=2, description="synthetic: nodes (synthetic-hetero: of all types, in "
                                                       "ogbn-mag's shares)")
     avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
@@ -66,7 +69,7 @@ class Params(StageParams):
         if self.dataset in LINK_DATASETS and self.task != "link":
             raise InputError(f"dataset {self.dataset} is made for link prediction: set task=link (the pipeline's "
                              f"task sets it in download, hotness and train)")
-        if self.task == "link":
+        if self.task == "link" and self.dataset not in OGBL_DATASETS:
             check_link_split(self.link_split)
         if self.dataset == "files" and not self.path:
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
@@ -79,8 +82,11 @@ class Params(StageParams):
 
     def key_params(self) -> dict[str, Any]:
         """Only the fields that matter for this dataset, so e.g. num_nodes does not re-key an OGB download; the
-        link split's only for task=link (with the seed it is drawn with)."""
+        link split's only for task=link (with the seed it is drawn with); an ogbl-* dataset comes with OGB's split,
+        so link_split, link_edge_type and seed do not re-key it."""
         out = self._dataset_key()
+        if self.dataset in OGBL_DATASETS:
+            return out | {"task": self.task}
         if self.task == "link":
             out |= self.model_dump(mode="json", include=set(LINK_FIELDS) | {"seed"})
         return out
@@ -115,9 +121,10 @@ def files_fingerprint(directory: str) -> str:
 
 def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     """The dataset as a validated ``Graph`` (every source refuses non-finite features, ``check_finite``); for
-    task=link its message-passing graph with the edge splits (``stages.download.edge_split``)."""
+    task=link its message-passing graph with the edge splits (``stages.download.edge_split``; an ogbl-* dataset's
+    are OGB's, made by its loader)."""
     graph = load_dataset(params, download_dir=download_dir, progress=progress)
-    if params.task != "link":
+    if params.task != "link" or params.dataset in OGBL_DATASETS:
         return graph
     names = [e.as_tuple() for e in graph.schema.edge_types]
     if params.link_edge_type is None and len(names) > 1:
@@ -144,6 +151,12 @@ def load_dataset(params: Params, *, download_dir: str, progress: bool) -> Graph:
         return generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
                                          params.num_classes, params.seed, split=params.split,
                                          add_reverse=params.add_reverse)
+    if params.dataset in OGBL_DATASETS:   # no labels to check (stages.download.ogbl_source)
+        from stages.download.ogbl_source import load_ogbl
+
+        graph = load_ogbl(params.dataset, download_dir, progress=progress)
+        check_finite(graph.x, f"the features (x) of dataset {params.dataset}")
+        return graph
     if params.dataset in ("synthetic", "synthetic-link"):
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
                                    params.seed, split=params.split, progress=progress)

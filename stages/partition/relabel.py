@@ -47,13 +47,34 @@ def relabel(part_of_orig: np.ndarray, num_parts: int, node_type: np.ndarray | No
 def part_edge_splits(edge_splits: dict[str, np.ndarray], book: PartitionBook, p: int) -> dict[str, np.ndarray]:
     """Link prediction's split positives (orig ``[2, E]``) that part p holds, in gids: those whose dst it owns,
     sorted by (dst, src) (a rank's seed edges, in the order of its nodes)."""
-    lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
     out = {}
     for name, pairs in edge_splits.items():
         gid = book.gid_of_orig[pairs]
-        mine = gid[:, (gid[1] >= lo) & (gid[1] < hi)]
-        out[name] = mine[:, np.lexsort((mine[0], mine[1]))]
+        out[name] = gid[:, _owned_in_order(gid, book, p)]
     return out
+
+
+def part_edge_split_negatives(negatives: dict[str, np.ndarray], edge_splits: dict[str, np.ndarray],
+                              link_eval: str | None, book: PartitionBook, p: int) -> dict[str, np.ndarray]:
+    """The fixed evaluation negatives (orig, ``storage.graph``'s layouts) that part p holds, in gids, with the
+    owner of the dst: a per-positive row goes with its positive (``part_edge_splits``' selection and order, so row
+    i still belongs to positive i); shared pairs are selected and sorted as positives are."""
+    out = {}
+    for name, neg in negatives.items():
+        if link_eval == "per-positive":
+            out[name] = book.gid_of_orig[neg[_owned_in_order(book.gid_of_orig[edge_splits[name]], book, p)]]
+        else:
+            gid = book.gid_of_orig[neg]
+            out[name] = gid[:, _owned_in_order(gid, book, p)]
+    return out
+
+
+def _owned_in_order(gid_pairs: np.ndarray, book: PartitionBook, p: int) -> np.ndarray:
+    """The columns of ``[2, E]`` gid pairs whose dst part p owns, in (dst, src) order (lexsort is stable: ties
+    keep the dataset's order)."""
+    lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
+    cols = np.flatnonzero((gid_pairs[1] >= lo) & (gid_pairs[1] < hi))
+    return cols[np.lexsort((gid_pairs[0, cols], gid_pairs[1, cols]))]
 
 
 def build_part_csr(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, p: int,

@@ -16,8 +16,8 @@ from stages.choices import PartitionMethod
 from stages.meter import measure
 from stages.params import Seed, StageParams
 from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.graph import GraphArtifact
-from storage.partition import write_book, write_part
+from storage.graph import Graph, GraphArtifact
+from storage.partition import PartitionBook, write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
 
@@ -38,7 +38,7 @@ class Params(StageParams):
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     from stages.partition.assign import assign_parts
-    from stages.partition.relabel import build_part_csr, part_edge_splits, relabel
+    from stages.partition.relabel import relabel
     from stages.partition.report import partition_report, typed_report
 
     download = upstream["download"]
@@ -49,7 +49,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
     def body(writer: StageWriter) -> None:
         with measure() as cost:
-            graph = GraphArtifact(store, download).read(features=False)
+            graph = GraphArtifact(store, download).read(features=False, negatives=True)
             schema, num_parts = graph.schema, params.num_partitions
             train_mask = np.zeros(graph.num_nodes, dtype=bool)
             train_mask[graph.splits["train"]] = True
@@ -71,14 +71,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
                                       "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                                       "schema": schema.to_dict()})
-            link_sizes = []
-            for p in tqdm(range(num_parts), desc="partition: write parts", disable=not progress, leave=False):
-                splits = part_edge_splits(graph.edge_splits, book, p) if graph.edge_splits else None
-                write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, schema.num_edge_types),
-                           edge_splits=splits)
-                link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
-            if graph.edge_splits:   # link prediction: each part's seed edges (those whose dst it owns)
-                stats["link_edge_type"], stats["edge_split_sizes"] = graph.link_edge_type, link_sizes
+            stats.update(_write_parts(writer, graph, book, progress))
         writer.summary.update(stats)
         writer.summary.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
                                "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
@@ -86,6 +79,28 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                                "type_bounds": [int(b) for b in book.range_table().type_bounds], **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def _write_parts(writer: StageWriter, graph: Graph, book: PartitionBook, progress: bool) -> dict[str, Any]:
+    """Write every ``part-<p>.zarr``; returns the link prediction figures for the summary (none without edge
+    splits, so a node graph's summary is as before)."""
+    from stages.partition.relabel import build_part_csr, part_edge_split_negatives, part_edge_splits
+
+    link_sizes, neg_shapes = [], []
+    for p in tqdm(range(book.num_partitions), desc="partition: write parts", disable=not progress, leave=False):
+        splits = part_edge_splits(graph.edge_splits, book, p) if graph.edge_splits else None
+        negatives = part_edge_split_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval, book,
+                                              p) if graph.edge_split_negatives else None
+        write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, graph.schema.num_edge_types),
+                   edge_splits=splits, edge_split_negatives=negatives)
+        link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
+        neg_shapes.append({k: list(v.shape) for k, v in (negatives or {}).items()})
+    stats: dict[str, Any] = {}
+    if graph.edge_splits:   # link prediction: each part's seed edges (those whose dst it owns)
+        stats["link_edge_type"], stats["edge_split_sizes"] = graph.link_edge_type, link_sizes
+    if graph.edge_split_negatives:   # OGB's fixed evaluation negatives, with their dst owners
+        stats["link_eval"], stats["edge_split_neg_shapes"] = graph.link_eval, neg_shapes
+    return stats
 
 
 def report(manifest: Manifest) -> Report:

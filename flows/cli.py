@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from flows import api, cli_export, cli_ops, cli_store, cli_train, interrupts
+from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, interrupts
 from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
 from flows.env import configure_prefect_env
 from flows.load import load_config
@@ -108,6 +108,7 @@ cli_ops.register(app)
 cli_store.register(app)
 cli_train.register(app)
 cli_export.register(app)
+cli_score.register(app)
 
 
 def main() -> None:

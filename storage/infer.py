@@ -23,6 +23,11 @@ Artifact ``infer/<key>/``:
   and ``type_orig_id`` int64 (the id within the type) after ``orig_id``. Every node gets the output layer's
   prediction; only the labelled types' are what the model was trained for (the hidden layers' rows of every type
   are the embeddings to use elsewhere).
+- A link prediction model's artifact (attr ``task`` = ``link``; no classes, so no pred, prob, label, split and no
+  ``predictions.parquet``): each part holds ``emb/out`` float32 [n_p, D] (the encoder's output layer: the node
+  embeddings the train artifact's decoder scores pairs from, ``D`` = train's ``hidden``) beside its stored hidden
+  layers, and ``nodes.zarr`` the same in orig-id order (``LINK_EMBEDDINGS``; typed: ``node_type`` too). Attrs:
+  part, start_gid, num_nodes, task, embedding_width, embedding_layers.
 - ``metrics.json``: the stage's figures (``stages.infer.stage``), with the flat ``scalars`` a tracker logs.
 
 Every Zarr array carries the crc32c codec (``storage.zarr_io``). pyarrow is imported only where Parquet is
@@ -56,6 +61,8 @@ METRICS = "metrics.json"
 SPLIT_CODES: dict[str, int] = {name: code for code, name in enumerate(SPLITS)}   # -1: in no split
 PART_CHUNK_ROWS = 1 << 14     # a part's rows per chunk: an export chunk reads few rows it does not use
 EXPORT_CHUNK_BYTES = 64 << 20
+OUT = "out"                   # emb/out: a link model's node embeddings (its output layer's rows)
+LINK_EMBEDDINGS = f"{NODES}/emb/{OUT}"
 
 
 def _part_name(p: int) -> str:
@@ -74,10 +81,23 @@ def open_part_outputs(artifact_url: str, part: int) -> zarr.Group:
     return open_group(f"{artifact_url}/{_part_name(part)}", mode="w")
 
 
+def _emb_group(group: zarr.Group) -> zarr.Group:
+    return open_subgroup(group, "emb") if "emb" in group else group.create_group("emb")
+
+
 def write_part_embedding(group: zarr.Group, layer: int, rows: np.ndarray) -> None:
     """Hidden layer ``layer``'s rows (by lid) of the part ``group``."""
-    emb = open_subgroup(group, "emb") if "emb" in group else group.create_group("emb")
+    emb = _emb_group(group)
     write_array(emb, _layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+
+
+def write_part_link_embeddings(group: zarr.Group, *, part: int, start_gid: int, emb: np.ndarray,
+                               embedding_layers: Sequence[int]) -> None:
+    """A link model's node embeddings (its output layer's rows, by lid) and the part's attrs (written last)."""
+    write_array(_emb_group(group), OUT, emb.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(emb.shape[0]), "task": "link",
+                        "embedding_width": int(emb.shape[1]),
+                        "embedding_layers": sorted(int(k) for k in embedding_layers)})
 
 
 def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred: np.ndarray, prob: np.ndarray,
@@ -95,14 +115,15 @@ def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred
 
 @dataclass
 class InferPart:
-    """Partition p's outputs, rows by lid."""
+    """Partition p's outputs, rows by lid (a link model's: ``out``, no pred or prob)."""
 
     part: int
     start_gid: int
-    pred: np.ndarray                 # int64 [n_p]
-    prob: np.ndarray                 # float32 [n_p, C]
+    pred: np.ndarray | None          # int64 [n_p]
+    prob: np.ndarray | None          # float32 [n_p, C]
     embeddings: dict[int, np.ndarray]   # hidden layer -> float32 [n_p, H]
     orig_id: np.ndarray | None       # int64 [n_p]; None before the export added it
+    out: np.ndarray | None = None    # a link model's node embeddings, float32 [n_p, D]
 
 
 def _read_part(url: str) -> InferPart:
@@ -115,9 +136,13 @@ def _read_part(url: str) -> InferPart:
     if not isinstance(layers, list):
         raise ArtifactError(f"attr 'embedding_layers' of {url} is {layers!r}, not a list; rerun the infer stage")
     return InferPart(part=attr_int(attrs, "part", url), start_gid=attr_int(attrs, "start_gid", url),
-                     pred=read_array(g, "pred"), prob=read_array(g, "prob"),
+                     pred=_optional(g, "pred"), prob=_optional(g, "prob"),
                      embeddings={int(str(layer)): read_array(emb, _layer_name(int(str(layer)))) for layer in layers},
-                     orig_id=read_array(g, "orig_id") if "orig_id" in g else None)
+                     orig_id=_optional(g, "orig_id"), out=_optional(emb, OUT))
+
+
+def _optional(group: zarr.Group, name: str) -> np.ndarray | None:
+    return read_array(group, name) if name in group else None
 
 
 # ---- the export in orig-id order ----------------------------------------------------------------------------------
@@ -146,6 +171,44 @@ def _rows(array: zarr.Array, lid: np.ndarray) -> np.ndarray:
     return np.asarray(array.get_orthogonal_selection((lid,)))
 
 
+Pieces = list[tuple[int, np.ndarray, np.ndarray]]   # (part, its sorted lids, their positions in the chunk)
+
+
+def _pieces(bounds: np.ndarray, gid: np.ndarray) -> Pieces:
+    """A chunk of gids cut by owning part, each part's lids sorted (``_rows`` reads a lid range as one slice)."""
+    owner = np.searchsorted(bounds, gid, side="right") - 1
+    out = []
+    for p in np.unique(owner).tolist():
+        pos = np.flatnonzero(owner == p)
+        lid = gid[pos] - bounds[p]
+        order = np.argsort(lid, kind="stable")
+        out.append((p, lid[order], pos[order]))
+    return out
+
+
+def _gather(arrays: Sequence[zarr.Array], pieces: Pieces, out: np.ndarray) -> np.ndarray:
+    """``out`` filled with the parts' rows of a chunk (``arrays[p]``: part p's array)."""
+    for p, lid, pos in pieces:
+        out[pos] = _rows(arrays[p], lid)
+    return out
+
+
+def _parts_with_orig_id(writer: StageWriter, book: PartitionBook) -> list[zarr.Group]:
+    """The ranks' ``part-<p>.zarr``, each given its rows' ``orig_id``."""
+    parts = [open_group(writer.file_url(_part_name(p)), mode="r+") for p in range(book.num_partitions)]
+    for p, g in enumerate(parts):
+        write_array(g, "orig_id", book.orig_of_gid[book.bounds[p]:book.bounds[p + 1]], chunk_rows=PART_CHUNK_ROWS)
+    return parts
+
+
+def _chunk_starts(num_nodes: int, rows: int, progress: bool) -> Iterator[int]:
+    from storage.progress import progress as tqdm
+
+    starts = range(0, num_nodes, rows)
+    yield from tqdm(starts, desc="infer: export in orig-id order", unit="chunk", leave=False,
+                    disable=not progress or len(starts) < 4)
+
+
 def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid: np.ndarray,
                       split_of_gid: np.ndarray, num_classes: int, embedding_layers: Sequence[int],
                       schema: GraphSchema, chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
@@ -156,12 +219,8 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from storage.progress import progress as tqdm
-
     num_nodes, bounds = book.num_nodes, book.bounds
-    parts = [open_group(writer.file_url(_part_name(p)), mode="r+") for p in range(book.num_partitions)]
-    for p, g in enumerate(parts):
-        write_array(g, "orig_id", book.orig_of_gid[bounds[p]:bounds[p + 1]], chunk_rows=PART_CHUNK_ROWS)
+    parts = _parts_with_orig_id(writer, book)
     preds = [open_array(g, "pred") for g in parts]
     probs = [open_array(g, "prob") for g in parts]
     embs = {layer: [open_array(open_subgroup(g, "emb"), _layer_name(layer)) for g in parts]
@@ -190,24 +249,14 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
     import fsspec
 
     with fsspec.open(writer.file_url(PREDICTIONS), "wb") as f, pq.ParquetWriter(f, table_schema) as table_writer:
-        starts = range(0, num_nodes, rows)
-        for start in tqdm(starts, desc="infer: export in orig-id order", unit="chunk", leave=False,
-                          disable=not progress or len(starts) < 4):
+        for start in _chunk_starts(num_nodes, rows, progress):
             stop = min(start + rows, num_nodes)
             gid = book.gid_of_orig[start:stop]
-            owner = np.searchsorted(bounds, gid, side="right") - 1
-            pred = np.empty(stop - start, dtype=np.int64)
-            prob = np.empty((stop - start, num_classes), dtype=np.float32)
-            emb = {layer: np.empty((stop - start, w), dtype=np.float32) for layer, w in widths.items()}
-            for p in np.unique(owner).tolist():
-                pos = np.flatnonzero(owner == p)
-                lid = gid[pos] - bounds[p]
-                order = np.argsort(lid, kind="stable")
-                sorted_lid, sorted_pos = lid[order], pos[order]
-                pred[sorted_pos] = _rows(preds[p], sorted_lid)
-                prob[sorted_pos] = _rows(probs[p], sorted_lid)
-                for layer, arrays in embs.items():
-                    emb[layer][sorted_pos] = _rows(arrays[p], sorted_lid)
+            pieces = _pieces(bounds, gid)
+            pred = _gather(preds, pieces, np.empty(stop - start, dtype=np.int64))
+            prob = _gather(probs, pieces, np.empty((stop - start, num_classes), dtype=np.float32))
+            emb = {layer: _gather(arrays, pieces, np.empty((stop - start, widths[layer]), dtype=np.float32))
+                   for layer, arrays in embs.items()}
             label, split = label_of_gid[gid], split_of_gid[gid]
             pred_out[start:stop], prob_out[start:stop] = pred, prob
             label_out[start:stop], split_out[start:stop] = label, split
@@ -218,6 +267,34 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
             columns = [pa.array(orig), *types.columns(orig, type_out, start), pa.array(pred),
                        *[pa.array(prob[:, c]) for c in range(num_classes)], pa.array(label), split_col]
             table_writer.write_table(pa.Table.from_arrays(columns, schema=table_schema))
+    return {"export_chunk_rows": rows, "exported_nodes": num_nodes}
+
+
+def export_link_embeddings(writer: StageWriter, *, book: PartitionBook, embedding_layers: Sequence[int],
+                           schema: GraphSchema, chunk_rows: int | None = None, progress: bool = False
+                           ) -> dict[str, Any]:
+    """A link model's ``nodes.zarr`` in orig-id order: ``emb/out`` and the stored hidden layers (typed: and
+    ``node_type``), a chunk of orig ids at a time; adds ``orig_id`` to each part. Returns figures."""
+    num_nodes = book.num_nodes
+    parts = _parts_with_orig_id(writer, book)
+    names = [OUT, *(_layer_name(layer) for layer in embedding_layers)]
+    sources = {name: [open_array(open_subgroup(g, "emb"), name) for g in parts] for name in names}
+    widths = {name: int(arrays[0].shape[1]) for name, arrays in sources.items()}
+    rows = chunk_rows or export_rows(0, list(widths.values()))
+    out = open_group(writer.file_url(NODES), mode="w")
+    emb_group = out.create_group("emb")
+    targets = {name: _create(emb_group, name, (num_nodes, w), np.float32, rows) for name, w in widths.items()}
+    out.attrs.update({"num_nodes": num_nodes, "task": "link", "embedding_width": widths[OUT],
+                      "embedding_layers": sorted(int(k) for k in embedding_layers)})
+    types = _TypeColumns(schema)
+    type_out = types.zarr_array(out, rows)
+    for start in _chunk_starts(num_nodes, rows, progress):
+        stop = min(start + rows, num_nodes)
+        pieces = _pieces(book.bounds, book.gid_of_orig[start:stop])
+        for name, arrays in sources.items():
+            targets[name][start:stop] = _gather(arrays, pieces, np.empty((stop - start, widths[name]), np.float32))
+        if type_out is not None:
+            types.codes(np.arange(start, stop, dtype=np.int64), type_out, start)
     return {"export_chunk_rows": rows, "exported_nodes": num_nodes}
 
 
@@ -244,14 +321,20 @@ class _TypeColumns:
             return []
         return [("node_type", pa.dictionary(pa.int8(), pa.string())), ("type_orig_id", pa.int64())]
 
+    def codes(self, orig: np.ndarray, array: zarr.Array | None, start: int) -> np.ndarray:
+        """The node types of the chunk of orig ids ``orig`` (from ``start``), written to ``array``."""
+        code = (np.searchsorted(self.offsets, orig, side="right") - 1).astype(np.int8)
+        if array is not None:
+            array[start:start + orig.shape[0]] = code
+        return code
+
     def columns(self, orig: np.ndarray, array: zarr.Array | None, start: int) -> list[Any]:
         """The chunk of orig ids ``orig`` (from ``start``): its node types written to ``array``, and the columns."""
         import pyarrow as pa
 
         if not self.typed or array is None:
             return []
-        code = (np.searchsorted(self.offsets, orig, side="right") - 1).astype(np.int8)
-        array[start:start + orig.shape[0]] = code
+        code = self.codes(orig, array, start)
         names = pa.array(self.names, type=pa.string())
         return [pa.DictionaryArray.from_arrays(pa.array(code), names), pa.array(orig - self.offsets[code])]
 
@@ -271,8 +354,17 @@ class InferArtifact(ArtifactHandle):
         return int(self.manifest.summary["num_partitions"])
 
     @property
+    def task(self) -> str:
+        """``node`` (classes: predictions and probabilities) or ``link`` (a link model's node embeddings only)."""
+        return str(self.manifest.summary.get("task", "node"))   # builds before link prediction: node
+
+    @property
     def num_classes(self) -> int:
-        return int(self.manifest.summary["num_classes"])
+        return int(self.manifest.summary.get("num_classes", 0))
+
+    def _no_classes(self, what: str) -> ArtifactError:
+        return ArtifactError(f"infer/{self.manifest.key} holds a link prediction model's node embeddings "
+                             f"({LINK_EMBEDDINGS}), no {what}; score pairs with `gnnpipe score`")
 
     @property
     def embedding_layers(self) -> list[int]:
@@ -281,6 +373,8 @@ class InferArtifact(ArtifactHandle):
     @property
     def predictions_url(self) -> str:
         """``predictions.parquet``: open it with pandas/pyarrow/polars (column ``orig_id`` is the join key)."""
+        if self.task == "link":
+            raise self._no_classes(PREDICTIONS)
         return self._url(PREDICTIONS)
 
     @property
@@ -302,10 +396,15 @@ class InferArtifact(ArtifactHandle):
 
     def node_array(self, name: str) -> zarr.Array:
         """``pred``, ``prob``, ``label`` or ``split`` of ``nodes.zarr`` (orig-id order), opened lazily."""
+        if self.task == "link":
+            raise self._no_classes(name)
         return open_array(self.nodes(), name)
 
     def embeddings(self, layer: int | None = None) -> zarr.Array:
-        """Hidden layer ``layer``'s rows in orig-id order (default: the last one stored), opened lazily."""
+        """Hidden layer ``layer``'s rows in orig-id order, opened lazily; default: a link model's node embeddings
+        (``emb/out``, its output layer), else the last hidden layer stored."""
+        if layer is None and self.task == "link":
+            return open_array(open_subgroup(self.nodes(), "emb"), OUT)
         layers = self.embedding_layers
         if not layers:
             raise ArtifactError(f"infer/{self.manifest.key} holds no embeddings (a model with no hidden layer, or "
@@ -315,6 +414,10 @@ class InferArtifact(ArtifactHandle):
             raise ArtifactError(f"infer/{self.manifest.key} holds hidden layers {layers}, not {chosen}; "
                                 f"set infer.embeddings=all for every hidden layer")
         return open_array(open_subgroup(self.nodes(), "emb"), _layer_name(chosen))
+
+    def embedding_rows(self, orig_id: np.ndarray) -> np.ndarray:
+        """``embeddings()[orig_id]`` for sorted distinct orig ids: only the chunks they touch are read."""
+        return _rows(self.embeddings(), orig_id)
 
     def predictions(self) -> pyarrow.Table:
         """``predictions.parquet`` as a pyarrow Table (``.to_pandas()`` for a DataFrame)."""

@@ -13,6 +13,8 @@ from pydantic import Field, field_validator
 
 from stages.params import Seed, StageParams, runtime
 from stages.runtime.fanouts import validate_fanouts
+from stages.train.params import Params as TrainParams
+from storage import Manifest
 
 EmbeddingLayers = Literal["last", "all"]
 
@@ -50,3 +52,8 @@ class Params(StageParams):
         if self.fanouts is None:
             del out["seed"]
         return out
+
+
+def train_params(train: Manifest) -> TrainParams:
+    """The train stage's Params from its manifest (which records the key params, plus plug-in code digests)."""
+    return TrainParams(**{k: v for k, v in train.params.items() if k in TrainParams.model_fields})

@@ -2,7 +2,8 @@
 its nodes, write its outputs (``storage.infer``) and return its figures (rank 0 gathers them for the stage).
 
 Reads through the typed handles of ``storage`` only, like ``stages.train.rank_data``. ID spaces: ``gid`` global,
-``lid = gid - lo`` with ``lo = bounds[rank]``.
+``lid = gid - lo`` with ``lo = bounds[rank]``. A link prediction model (``stages.infer.link``) is its encoder here:
+its outputs are the nodes' embeddings, written as they are (no softmax, no classes).
 """
 
 from __future__ import annotations
@@ -14,44 +15,46 @@ from typing import Any
 import torch
 
 from stages.infer.layerwise import Inference
+from stages.infer.link import ENCODER, is_link, submodule_state
 from stages.infer.model_input import model_input
-from stages.infer.params import Params
+from stages.infer.params import Params, train_params
 from stages.infer.spec import InferSpec
 from stages.meter import measure
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.model import needs_degrees
-from stages.train.params import Params as TrainParams
 from stages.train.plugins import make_model
 from stages.train.rank_data import degree_path
 from stages.train.spec import check_world_size
 from stages.train.typed_data import typed_in_channels
 from storage import ArtifactStore, Manifest
-from storage.features import FeaturesArtifact
+from storage.features import FeaturesArtifact, PartFeatures
 from storage.graph import SPLITS
-from storage.infer import open_part_outputs, write_part_embedding, write_part_predictions
+from storage.infer import (
+    open_part_outputs,
+    write_part_embedding,
+    write_part_link_embeddings,
+    write_part_predictions,
+)
 from storage.partition import PartitionArtifact
 from storage.train import MODEL, split_model_state
-
-
-def train_params(train: Manifest) -> TrainParams:
-    """The train stage's Params from its manifest (which records the key params, plus plug-in code digests)."""
-    return TrainParams(**{k: v for k, v in train.params.items() if k in TrainParams.model_fields})
 
 
 def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArtifact, features: FeaturesArtifact
                ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The trained model (the published, best-validation weights) in eval mode, built as the trainer built it, and
-    on a typed graph the learnt embedding tables of its featureless node types (``storage.train``)."""
+    on a typed graph the learnt embedding tables of its featureless node types (``storage.train``). Of a link
+    prediction model, the encoder: ``hidden`` outputs, the nodes' embeddings (the decoder is not needed)."""
     params = train_params(train)
+    link = is_link(train)
     in_channels: int | dict[str, int | None] = (
         features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
     model = make_model(params.model, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
-                       out_channels=features.num_classes, num_layers=params.num_layers, dropout=params.dropout,
-                       heads=params.gat_heads, schema=partition.schema)
+                       out_channels=params.hidden if link else features.num_classes, num_layers=params.num_layers,
+                       dropout=params.dropout, heads=params.gat_heads, schema=partition.schema)
     state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
                                                  map_location="cpu", weights_only=True))
-    model.load_state_dict(state)
+    model.load_state_dict(submodule_state(state, ENCODER) if link else state)
     return model.eval(), tables
 
 
@@ -90,6 +93,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
     bounds = partition.bounds()
     check_world_size(world, int(bounds.shape[0]) - 1)
     lo = int(bounds[rank])
+    link = is_link(trained)
     with measure() as cost:
         csr = LocalCSR.from_part(partition.csr(rank))
         part = features.part(rank, load_x=False)
@@ -108,24 +112,36 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
             write_part_embedding(group, layer, rows.numpy())
 
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
-            logits = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
-            prob = torch.softmax(logits, dim=1)
-            pred = logits.argmax(dim=1)
-        write_part_predictions(group, part=rank, start_gid=lo, pred=pred.numpy(), prob=prob.numpy(),
-                               embedding_layers=engine.observed_layers)
+            out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
+            classes = None if link else (out.argmax(dim=1), torch.softmax(out, dim=1))
+        if classes is None:   # a link model's outputs are the embeddings themselves
+            write_part_link_embeddings(group, part=rank, start_gid=lo, emb=out.numpy(),
+                                       embedding_layers=engine.observed_layers)
+        else:
+            write_part_predictions(group, part=rank, start_gid=lo, pred=classes[0].numpy(),
+                                   prob=classes[1].numpy(), embedding_layers=engine.observed_layers)
+    record = {"rank": rank, "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
+              "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
+              "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
+              "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],
+              "peak_rss_bytes": cost["peak_rss_bytes"], "start_rss_bytes": cost["start_rss_bytes"],
+              "peak_rss_source": cost["peak_rss_source"]}
+    if classes is None:
+        return {**record, "embedding_width": int(out.shape[1])}
+    return {**record, **class_figures(partition, part, rank, classes[0], int(out.shape[1]))}
+
+
+def class_figures(partition: PartitionArtifact, part: PartFeatures, rank: int, pred: torch.Tensor,
+                  num_classes: int) -> dict[str, Any]:
+    """A node classifier's figures of rank ``rank``: correct predictions and labelled nodes per split, and the
+    predicted and labelled counts per class."""
     y = torch.from_numpy(part.y)
-    num_classes = int(prob.shape[1])
     labelled_lid = labelled_lids(partition, rank)   # the classes predicted for the types the model was taught
     correct, total = {}, {}
     for split in SPLITS:
         lid = torch.from_numpy(part.split_lids[split])
         correct[split] = int((pred.index_select(0, lid) == y.index_select(0, lid)).sum())
         total[split] = int(lid.numel())
-    return {"rank": rank, "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
-            "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
-            "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers, "num_classes": num_classes,
-            "layers": [vars(s) for s in engine.stats], "correct": correct, "total": total,
+    return {"num_classes": num_classes, "correct": correct, "total": total,
             "pred_count": torch.bincount(pred.index_select(0, labelled_lid), minlength=num_classes).tolist(),
-            "label_count": torch.bincount(y[y >= 0], minlength=num_classes).tolist(),
-            "wall_s": cost["wall_s"], "peak_rss_bytes": cost["peak_rss_bytes"],
-            "start_rss_bytes": cost["start_rss_bytes"], "peak_rss_source": cost["peak_rss_source"]}
+            "label_count": torch.bincount(y[y >= 0], minlength=num_classes).tolist()}

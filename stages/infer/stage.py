@@ -14,6 +14,9 @@ Exact by default (every in-edge: what the model computes on the whole graph); ``
 neighbours instead. A model without the block protocol (a plain PyG ``forward(x, edge_index)`` plug-in) is run
 whole on each chunk's full L-hop neighbourhood: exact too, but its memory is bounded by that neighbourhood rather
 than by the chunk (``layerwise``'s docstring). No checkpoints: an interrupted job reruns whole.
+
+A link prediction model (train's ``task=link``, ``stages.infer.link``) runs its encoder the same way; its outputs
+are every node's embedding (``storage.infer``: ``nodes.zarr/emb/out``), with no classes, predictions or accuracy.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from stages.infer.link import is_link, link_metrics, link_report, link_summary
 from stages.infer.params import Params
 from stages.infer.spec import InferSpec, ranks_path
 from stages.meter import measure
@@ -36,7 +40,15 @@ from stages.tracking.mlflow_runs import log_infer
 from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
-from storage.infer import METRICS, NODES, PREDICTIONS, SPLIT_CODES, export_orig_order, write_metrics
+from storage.infer import (
+    METRICS,
+    NODES,
+    PREDICTIONS,
+    SPLIT_CODES,
+    export_link_embeddings,
+    export_orig_order,
+    write_metrics,
+)
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
@@ -100,22 +112,29 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         from stages.tracking.events import write_infer_events
 
         nonlocal built
+        link = is_link(trained)
         with measure() as cost:
             ranks = _launch(store, params, upstream, writer, log)
-            metrics = _metrics(ranks, trained, params, num_layers)
+            common = _common_metrics(ranks, trained, params, num_layers)
+            metrics = link_metrics(common, ranks, trained) if link else _metrics(common, ranks, trained)
             parts = PartitionArtifact(store, partition)
             book = parts.book()
-            label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features), book.num_partitions)
             metrics["node_types"] = _node_types(parts)
-            export = export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
-                                       num_classes=metrics["num_classes"], schema=parts.schema,
-                                       embedding_layers=metrics["embedding_layers"], progress=progress)
+            if link:
+                export = export_link_embeddings(writer, book=book, embedding_layers=metrics["embedding_layers"],
+                                                schema=parts.schema, progress=progress)
+            else:
+                label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features),
+                                                                book.num_partitions)
+                export = export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
+                                           num_classes=metrics["num_classes"], schema=parts.schema,
+                                           embedding_layers=metrics["embedding_layers"], progress=progress)
         metrics.update(export)
         metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
         metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
         write_metrics(writer, metrics)
         write_infer_events(writer, metrics["scalars"])
-        writer.summary.update(_summary(metrics))
+        writer.summary.update(link_summary(metrics, _summary_ranks(metrics)) if link else _summary(metrics))
         writer.summary.update(cost)
         built = True
 
@@ -189,35 +208,46 @@ def sampled_accuracy(train_summary: Mapping[str, Any]) -> dict[str, float | None
             "test": train_summary.get("test_acc")}
 
 
-def _metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Params, num_layers: int) -> dict[str, Any]:
-    num_classes = int(ranks[0]["num_classes"])
+def _common_metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Params,
+                    num_layers: int) -> dict[str, Any]:
+    """The figures of every infer build, a node classifier's or a link model's."""
+    remote_bytes = sum(layer["remote_bytes"] for r in ranks for layer in r["layers"])
+    scalars = {"infer/nodes": float(sum(r["nodes"] for r in ranks)),
+               "infer/rank_wall_s_max": max(r["wall_s"] for r in ranks),
+               "infer/rank_peak_rss_bytes_max": float(max(r["peak_rss_bytes"] for r in ranks)),
+               "infer/remote_bytes": float(remote_bytes)}
+    return {"mode": "exact" if params.fanouts is None else "sampled",
+            "fanouts": None if params.fanouts is None else list(params.fanouts), "path": ranks[0]["path"],
+            "num_nodes": sum(r["nodes"] for r in ranks), "num_partitions": len(ranks), "num_layers": num_layers,
+            "embedding_layers": ranks[0]["embedding_layers"], "embeddings": params.embeddings,
+            "train_key": trained.key, "model": trained.summary.get("model", {"kind": trained.params.get("model")}),
+            "ranks": ranks, "scalars": scalars}
+
+
+def _metrics(common: dict[str, Any], ranks: list[dict[str, Any]], trained: Manifest) -> dict[str, Any]:
+    """A node classifier's metrics: ``common`` and its classes, accuracies and counts."""
     correct = {s: sum(r["correct"][s] for r in ranks) for s in SPLITS}
     total = {s: sum(r["total"][s] for r in ranks) for s in SPLITS}
     accuracy = {s: _ratio(correct[s], total[s]) for s in SPLITS}
     pred_count = np.sum([r["pred_count"] for r in ranks], axis=0).astype(int).tolist()
     label_count = np.sum([r["label_count"] for r in ranks], axis=0).astype(int).tolist()
-    remote_bytes = sum(layer["remote_bytes"] for r in ranks for layer in r["layers"])
     scalars: dict[str, float] = {f"infer/acc_{s}": a for s, a in accuracy.items() if a is not None}
-    scalars.update({"infer/nodes": float(sum(r["nodes"] for r in ranks)),
-                    "infer/rank_wall_s_max": max(r["wall_s"] for r in ranks),
-                    "infer/rank_peak_rss_bytes_max": float(max(r["peak_rss_bytes"] for r in ranks)),
-                    "infer/remote_bytes": float(remote_bytes)})
-    return {"mode": "exact" if params.fanouts is None else "sampled",
-            "fanouts": None if params.fanouts is None else list(params.fanouts), "path": ranks[0]["path"],
-            "num_nodes": sum(r["nodes"] for r in ranks), "num_partitions": len(ranks), "num_classes": num_classes,
-            "num_layers": num_layers, "embedding_layers": ranks[0]["embedding_layers"],
-            "embeddings": params.embeddings, "accuracy": accuracy, "correct": correct, "total": total,
-            "sampled_accuracy": sampled_accuracy(trained.summary), "train_key": trained.key,
-            "model": trained.summary.get("model", {"kind": trained.params.get("model")}),
-            "pred_count": pred_count, "label_count": label_count, "ranks": ranks, "scalars": scalars}
+    scalars.update(common["scalars"])   # the accuracies first, as before
+    return {**common, "num_classes": int(ranks[0]["num_classes"]), "accuracy": accuracy, "correct": correct,
+            "total": total, "sampled_accuracy": sampled_accuracy(trained.summary), "pred_count": pred_count,
+            "label_count": label_count, "scalars": scalars}
+
+
+def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"rank": r["rank"], "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
+             "feature_store": r["feature_store"], "wall_s": r["wall_s"],
+             "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
+             "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
+             "layer_s": [layer["seconds"] for layer in r["layers"]]} for r in m["ranks"]]
 
 
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
-    ranks = [{"rank": r["rank"], "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
-              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
-              "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
-              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
-              "layer_s": [layer["seconds"] for layer in r["layers"]]} for r in m["ranks"]]
+    ranks = _summary_ranks(m)
     keys = ("mode", "fanouts", "path", "num_nodes", "num_partitions", "num_classes", "num_layers",
             "embedding_layers", "embeddings", "accuracy", "sampled_accuracy", "correct", "total", "train_key",
             "pred_count", "label_count", "scalars", "exported_nodes", "node_types")
@@ -225,8 +255,15 @@ def _summary(m: dict[str, Any]) -> dict[str, Any]:
                                                                  "metrics": METRICS}}
 
 
+def _ranks_table(s: dict[str, Any]) -> list[dict[str, Any]]:
+    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "wall_s", "peak_rss_mib")
+    return [{c: r[c] for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
+
+
 def report(manifest: Manifest) -> Report:
     s = manifest.summary
+    if s.get("task") == "link":
+        return link_report(manifest.uri, manifest.key, s, _ranks_table(s))
     acc, sampled = s["accuracy"], s["sampled_accuracy"]
     how = "exact" if s["mode"] == "exact" else f"sampled ({','.join(map(str, s['fanouts']))})"
     peak = max(r["peak_rss_mib"] for r in s["ranks"])
@@ -240,8 +277,7 @@ def report(manifest: Manifest) -> Report:
     classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(sum(s["pred_count"]), 1)),
                 "labelled": s["label_count"][c], "labelled_share": percent(s["label_count"][c] / labelled)}
                for c, n in enumerate(s["pred_count"])]
-    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "wall_s", "peak_rss_mib")
-    ranks = [{c: r[c] for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
+    ranks = _ranks_table(s)
     emb = (f"hidden layer(s) {', '.join(map(str, s['embedding_layers']))} in `{NODES}/emb/layer-<l>`"
            if s["embedding_layers"] else "no hidden layer observed (a 1-layer model, or a plain model without "
                                          "`convs`)")

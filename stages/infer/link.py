@@ -1,0 +1,74 @@
+"""Inference of a link prediction model (train's ``task=link``): every node's embedding, no classes.
+
+The train artifact's ``model.pt`` is a ``LinkModel``'s state (``stages.train.link_task``): ``encoder.*``, a node
+model whose output layer is ``hidden`` wide, and ``decoder.*``, the pair scorer. Inference builds the encoder as
+the trainer built it and runs it layer by layer over every node as it runs a node classifier
+(``stages.infer.layerwise``); its outputs are the embeddings (``storage.infer``: ``emb/out``), which the decoder
+scores pairs from (``stages.infer.score``). There are no labels to predict, so no pred, prob or accuracy.
+
+Torch-free at import: the stage reads the manifests and writes the metrics, report and summary from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from storage import Manifest
+from storage.infer import LINK_EMBEDDINGS, METRICS, NODES
+from storage.report import Report, markdown_table
+
+ENCODER = "encoder."   # LinkModel's submodules: model.pt's key prefixes
+DECODER = "decoder."
+
+
+def is_link(train: Manifest) -> bool:
+    """Whether the train artifact holds a link prediction model: its ``task`` parameter (recorded in the manifest's
+    key params for task=link only, so a node model's manifest, old or new, has none)."""
+    return train.params.get("task", "node") == "link"
+
+
+def submodule_state(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries of ``state`` under ``prefix``, the prefix stripped: one submodule's ``state_dict``."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def link_metrics(common: dict[str, Any], ranks: list[dict[str, Any]], trained: Manifest) -> dict[str, Any]:
+    """The stage's metrics for a link model: ``common`` (the figures every infer build has) and what the
+    embeddings are."""
+    model = trained.summary.get("model", {})
+    return {**common, "task": "link", "decoder": trained.params.get("decoder", model.get("decoder")),
+            "embedding_width": int(ranks[0]["embedding_width"]), "embeddings_at": LINK_EMBEDDINGS,
+            "train_test_metrics": trained.summary.get("test_metrics", {})}
+
+
+def link_summary(m: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's summary of a link build (``ranks``: as a node build's summary lists them)."""
+    keys = ("mode", "fanouts", "path", "num_nodes", "num_partitions", "num_layers", "embedding_layers", "embeddings",
+            "task", "decoder", "embedding_width", "embeddings_at", "train_test_metrics", "train_key", "scalars",
+            "exported_nodes", "node_types")
+    return {**{k: m[k] for k in keys}, "ranks": ranks,
+            "files": {"nodes": NODES, "embeddings": LINK_EMBEDDINGS, "metrics": METRICS}}
+
+
+def link_report(uri: str, key: str, s: Mapping[str, Any], ranks_table: list[dict[str, Any]]) -> Report:
+    how = "exact" if s["mode"] == "exact" else f"sampled ({','.join(map(str, s['fanouts']))})"
+    peak = max((r["peak_rss_mib"] for r in s["ranks"]), default=0.0)
+    where = f"{uri}/{s['embeddings_at']}"
+    test = s.get("train_test_metrics") or {}
+    mrr = f" (the train stage's sampled test MRR {test['mrr']:.4f})" if test.get("mrr") is not None else ""
+    headline = (f"{how} link prediction embeddings of {s['num_nodes']:,} nodes ({s['embedding_width']} wide) on "
+                f"{s['num_partitions']} rank(s){mrr} | {s['wall_s']:.1f} s, peak RSS {peak:.0f} MiB/rank | "
+                f"embeddings: {where}")
+    table = [{"metric": k, "test (train stage, sampled)": "n/a" if v is None else round(v, 4)}
+             for k, v in sorted(test.items())]
+    hidden = (f" Hidden layer(s) {', '.join(map(str, s['embedding_layers']))} too, in `{NODES}/emb/layer-<l>`."
+              if s["embedding_layers"] else "")
+    metrics = f"### Test metrics of the train stage\n\n{markdown_table(table)}\n\n" if table else ""
+    md = (f"## infer `{key}`\n\n{headline}\n\nLink prediction model of train `{s['train_key']}`: its encoder "
+          f"({s['num_layers']} layers, computed {s['path']}) gives every node's embedding, in orig-id order in "
+          f"`{where}` (row i = orig id i; per partition: `part-<p>.zarr/emb/out`, with `orig_id`).{hidden} Pairs "
+          f"are scored by the train artifact's `{s['decoder']}` decoder: `gnnpipe score {key[:8]} --pairs "
+          f"PAIRS.npy --out scores.parquet`. No classes: no predictions or accuracy.\n\n"
+          f"{metrics}### Ranks\n\n{markdown_table(ranks_table)}\n")
+    return Report(headline, table, md)

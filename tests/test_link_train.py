@@ -178,3 +178,22 @@ def test_a_typed_graph_predicts_its_chosen_edge_type(tmp_path):
     assert metrics["task"]["metric"] == "mrr" and all(np.isfinite(e["loss"]) for e in metrics["epochs"])
     # chance against 50 negatives is ~0.09; writes -> paper is predictable from the typed neighbourhoods
     assert metrics["test_metrics"]["mrr"] > 0.15, metrics["test_metrics"]
+
+
+def test_a_files_graph_is_split_by_fractions_and_seed(tmp_path):
+    from stages.download.synthetic import generate_synthetic
+    from tests.test_feature_dtypes import write_files
+
+    graph = generate_synthetic(600, 6.0, 4, 3, 0)
+    path = write_files(tmp_path / "g", graph, graph.x)
+    values = {"dataset": "files", "path": str(path), "task": "link", "link_split": (0.7, 0.1, 0.2),
+              "download.seed": 3, "until": "download"}
+    store, m = build_without_prefect({**values, "artifacts": str(tmp_path / "a")})
+    sizes = m["download"].summary["edge_split_sizes"]
+    pairs = graph.num_edges // 2   # stored symmetrised: one undirected pair per two entries
+    assert sum(sizes.values()) == pairs and sizes["test"] == round(0.2 * pairs)
+    g = GraphArtifact(store, m["download"]).read()
+    assert g.num_edges == graph.num_edges - 2 * (sizes["valid"] + sizes["test"])   # both directions held out
+    other_store, again = build_without_prefect({**values, "artifacts": str(tmp_path / "b")})
+    g2 = GraphArtifact(other_store, again["download"]).read()   # the same files, fractions and seed: the same split
+    assert all(np.array_equal(g.edge_splits[s], g2.edge_splits[s]) for s in SPLITS)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.download import stage as download
 from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
@@ -192,6 +193,7 @@ def test_a_files_graph_is_split_by_fractions_and_seed(tmp_path):
     sizes = m["download"].summary["edge_split_sizes"]
     pairs = graph.num_edges // 2   # stored symmetrised: one undirected pair per two entries
     assert sum(sizes.values()) == pairs and sizes["test"] == round(0.2 * pairs)
+    assert f"{sizes['test']:,} test positives (valid and test held out" in download.report(m["download"]).headline
     g = GraphArtifact(store, m["download"]).read()
     assert g.num_edges == graph.num_edges - 2 * (sizes["valid"] + sizes["test"])   # both directions held out
     other_store, again = build_without_prefect({**values, "artifacts": str(tmp_path / "b")})

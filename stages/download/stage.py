@@ -200,6 +200,10 @@ def report(manifest: Manifest) -> Report:
                                               "edge types)")
     headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges{typed}, {s['num_features']} "
                 f"features, {s['num_classes']} classes")
+    if s.get("edge_split_sizes"):   # task=link: the positives, and what the samplers' graph leaves out
+        sizes = s["edge_split_sizes"]
+        headline += (f"; link prediction on {s['link_edge_type']}: {sizes['train']:,} train, {sizes['valid']:,} "
+                     f"valid, {sizes['test']:,} test positives (valid and test held out of the graph)")
     md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     if not schema.is_homogeneous:
         md += _typed_tables(schema, s["edges_per_type"])

@@ -2,17 +2,19 @@
 other tools read without gnnpipe.
 
 The build is the one ``gnnpipe show infer`` would print (``flows.cli_store.find_build``: KEY, the
-``--config``/``--set`` given, or the only infer build); it is read through ``storage.infer.InferArtifact``.
+``--config``/``--set`` given, or the only infer build); it is read through ``storage.infer_artifact.InferArtifact``.
 
 - ``parquet``: ``predictions.parquet`` (orig_id, pred, prob_<c>, label, split), copied as it is;
 - ``zarr``: the ``nodes.zarr`` group (pred, prob, label, split, emb/layer-<l>; crc32c codec), copied as it is;
 - ``npy``: ``orig_id.npy``, ``pred.npy``, ``prob.npy``, ``label.npy``, ``split.npy`` and ``emb_layer_<l>.npy`` per
-  stored hidden layer, row i = orig id i, written a chunk of rows at a time (memory: one chunk).
+  stored hidden layer, row i = orig id i, written a chunk of rows at a time (memory: one chunk). A link prediction
+  model's build (no classes): ``orig_id.npy``, ``emb_out.npy`` (its node embeddings) and ``emb_layer_<l>.npy``;
+  it has no Parquet file to export.
 
 Each export adds ``export.json`` (the build's keys, sizes, embedding layers, split codes and the files). A file is
 written under a temporary name and renamed into place: an interrupted export leaves no half-written file under its
 final name. DIR must be empty (or absent) unless ``--force``, which replaces the files of the same names and leaves
-the others.
+the others; a failed export removes DIR again when it created it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
@@ -32,7 +35,8 @@ import zarr
 from flows import cli_store
 from flows.cli_store import ARTIFACTS, CONFIG, SETS
 from storage import InputError
-from storage.infer import NODES, PREDICTIONS, SPLIT_CODES, InferArtifact
+from storage.infer import NODES, PREDICTIONS, SPLIT_CODES
+from storage.infer_artifact import InferArtifact
 
 FORMATS = ("parquet", "zarr", "npy")
 EXPORT_JSON = "export.json"
@@ -54,13 +58,25 @@ def export(stage: str = typer.Argument(..., help="the stage whose outputs to exp
     _check_out(out, force)
     store, manifest = cli_store.find_build("infer", key, config, set_, artifacts)
     art = InferArtifact(store, manifest)
+    if art.task == "link" and format_ == "parquet":
+        raise InputError(f"infer/{manifest.key} holds a link prediction model's node embeddings, no "
+                         f"{PREDICTIONS}: export them with --format npy or zarr")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    files = WRITERS[format_](art, out)
-    meta = {"stage": "infer", "key": manifest.key, "artifact": manifest.uri,
+    try:
+        files = WRITERS[format_](art, out)
+        meta: dict[str, Any] = {
+            "stage": "infer", "key": manifest.key, "artifact": manifest.uri, "task": art.task,
             "train_key": manifest.upstream.get("train"), "format": format_, "order": "orig_id",
             "num_nodes": int(manifest.summary["num_nodes"]), "num_classes": art.num_classes,
-            "embedding_layers": art.embedding_layers, "split_codes": {**SPLIT_CODES, "none": -1}, "files": files}
-    _atomic(out / EXPORT_JSON, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+            "embedding_layers": art.embedding_layers, "files": files}
+        if art.task != "link":
+            meta["split_codes"] = {**SPLIT_CODES, "none": -1}
+        _atomic(out / EXPORT_JSON, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+    except BaseException:
+        if created:   # no empty (or partial) DIR left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     typer.echo(f"exported infer/{manifest.key} ({meta['num_nodes']:,} nodes, orig-id order) as {format_} to {out}: "
                f"{', '.join([*files, EXPORT_JSON])}")
 
@@ -114,9 +130,12 @@ def _zarr(art: InferArtifact, out: Path) -> list[str]:
 
 
 def _npy(art: InferArtifact, out: Path) -> list[str]:
-    arrays = {name: art.node_array(name) for name in ("pred", "prob", "label", "split")}
+    if art.task == "link":   # no classes: the node embeddings (emb/out) and the hidden layers
+        arrays = {"emb_out": art.embeddings()}
+    else:
+        arrays = {name: art.node_array(name) for name in ("pred", "prob", "label", "split")}
     arrays.update({f"emb_layer_{layer}": art.embeddings(layer) for layer in art.embedding_layers})
-    num_nodes = int(arrays["pred"].shape[0])
+    num_nodes = int(art.manifest.summary["num_nodes"])
     _atomic(out / "orig_id.npy", partial(_save, np.arange(num_nodes, dtype=np.int64)))
     for name, array in arrays.items():
         _atomic(out / f"{name}.npy", partial(_save_rows, array))

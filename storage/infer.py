@@ -31,29 +31,23 @@ Artifact ``infer/<key>/``:
 - ``metrics.json``: the stage's figures (``stages.infer.stage``), with the flat ``scalars`` a tracker logs.
 
 Every Zarr array carries the crc32c codec (``storage.zarr_io``). pyarrow is imported only where Parquet is
-written or read.
+written or read. This module writes the artifact; ``storage.infer_artifact.InferArtifact`` reads it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import zarr
 import zarr.codecs
 
-from storage.errors import ArtifactError
 from storage.graph import SPLITS
 from storage.partition import PartitionBook
 from storage.schema import GraphSchema
-from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, write_array
-
-if TYPE_CHECKING:
-    import pyarrow
+from storage.store import StageWriter
+from storage.zarr_io import open_array, open_group, open_subgroup, write_array
 
 NODES = "nodes.zarr"
 PREDICTIONS = "predictions.parquet"
@@ -65,11 +59,11 @@ OUT = "out"                   # emb/out: a link model's node embeddings (its out
 LINK_EMBEDDINGS = f"{NODES}/emb/{OUT}"
 
 
-def _part_name(p: int) -> str:
+def part_name(p: int) -> str:
     return f"part-{p}.zarr"
 
 
-def _layer_name(layer: int) -> str:
+def layer_name(layer: int) -> str:
     return f"layer-{layer}"
 
 
@@ -78,7 +72,7 @@ def open_part_outputs(artifact_url: str, part: int) -> zarr.Group:
     """Rank ``part``'s ``part-<part>.zarr`` in the artifact being written at ``artifact_url`` (the stage's
     ``StageWriter.url``, which the job spec hands the ranks): ``write_part_embedding`` as each hidden layer is done,
     then ``write_part_predictions`` last."""
-    return open_group(f"{artifact_url}/{_part_name(part)}", mode="w")
+    return open_group(f"{artifact_url}/{part_name(part)}", mode="w")
 
 
 def _emb_group(group: zarr.Group) -> zarr.Group:
@@ -88,7 +82,7 @@ def _emb_group(group: zarr.Group) -> zarr.Group:
 def write_part_embedding(group: zarr.Group, layer: int, rows: np.ndarray) -> None:
     """Hidden layer ``layer``'s rows (by lid) of the part ``group``."""
     emb = _emb_group(group)
-    write_array(emb, _layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    write_array(emb, layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
 
 
 def write_part_link_embeddings(group: zarr.Group, *, part: int, start_gid: int, emb: np.ndarray,
@@ -113,38 +107,6 @@ def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred
                                                                                       embedding_layers)})
 
 
-@dataclass
-class InferPart:
-    """Partition p's outputs, rows by lid (a link model's: ``out``, no pred or prob)."""
-
-    part: int
-    start_gid: int
-    pred: np.ndarray | None          # int64 [n_p]
-    prob: np.ndarray | None          # float32 [n_p, C]
-    embeddings: dict[int, np.ndarray]   # hidden layer -> float32 [n_p, H]
-    orig_id: np.ndarray | None       # int64 [n_p]; None before the export added it
-    out: np.ndarray | None = None    # a link model's node embeddings, float32 [n_p, D]
-
-
-def _read_part(url: str) -> InferPart:
-    g = open_group(url)
-    attrs = dict(g.attrs)
-    if "part" not in attrs:
-        raise ArtifactError(f"{url} is not a gnnpipe inference part (no attrs); rerun the infer stage")
-    emb = open_subgroup(g, "emb")
-    layers = attrs.get("embedding_layers", [])
-    if not isinstance(layers, list):
-        raise ArtifactError(f"attr 'embedding_layers' of {url} is {layers!r}, not a list; rerun the infer stage")
-    return InferPart(part=attr_int(attrs, "part", url), start_gid=attr_int(attrs, "start_gid", url),
-                     pred=_optional(g, "pred"), prob=_optional(g, "prob"),
-                     embeddings={int(str(layer)): read_array(emb, _layer_name(int(str(layer)))) for layer in layers},
-                     orig_id=_optional(g, "orig_id"), out=_optional(emb, OUT))
-
-
-def _optional(group: zarr.Group, name: str) -> np.ndarray | None:
-    return read_array(group, name) if name in group else None
-
-
 # ---- the export in orig-id order ----------------------------------------------------------------------------------
 def export_rows(num_classes: int, widths: Sequence[int]) -> int:
     """Orig ids per export chunk: about ``EXPORT_CHUNK_BYTES`` of outputs, within [8 192, 1 048 576] rows."""
@@ -160,7 +122,7 @@ def _create(group: zarr.Group, name: str, shape: tuple[int, ...], dtype: Any, ch
                               compressors=[zarr.codecs.Crc32cCodec()], fill_value=0, overwrite=True)
 
 
-def _rows(array: zarr.Array, lid: np.ndarray) -> np.ndarray:
+def read_rows(array: zarr.Array, lid: np.ndarray) -> np.ndarray:
     """``array[lid]`` for sorted lids: one slice read when they are contiguous (a book from the partition stage
     keeps orig order within a part, so an orig range is a lid range), else the touched chunks only."""
     if lid.size == 0:
@@ -175,7 +137,7 @@ Pieces = list[tuple[int, np.ndarray, np.ndarray]]   # (part, its sorted lids, th
 
 
 def _pieces(bounds: np.ndarray, gid: np.ndarray) -> Pieces:
-    """A chunk of gids cut by owning part, each part's lids sorted (``_rows`` reads a lid range as one slice)."""
+    """A chunk of gids cut by owning part, each part's lids sorted (``read_rows`` reads a lid range as one slice)."""
     owner = np.searchsorted(bounds, gid, side="right") - 1
     out = []
     for p in np.unique(owner).tolist():
@@ -189,13 +151,13 @@ def _pieces(bounds: np.ndarray, gid: np.ndarray) -> Pieces:
 def _gather(arrays: Sequence[zarr.Array], pieces: Pieces, out: np.ndarray) -> np.ndarray:
     """``out`` filled with the parts' rows of a chunk (``arrays[p]``: part p's array)."""
     for p, lid, pos in pieces:
-        out[pos] = _rows(arrays[p], lid)
+        out[pos] = read_rows(arrays[p], lid)
     return out
 
 
 def _parts_with_orig_id(writer: StageWriter, book: PartitionBook) -> list[zarr.Group]:
     """The ranks' ``part-<p>.zarr``, each given its rows' ``orig_id``."""
-    parts = [open_group(writer.file_url(_part_name(p)), mode="r+") for p in range(book.num_partitions)]
+    parts = [open_group(writer.file_url(part_name(p)), mode="r+") for p in range(book.num_partitions)]
     for p, g in enumerate(parts):
         write_array(g, "orig_id", book.orig_of_gid[book.bounds[p]:book.bounds[p + 1]], chunk_rows=PART_CHUNK_ROWS)
     return parts
@@ -223,7 +185,7 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
     parts = _parts_with_orig_id(writer, book)
     preds = [open_array(g, "pred") for g in parts]
     probs = [open_array(g, "prob") for g in parts]
-    embs = {layer: [open_array(open_subgroup(g, "emb"), _layer_name(layer)) for g in parts]
+    embs = {layer: [open_array(open_subgroup(g, "emb"), layer_name(layer)) for g in parts]
             for layer in embedding_layers}
     widths = {layer: int(arrays[0].shape[1]) for layer, arrays in embs.items()}
     rows = chunk_rows or export_rows(num_classes, list(widths.values()))
@@ -234,7 +196,7 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
     label_out = _create(out, "label", (num_nodes,), np.int64, rows)
     split_out = _create(out, "split", (num_nodes,), np.int8, rows)
     emb_group = out.create_group("emb")
-    emb_out = {layer: _create(emb_group, _layer_name(layer), (num_nodes, w), np.float32, rows)
+    emb_out = {layer: _create(emb_group, layer_name(layer), (num_nodes, w), np.float32, rows)
                for layer, w in widths.items()}
     out.attrs.update({"num_nodes": num_nodes, "num_classes": num_classes,
                       "embedding_layers": sorted(widths), "split_codes": SPLIT_CODES})
@@ -277,7 +239,7 @@ def export_link_embeddings(writer: StageWriter, *, book: PartitionBook, embeddin
     ``node_type``), a chunk of orig ids at a time; adds ``orig_id`` to each part. Returns figures."""
     num_nodes = book.num_nodes
     parts = _parts_with_orig_id(writer, book)
-    names = [OUT, *(_layer_name(layer) for layer in embedding_layers)]
+    names = [OUT, *(layer_name(layer) for layer in embedding_layers)]
     sources = {name: [open_array(open_subgroup(g, "emb"), name) for g in parts] for name in names}
     widths = {name: int(arrays[0].shape[1]) for name, arrays in sources.items()}
     rows = chunk_rows or export_rows(0, list(widths.values()))
@@ -341,92 +303,3 @@ class _TypeColumns:
 
 def write_metrics(writer: StageWriter, metrics: dict[str, Any]) -> None:
     writer.write_json(METRICS, metrics)
-
-
-# ---- reading -------------------------------------------------------------------------------------------------------
-class InferArtifact(ArtifactHandle):
-    """The infer stage's artifact, read through its manifest."""
-
-    STAGE = "infer"
-
-    @property
-    def num_partitions(self) -> int:
-        return int(self.manifest.summary["num_partitions"])
-
-    @property
-    def task(self) -> str:
-        """``node`` (classes: predictions and probabilities) or ``link`` (a link model's node embeddings only)."""
-        return str(self.manifest.summary.get("task", "node"))   # builds before link prediction: node
-
-    @property
-    def num_classes(self) -> int:
-        return int(self.manifest.summary.get("num_classes", 0))
-
-    def _no_classes(self, what: str) -> ArtifactError:
-        return ArtifactError(f"infer/{self.manifest.key} holds a link prediction model's node embeddings "
-                             f"({LINK_EMBEDDINGS}), no {what}; score pairs with `gnnpipe score`")
-
-    @property
-    def embedding_layers(self) -> list[int]:
-        return [int(layer) for layer in self.manifest.summary["embedding_layers"]]
-
-    @property
-    def predictions_url(self) -> str:
-        """``predictions.parquet``: open it with pandas/pyarrow/polars (column ``orig_id`` is the join key)."""
-        if self.task == "link":
-            raise self._no_classes(PREDICTIONS)
-        return self._url(PREDICTIONS)
-
-    @property
-    def nodes_url(self) -> str:
-        """``nodes.zarr``, every output in orig-id order."""
-        return self._url(NODES)
-
-    def part(self, p: int) -> InferPart:
-        """Partition p's outputs, rows by lid."""
-        return _read_part(self._url(_part_name(p)))
-
-    def parts(self) -> Iterator[InferPart]:
-        for p in range(self.num_partitions):
-            yield self.part(p)
-
-    def nodes(self) -> zarr.Group:
-        """``nodes.zarr`` opened lazily."""
-        return open_group(self.nodes_url)
-
-    def node_array(self, name: str) -> zarr.Array:
-        """``pred``, ``prob``, ``label`` or ``split`` of ``nodes.zarr`` (orig-id order), opened lazily."""
-        if self.task == "link":
-            raise self._no_classes(name)
-        return open_array(self.nodes(), name)
-
-    def embeddings(self, layer: int | None = None) -> zarr.Array:
-        """Hidden layer ``layer``'s rows in orig-id order, opened lazily; default: a link model's node embeddings
-        (``emb/out``, its output layer), else the last hidden layer stored."""
-        if layer is None and self.task == "link":
-            return open_array(open_subgroup(self.nodes(), "emb"), OUT)
-        layers = self.embedding_layers
-        if not layers:
-            raise ArtifactError(f"infer/{self.manifest.key} holds no embeddings (a model with no hidden layer, or "
-                                f"one whose layers could not be observed)")
-        chosen = layers[-1] if layer is None else layer
-        if chosen not in layers:
-            raise ArtifactError(f"infer/{self.manifest.key} holds hidden layers {layers}, not {chosen}; "
-                                f"set infer.embeddings=all for every hidden layer")
-        return open_array(open_subgroup(self.nodes(), "emb"), _layer_name(chosen))
-
-    def embedding_rows(self, orig_id: np.ndarray) -> np.ndarray:
-        """``embeddings()[orig_id]`` for sorted distinct orig ids: only the chunks they touch are read."""
-        return _rows(self.embeddings(), orig_id)
-
-    def predictions(self) -> pyarrow.Table:
-        """``predictions.parquet`` as a pyarrow Table (``.to_pandas()`` for a DataFrame)."""
-        import fsspec
-        import pyarrow.parquet as pq
-
-        with fsspec.open(self.predictions_url, "rb") as f:
-            return pq.read_table(f)
-
-    def metrics(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.store.read_bytes(self.STAGE, self.manifest.key, METRICS))
-        return data

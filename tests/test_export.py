@@ -19,7 +19,8 @@ from flows.cli_export import _save_rows
 from stages.infer import stage as infer
 from stages.infer.params import Params
 from storage import ArtifactStore, InputError, Manifest
-from storage.infer import SPLIT_CODES, InferArtifact
+from storage.infer import SPLIT_CODES
+from storage.infer_artifact import InferArtifact
 from tests._infer_pipeline import build_to_train
 from tests.conftest import GNNPIPE, REPO, cli_env
 

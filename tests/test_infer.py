@@ -24,7 +24,7 @@ from stages.train.model import build_model, needs_degrees
 from stages.train.rank_data import degree_path
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS
-from storage.infer import InferArtifact
+from storage.infer_artifact import InferArtifact
 from tests._infer_pipeline import Reference, build_to_train, full_graph_reference
 
 ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph

@@ -1,10 +1,13 @@
 """The infer stage on a link prediction model: every node's embedding equals the trained encoder on the whole graph,
-no classes are written, and pairs are scored by the train artifact's decoder (``stages.infer.score``, ``gnnpipe
-score``). One small pipeline (2 000 nodes, 2 partitions, 2 epochs) serves every test of the module."""
+no classes are written, pairs are scored by the train artifact's decoder (``stages.infer.score``, ``gnnpipe
+score``), and the link metrics from the exact embeddings are those recomputed from the stored embeddings (OGB's
+Evaluator on ogbl-citation2 and ogbl-collab fixtures). One small pipeline (2 000 nodes, 2 partitions, 2 epochs)
+serves most tests of the module; each ogbl fixture has its own (24 nodes, 1 partition, 1 epoch)."""
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,22 +17,29 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import zarr
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.cli_score import read_pairs
 from flows.direct import run_stages
 from stages.infer import stage as infer
+from stages.infer.link_eval import scores_against
 from stages.infer.rank import train_params
-from stages.infer.score import link_build, pair_scores, score_pairs
+from stages.infer.score import link_build, load_decoder, pair_scores, score_pairs
 from stages.train.link_decoders import MLPDecoder
+from stages.train.link_metrics import RankSums
 from stages.train.plugins import make_model
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
-from storage.infer import InferArtifact
+from storage.infer_artifact import EmbeddingBlocks, InferArtifact
+from storage.partition import PartitionArtifact
 from storage.train import MODEL
+from tests import ogbl_fixture
 from tests.conftest import GNNPIPE, REPO, cli_env
 
+# ogb imports torch_geometric, which still calls torch.jit.script.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph
 HIDDEN = 16
 N = 2000   # nodes
@@ -230,3 +240,130 @@ def test_csv_pairs_with_or_without_a_header(tmp_path: Path):
     assert [a.tolist() for a in read_pairs(tmp_path / "p.csv")] == [[7], [8]]
     with pytest.raises(InputError, match="give a .npy file of shape"):
         read_pairs(tmp_path / "p.txt")
+
+
+# ---- link metrics from the exact embeddings --------------------------------------------------------------------
+def _decode(decoder: torch.nn.Module, emb: np.ndarray, src: np.ndarray, dst: np.ndarray) -> torch.Tensor:
+    e = torch.from_numpy(np.asarray(emb, dtype=np.float32))
+    with torch.no_grad():
+        return decoder(e[torch.from_numpy(src)], e[torch.from_numpy(dst)]).float()
+
+
+@pytest.mark.slow
+def test_synthetic_link_metrics_are_ranks_against_seeded_uniform_negatives(built: Built):
+    """Recomputed independently: the whole-graph reference encoder, every valid/test positive, and each positive's own
+    eval_negatives uniform destinations drawn from torch.Generator().manual_seed(train seed), valid's then test's."""
+    lm = built.manifest.summary["link_metrics"]
+    parts = PartitionArtifact(built.store, built.manifests["partition"])
+    book = parts.book()
+    k, seed = CONFIG["eval_negatives"], built.manifests["train"].params.get("seed", 0)
+    generator = torch.Generator().manual_seed(seed)
+    assert lm["evaluator"] == "RankSums" and lm["negatives"] == "uniform" and lm["headline"] == "mrr"
+    for split in ("valid", "test"):
+        pos = book.orig_of_gid[np.concatenate([parts.edge_split(p, split) for p in range(2)], axis=1)]
+        neg = book.orig_of_gid[torch.randint(0, N, (pos.shape[1], k), generator=generator).numpy()]
+        src = np.repeat(pos[0], k)
+        scores = _decode(built.ref.decoder, built.ref.emb, src, neg.reshape(-1)).view(-1, k)
+        want = RankSums.of(_decode(built.ref.decoder, built.ref.emb, pos[0], pos[1]), scores).means()
+        got = lm[split]
+        assert got["positives"] == pos.shape[1] > 0 and got["negatives"] == pos.shape[1] * k
+        assert 0 < got["mrr"] <= 1
+        for name, value in want.items():
+            assert got[name] == pytest.approx(value, abs=1e-6), (split, name)
+    scalars = built.art.metrics()["scalars"]
+    assert scalars["infer/link_test_mrr"] == lm["test"]["mrr"] and "infer/link_valid_hits_at_10" in scalars
+    rep = infer.report(built.manifest)
+    assert f"test MRR {lm['test']['mrr']:.4f} from exact embeddings (the train stage's sampled test MRR" in \
+        rep.headline
+    assert "### Link metrics" in rep.markdown and "uniform negatives" in rep.markdown
+
+
+def test_blocks_of_embeddings_score_as_the_whole_matrix(tmp_path: Path):
+    """Several blocks (of whole chunks), kept one at a time: the same rows and negative scores as in memory."""
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((1000, 4)).astype(np.float32)
+    array = zarr.open_array(str(tmp_path / "emb.zarr"), mode="w", shape=emb.shape, chunks=(64, 4), dtype="float32")
+    array[:] = emb
+    blocks = EmbeddingBlocks(array, block_bytes=200 * 4 * 4)   # 200 rows -> 192: 3 chunks a block
+    assert blocks.block_rows == 192 and blocks.num_blocks == 6
+    ids = rng.integers(0, 1000, 300)
+    np.testing.assert_array_equal(blocks.gather(ids), emb[ids])
+    decoder = MLPDecoder(4).eval()
+    src, neg = rng.integers(0, 1000, 50), rng.integers(0, 1000, (50, 7))
+    got = scores_against(blocks, decoder, torch.from_numpy(emb[src]), neg, piece=16)
+    want = _decode(decoder, emb, np.repeat(src, 7), neg.reshape(-1)).view(50, 7)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    reads = blocks.reads
+    blocks.gather(np.array([5, 7]))
+    blocks.gather(np.array([9]))
+    assert blocks.reads == reads + 1   # one block read, then kept
+
+
+def _ogbl_pipeline(name: str, root: Path) -> tuple[ogbl_fixture.OgblFixture, ArtifactStore, dict[str, Manifest]]:
+    fx = ogbl_fixture.build(name, root / "ogb")
+    if name == "ogbl-collab":   # 120 shared negatives, so that Hits@50 is not 1 by default (OGB: < 50 negatives)
+        rng = np.random.default_rng(1)
+        for split in ("valid", "test"):
+            fx.negatives[split] = rng.integers(0, ogbl_fixture.NUM_NODES, (2, 120))
+            torch.save(ogbl_fixture._split_dict(name, fx.positives[split], fx.negatives[split]),
+                       fx.root / "ogbl_collab" / "split" / "time" / f"{split}.pt")
+    store, manifests = run_stages({
+        "dataset": name, "task": "link", "download.download_dir": str(fx.root), "num_partitions": 1,
+        "fanouts": (3, 3), "batch_size": 16, "hidden": 8, "epochs": 1, "eval_negatives": 5,
+        "edges_per_epoch": None, "threads_per_rank": 1, "timeout_s": 120.0, "collective_timeout_s": 60.0,
+        "rank_threads": 1, "job_timeout_s": 120.0, "until": "infer", "artifacts": str(root / "art")})
+    return fx, store, manifests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ogbl-citation2", "ogbl-collab"])
+def test_ogbl_metrics_are_ogbs_evaluator_on_the_stored_embeddings(name: str, tmp_path: Path):
+    from ogb.linkproppred import Evaluator
+
+    fx, store, manifests = _ogbl_pipeline(name, tmp_path)
+    man = manifests["infer"]
+    lm = man.summary["link_metrics"]
+    emb = np.asarray(InferArtifact(store, man).embeddings()[:])
+    decoder = load_decoder(store, manifests["train"])
+    evaluator = Evaluator(name)
+    for split in ("valid", "test"):   # OGB's own positives and negatives, in orig ids, as the fixture wrote them
+        src, dst = fx.positives[split]
+        pos = _decode(decoder, emb, src, dst)
+        if name == "ogbl-citation2":
+            k = fx.negatives[split].shape[1]
+            neg = _decode(decoder, emb, np.repeat(src, k), fx.negatives[split].reshape(-1)).view(-1, k)
+            got = evaluator.eval({"y_pred_pos": pos, "y_pred_neg": neg})
+            want = {m: float(got[f"{m}_list"].double().mean()) for m in ("mrr", "hits@1", "hits@3", "hits@10")}
+            assert lm[split]["negatives"] == src.size * k
+        else:
+            neg = _decode(decoder, emb, *fx.negatives[split])
+            want = {"hits@50": float(evaluator.eval({"y_pred_pos": pos, "y_pred_neg": neg})["hits@50"])}
+            assert lm[split]["negatives"] == 120
+        assert lm[split]["positives"] == src.size
+        for metric, value in want.items():
+            assert lm[split][metric] == pytest.approx(value, abs=1e-6), (split, metric)
+    assert lm["evaluator"] == name
+    head = "MRR" if name == "ogbl-citation2" else "Hits@50"
+    assert f"test {head} {lm['test'][lm['headline']]:.4f} from exact embeddings" in infer.report(man).headline
+
+
+# ---- gnnpipe export of a link build ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_export_npy_of_a_link_build_is_the_embeddings(built: Built, tmp_path: Path):
+    out = tmp_path / "npy"
+    result = CliRunner().invoke(app, ["export", "infer", built.manifest.key, "--format", "npy", "--out", str(out),
+                                      "--artifacts", built.store.root])
+    assert result.exit_code == 0, result.output
+    names = ["orig_id.npy", "emb_out.npy", "emb_layer_0.npy"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, "export.json"])
+    np.testing.assert_array_equal(np.load(out / "orig_id.npy"), np.arange(N))
+    np.testing.assert_array_equal(np.load(out / "emb_out.npy"), np.asarray(built.art.embeddings()[:]))
+    np.testing.assert_array_equal(np.load(out / "emb_layer_0.npy"), np.asarray(built.art.embeddings(0)[:]))
+    meta = json.loads((out / "export.json").read_text())
+    assert meta["files"] == names and meta["task"] == "link" and meta["num_classes"] == 0
+    assert "split_codes" not in meta
+    missing = tmp_path / "parquet"   # no predictions table: refused, and no empty --out left behind
+    result = CliRunner().invoke(app, ["export", "infer", built.manifest.key, "--format", "parquet", "--out",
+                                      str(missing), "--artifacts", built.store.root])
+    assert isinstance(result.exception, InputError) and "--format npy or zarr" in str(result.exception)
+    assert not missing.exists()

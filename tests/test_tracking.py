@@ -28,7 +28,7 @@ from stages.tracking import epoch_scalars, final_scalars, flat_params
 from stages.tracking.mlflow_runs import TRAIN_BUILD_TAG, log_infer, log_train
 from stages.train import stage as train
 from storage import ArtifactStore, InputError, Manifest
-from storage.infer import InferArtifact
+from storage.infer_artifact import InferArtifact
 from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL
 from tests._infer_pipeline import GRAPH

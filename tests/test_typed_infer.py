@@ -18,7 +18,7 @@ from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.typed_data import embeddings_in_dataset_order
 from storage import ArtifactStore, Manifest
-from storage.infer import InferArtifact
+from storage.infer_artifact import InferArtifact
 from storage.partition import PartitionArtifact
 from storage.train import EMBEDDING_PREFIX
 from tests._infer_pipeline import Reference, build_to_train, typed_full_graph_reference

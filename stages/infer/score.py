@@ -20,7 +20,7 @@ import torch
 from stages.infer.link import DECODER, is_link, submodule_state
 from stages.infer.params import train_params
 from storage import ArtifactStore, InputError, Manifest
-from storage.infer import InferArtifact
+from storage.infer_artifact import InferArtifact
 from storage.train import MODEL, split_model_state
 
 PIECE_PAIRS = 1 << 16   # pairs scored at a time: 2 x 65 536 rows of D floats at most (64 MiB at D = 256)

@@ -16,7 +16,9 @@ whole on each chunk's full L-hop neighbourhood: exact too, but its memory is bou
 than by the chunk (``layerwise``'s docstring). No checkpoints: an interrupted job reruns whole.
 
 A link prediction model (train's ``task=link``, ``stages.infer.link``) runs its encoder the same way; its outputs
-are every node's embedding (``storage.infer``: ``nodes.zarr/emb/out``), with no classes, predictions or accuracy.
+are every node's embedding (``storage.infer``: ``nodes.zarr/emb/out``), with no classes, predictions or accuracy;
+after the export the stage computes its valid/test link metrics from those exact embeddings and the trained decoder
+(``stages.infer.link_eval``: OGB's Evaluator and stored negatives for ogbl-*, seeded uniform negatives otherwise).
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ from storage.infer import (
     export_orig_order,
     write_metrics,
 )
-from storage.partition import PartitionArtifact
+from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
 
 NAME = "infer"
-VERSION = 2   # 2: typed graphs (every node type through the typed input; exports name node types)
+# 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
+# its official link metrics (``stages.infer.link_eval``: valid/test from the exact embeddings); node outputs unchanged
+VERSION = 3
 UPSTREAM = ("partition", "features", "train")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]
 
@@ -123,6 +127,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             if link:
                 export = export_link_embeddings(writer, book=book, embedding_layers=metrics["embedding_layers"],
                                                 schema=parts.schema, progress=progress)
+                metrics["link_metrics"] = _link_metrics(store, trained, parts, book, writer.file_url(NODES))
+                metrics["scalars"].update(_link_scalars(metrics["link_metrics"]))
             else:
                 label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features),
                                                                 book.num_partitions)
@@ -142,6 +148,19 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     if built:   # into the train build's MLflow run; a failing tracking server costs a warning line only
         log_infer(store, manifest, trained, log)
     return manifest
+
+
+def _link_metrics(store: ArtifactStore, trained: Manifest, parts: PartitionArtifact, book: PartitionBook,
+                  nodes_url: str) -> dict[str, Any]:
+    from stages.infer.link_eval import evaluate  # torch and ogb: imported for a link build only
+
+    return evaluate(store, trained, parts, book, nodes_url)
+
+
+def _link_scalars(link_metrics: dict[str, Any]) -> dict[str, float]:
+    from stages.infer.link_eval import scalars
+
+    return scalars(link_metrics)
 
 
 def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], writer: StageWriter,

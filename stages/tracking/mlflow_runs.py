@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stages.tracking import epoch_scalars, final_scalars, flat_params
 from storage import ArtifactStore, InputError, Manifest
-from storage.infer import InferArtifact
+from storage.infer_artifact import InferArtifact
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL
 
 if TYPE_CHECKING:

@@ -3,15 +3,18 @@
 Artifact ``train/<key>/``:
 
 - ``model.pt``: ``torch.save`` of the ``state_dict`` of the best-validation epoch's model (the model's own keys;
-  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``);
+  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``;
+  task=link: ``encoder.*`` the node model, ``decoder.*`` the pair scorer, ``stages.train.link_task.LinkModel``);
   on a typed graph also ``embeddings.<node type>``: each featureless type's learnt input rows, the whole table in
   the dataset's order of that type (row i: the type's node i; ``split_model_state`` parts them from the model's).
 - ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc" (the published model's: the best validation
   epoch's), "test_acc_last" (the last epoch's model), "best_val_acc", "best_epoch", "last_epoch" (0-based),
-  "final_val_acc", "stopped_early", "task": {"name", "evaluator"}, "recipe": {"loss", "lr", "weight_decay",
-  "lr_schedule", "patience"}, "model": {"kind", "kwargs", sizes, "whole_batch", "parameters"}, "world_size",
-  "ranks", "cache_policy", ...}``; metrics are global (all ranks' sums, e.g. correct / total, OGB Evaluator
-  ``acc``); per-epoch keys: ``stages.train.stats.EpochStats``.
+  "final_val_acc", "stopped_early", "task": {"name", "evaluator", "metric"}, "test_metrics" (every metric of the
+  task on the published model), "recipe": {"loss", "lr", "weight_decay", "lr_schedule", "patience"}, "model":
+  {"kind", "kwargs", sizes, "whole_batch", "parameters", "decoder" (task=link)}, "world_size", "ranks",
+  "cache_policy", ...}``; ``*_acc`` hold the task's selected metric (``task.metric``: accuracy, or link
+  prediction's MRR); metrics are global (all ranks' sums, e.g. correct / total, OGB Evaluator ``acc``); per-epoch
+  keys: ``stages.train.stats.EpochStats``.
 - ``curves.png`` (loss and accuracy per epoch, the best epoch marked), ``hit_rate.png`` (feature-cache hit rate
   per epoch).
 

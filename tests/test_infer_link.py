@@ -27,6 +27,7 @@ from stages.infer import stage as infer
 from stages.infer.link_eval import scores_against
 from stages.infer.rank import train_params
 from stages.infer.score import link_build, load_decoder, pair_scores, score_pairs
+from stages.runtime.seeds import STREAM_INFER_NEGATIVES, stream_seed
 from stages.train.link_decoders import MLPDecoder
 from stages.train.link_metrics import RankSums
 from stages.train.plugins import make_model
@@ -252,12 +253,12 @@ def _decode(decoder: torch.nn.Module, emb: np.ndarray, src: np.ndarray, dst: np.
 @pytest.mark.slow
 def test_synthetic_link_metrics_are_ranks_against_seeded_uniform_negatives(built: Built):
     """Recomputed independently: the whole-graph reference encoder, every valid/test positive, and each positive's own
-    eval_negatives uniform destinations drawn from torch.Generator().manual_seed(train seed), valid's then test's."""
+    eval_negatives uniform destinations drawn from the train seed's STREAM_INFER_NEGATIVES, valid's then test's."""
     lm = built.manifest.summary["link_metrics"]
     parts = PartitionArtifact(built.store, built.manifests["partition"])
     book = parts.book()
     k, seed = CONFIG["eval_negatives"], built.manifests["train"].params.get("seed", 0)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(stream_seed(seed, 0, 0, STREAM_INFER_NEGATIVES))
     assert lm["evaluator"] == "RankSums" and lm["negatives"] == "uniform" and lm["headline"] == "mrr"
     for split in ("valid", "test"):
         pos = book.orig_of_gid[np.concatenate([parts.edge_split(p, split) for p in range(2)], axis=1)]

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from stages.infer.score import PIECE_PAIRS, pair_scores
+from stages.runtime.seeds import STREAM_INFER_NEGATIVES, stream_seed
 from stages.train.link_metrics import RankSums
 from stages.train.params import Params as TrainParams
 from storage import ArtifactStore, Manifest
@@ -91,8 +92,10 @@ def negative_draws(partition: PartitionArtifact, num_nodes: int) -> Any:
 
 def uniform_negatives_gid(partition: PartitionArtifact, num_nodes: int, sizes: dict[str, int], k: int,
                           seed: int) -> dict[str, np.ndarray]:
-    """int64 [E_s, k] destination gids per split: valid's then test's, from one generator seeded with ``seed``."""
-    draws, generator = negative_draws(partition, num_nodes), torch.Generator().manual_seed(seed)
+    """int64 [E_s, k] destination gids per split: valid's then test's, from one generator of ``seed``'s
+    ``STREAM_INFER_NEGATIVES``."""
+    generator = torch.Generator().manual_seed(stream_seed(seed, 0, 0, STREAM_INFER_NEGATIVES))
+    draws = negative_draws(partition, num_nodes)
     return {s: draws.draw((sizes[s], k), generator).numpy() for s in EVAL_SPLITS}
 
 

@@ -15,6 +15,11 @@ stream                      id   ``rank`` / ``epoch``   drawn by
 ``STREAM_HOTNESS_EVAL``     17   partition / 0          hotness: the held-out epoch its hit rate is measured on
 ``STREAM_INFER_SAMPLER``    32   rank / layer, block    infer (``infer.fanouts``): one generator per layer and block
                                                        of 1 024 lids (epoch = layer << 32 | block)
+``STREAM_LINK_VALID``       5    rank / 0               train, task=link: the validation passes' sampler (the same
+                                                       negatives and neighbourhoods every epoch)
+``STREAM_LINK_EVAL_EDGES``  6    rank / split           train, task=link: which valid/test positives ``eval_edges``
+                                                       keeps (split = its index in SPLITS)
+``STREAM_INFER_NEGATIVES``  33   0 / 0                  infer, task=link: the uniform negatives of the exact metrics
 ==========================  ===  =====================  =============================================================
 
 Training reseeds its streams at the start of every epoch (epoch ``E`` = the number of epochs seeds the final test
@@ -31,7 +36,8 @@ import numpy as np
 
 STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY, STREAM_EMBEDDING = range(5)
 STREAM_HOTNESS_FIT, STREAM_HOTNESS_EVAL = 16, 17
-STREAM_INFER_SAMPLER = 32
+STREAM_LINK_VALID, STREAM_LINK_EVAL_EDGES = 5, 6
+STREAM_INFER_SAMPLER, STREAM_INFER_NEGATIVES = 32, 33
 
 
 def stream_seed(seed: int, rank: int, epoch: int, stream: int) -> int:

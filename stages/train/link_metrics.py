@@ -61,7 +61,12 @@ class RankSums(FieldSums):
 
     @classmethod
     def of(cls, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> RankSums:
+        """The sums over the positives that have a counted negative: one whose every negative was filtered out is
+        ranked against nothing (counting it as rank 1 would inflate MRR, most at k = 1)."""
         pos, neg = pos.detach().float(), neg.detach().float()
+        if neg_mask is not None:
+            ranked = neg_mask.any(1)
+            pos, neg, neg_mask = pos[ranked], neg[ranked], neg_mask[ranked]
         rank = ogb_rank(pos, neg, neg_mask)
         return cls(float((1.0 / rank).sum()), float((rank <= 1).sum()), float((rank <= 3).sum()),
                    float((rank <= 10).sum()), int(rank.numel()), float(pair_auc(pos, neg, neg_mask).sum()))

@@ -121,6 +121,8 @@ class LinkPrediction:
         return LinkScores(pos, neg)
 
     def loss(self, out: LinkScores, target: LinkTarget) -> Tensor:
+        if out.pos.numel() == 0:   # a padding rank's empty batch: 0 that still reaches every parameter (DDP)
+            return (out.pos.sum() + out.neg.sum()) * 0.0
         neg = out.neg if target.neg_mask is None else out.neg[target.neg_mask]
         return checked_loss(self.loss_fn(out.pos, neg.reshape(-1)), self.loss_name)
 

@@ -8,8 +8,8 @@ Lockstep contract, for every pass (a training epoch, a validation or test pass):
 - every batch is a collective: ``sample`` and ``gather_rows`` exchange with every other rank (``dist_sampler``,
   ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included.
 
-The loader hands ``stages.train.loop`` the three callables of its seam (``Sample``, ``GatherRows``, ``LabelOf``)
-and the seed batches, so that one ``train_epoch`` serves this rank and the benchmark's single-process baseline.
+The loader hands ``stages.train.loop`` the two callables of its seam (``Sample``, ``GatherRows``) and the batches
+of the task's items, so that one ``train_epoch`` serves this rank and the benchmark's single-process baseline.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, 
 from stages.runtime.fanouts import Fanout
 from stages.runtime.typed_batch import set_types
 from stages.runtime.typed_rows import TypedRows
-from stages.train.loop import LabelOf
 from stages.train.rank_data import RankData
 
 
@@ -44,7 +43,6 @@ class NodeLoader:
         # as the attachment is a collective
         self.attach_degrees = False
         self.features = data.features                        # rows in the store's dtype, on the device
-        self.label_of: LabelOf = data.label_of               # seed gids -> labels on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
         self.epoch_items = epoch_items
         num_train = self.split_gid["train"].numel()

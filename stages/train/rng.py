@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.runtime.seeds import STREAM_PY, STREAM_SAMPLER, STREAM_SHUFFLE, STREAM_TORCH, stream_seed
+from stages.runtime.seeds import STREAM_LINK_VALID, STREAM_PY, STREAM_SAMPLER, STREAM_SHUFFLE, STREAM_TORCH, stream_seed
 
 
 class RngStreams:
@@ -32,6 +32,11 @@ class RngStreams:
         py_seed = stream_seed(self.seed, self.rank, epoch, STREAM_PY)
         random.seed(py_seed)
         np.random.seed(py_seed % 2**32)
+
+    def seed_validation(self) -> None:
+        """Link prediction: the sampler stream of every validation pass starts alike, so that epochs are compared
+        on the same negatives and neighbourhoods (node classification keeps the stream as the epoch left it)."""
+        self.sampler.manual_seed(stream_seed(self.seed, self.rank, 0, STREAM_LINK_VALID))
 
     def state_dict(self) -> dict[str, Any]:
         state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),

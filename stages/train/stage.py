@@ -82,7 +82,8 @@ class _Job:
                          checkpoint_dir=str(self.ckpt_dir), result_dir=str(results),
                          node_rank=self.cluster.node_rank,
                          fingerprint=artifact_fingerprint(self.store, self.key, self.upstream, plugin_files(
-                             [self.params.model, self.params.loss, self.params.decoder])))
+                             [self.params.model, self.params.loss,
+                              *([self.params.decoder] if self.params.task == "link" else [])])))
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their

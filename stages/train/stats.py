@@ -83,8 +83,10 @@ class EpochStats:
     def log_line(self, epochs: int, metric: str = "accuracy") -> str:
         """One line for the job log, ``epochs`` being the run's total; ``metric``: the task's (``Task.metric_name``;
         accuracy in percent, any other as a number)."""
-        train, val = (percent(self.train_acc, 1), percent(self.val_acc, 1)) if metric == "accuracy" else (
-            f"{metric} {self.train_acc:.4f}", f"{metric} {self.val_acc:.4f}")
+        def shown(value: float) -> str:
+            return percent(value, 1) if metric == "accuracy" or math.isnan(value) else f"{metric} {value:.4f}"
+
+        train, val = shown(self.train_acc), shown(self.val_acc)
         return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {train}, "
                 f"val {val} | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
                 f"edges/s | cache hit {100 * self.hit_rate:.1f} %, remote {self.remote_rows:,} rows "

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
+from stages.runtime.seeds import STREAM_LINK_EVAL_EDGES, stream_seed
 from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.guard import loss_check
@@ -40,6 +41,7 @@ from stages.train.spec import TrainSpec
 from stages.train.stats import EpochStats, all_reduce_f64, or_none
 from stages.train.tasks import NodeClassification, Task
 from storage.errors import InputError
+from storage.graph import SPLITS
 from storage.train import EMBEDDING_PREFIX
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
@@ -62,7 +64,8 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
     if params.eval_edges is not None:   # a fixed sample (the same every epoch), each rank its share
         for split in ("valid", "test"):
             edges = edge_gid[split]
-            keep = torch.randperm(edges.shape[1], generator=torch.Generator().manual_seed(params.seed + data.rank))
+            stream = stream_seed(params.seed, data.rank, SPLITS.index(split), STREAM_LINK_EVAL_EDGES)
+            keep = torch.randperm(edges.shape[1], generator=torch.Generator().manual_seed(stream))
             edge_gid[split] = edges[:, keep[:rank_share(params.eval_edges, edges.shape[1])].sort().values.to(
                 edges.device)]
     return LinkPrediction(edge_gid, draws, generator, num_negatives=params.num_negatives,
@@ -135,6 +138,8 @@ class Trainer:
             lr = float(self.optimizer.param_groups[0]["lr"])
             sums, traffic = self.train_epoch(epoch)
             eval_start = time.perf_counter()
+            if self.params.task == "link":
+                self.rng.seed_validation()
             val_acc = self.task.metric(self.evaluate("valid"))
             stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
                                       eval_s=time.perf_counter() - eval_start, lr=lr)
@@ -150,8 +155,8 @@ class Trainer:
                       flush=True)
         stopped_early = self.epoch + 1 < self.params.epochs
         if stopped_early and self.rank == 0:
-            print(f"early stop after epoch {self.epoch + 1}: no better validation accuracy for {self.params.patience} "
-                  f"epochs (best: epoch {self.best.epoch + 1})", flush=True)
+            print(f"early stop after epoch {self.epoch + 1}: no better validation {self.task.metric_name} for "
+                  f"{self.params.patience} epochs (best: epoch {self.best.epoch + 1})", flush=True)
         test_last = self.test()
         test_best = test_last
         if self.best.epoch != self.epoch and self.best.state is not None:

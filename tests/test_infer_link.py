@@ -368,3 +368,14 @@ def test_export_npy_of_a_link_build_is_the_embeddings(built: Built, tmp_path: Pa
                                       str(missing), "--artifacts", built.store.root])
     assert isinstance(result.exception, InputError) and "--format npy or zarr" in str(result.exception)
     assert not missing.exists()
+
+
+def test_the_uniform_protocol_ranks_a_fixed_sample_of_at_most_eval_edges():
+    from stages.infer.link_eval import sample_columns
+
+    pairs = np.stack([np.arange(1000), np.arange(1000) + 5])
+    kept = sample_columns(pairs, 100, seed=3, split=1)
+    assert kept.shape == (2, 100) and np.all(np.diff(kept[0]) > 0) and np.array_equal(kept[1], kept[0] + 5)
+    assert np.array_equal(kept, sample_columns(pairs, 100, seed=3, split=1))   # fixed: the same every build
+    assert not np.array_equal(kept, sample_columns(pairs, 100, seed=3, split=2))   # valid and test apart
+    assert sample_columns(pairs, 5000, seed=3, split=1) is pairs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train import stage as train
+from stages.train.faults import FAULT_ENV
+from stages.train.launcher import TrainingError
 from stages.train.link_decoders import link_loss
 from stages.train.link_task import LinkPrediction
 from storage import ArtifactStore, InputError, Manifest
@@ -199,3 +202,28 @@ def test_a_files_graph_is_split_by_fractions_and_seed(tmp_path):
     other_store, again = build_without_prefect({**values, "artifacts": str(tmp_path / "b")})
     g2 = GraphArtifact(other_store, again["download"]).read()   # the same files, fractions and seed: the same split
     assert all(np.array_equal(g.edge_splits[s], g2.edge_splits[s]) for s in SPLITS)
+
+
+def copy_upstream(store: ArtifactStore, manifests: dict[str, Manifest], root: Path) -> ArtifactStore:
+    """A second artifact root holding the same upstream builds (same keys), and no train build yet."""
+    for stage in train.UPSTREAM:
+        key = manifests[stage].key
+        shutil.copytree(Path(store.url(stage, key)), root / stage / key)
+    return ArtifactStore(root)
+
+
+@pytest.mark.slow
+def test_a_killed_link_run_resumes_to_the_uninterrupted_result(tmp_path, two_parts, monkeypatch):
+    store, m = two_parts
+    reference = train_link(copy_upstream(store, m, tmp_path / "ref"), m, epochs=3, filter_negatives=True)
+    other = copy_upstream(store, m, tmp_path / "other")
+    monkeypatch.setenv(FAULT_ENV, "1:1:2")   # rank 1 SIGKILLs itself before batch 2 of epoch 2
+    with pytest.raises(TrainingError, match="rank 1 was killed by SIGKILL"):
+        train_link(other, m, epochs=3, filter_negatives=True)
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = train_link(other, m, epochs=3, filter_negatives=True)
+    assert resumed["resumed_from_epoch"] == 0 and reference["resumed_from_epoch"] is None
+    for got, want in zip(resumed["epochs"], reference["epochs"], strict=True):
+        for field in ("loss", "train_acc", "val_acc", "train_items", "remote_rows"):
+            assert got[field] == want[field], (got["epoch"], field)
+    assert resumed["test_metrics"] == reference["test_metrics"]

@@ -17,9 +17,14 @@ negatives by the dataset's protocol (``PartitionArtifact.link_eval``):
   ranked with ``stages.train.link_metrics.RankSums``: MRR, Hits@1/3/10 and the AUC of the compared pairs. Train's
   protocol, but exact embeddings and per-positive (not shared) negatives.
 
-Memory: positives go ``chunk_pairs // k`` at a time (at most ``PIECE_PAIRS``); their negatives are scored block
-by block of the embedding matrix (``storage.infer_artifact.EmbeddingBlocks``, one block in memory: the matrix is
-read once when it fits one block, 1 GiB), ``PIECE_PAIRS`` pairs per decoder call; OGB's per-positive lists and
+The uniform protocol ranks at most train's ``eval_edges`` positives a split (a fixed sample; all of them when
+null): the default synthetic-link graph's 100 000 test positives against 100 negatives each are 10 M pairs, a
+products-scale one's 6 M would be 600 M, and 10 000 give an MRR within ~0.004. OGB's datasets are ranked whole.
+
+Memory: positives go ``chunk_pairs // k`` at a time; their negatives are scored block by block of the embedding
+matrix (``storage.infer_artifact.EmbeddingBlocks``, one block in memory: the matrix is read once when it fits one
+block, 1 GiB), ``PIECE_PAIRS`` pairs per decoder call; every chunk reads every block its negatives touch (uniform
+draws: all of them), so chunks are as large as memory allows; OGB's per-positive lists and
 ``RankSums`` are summed chunk by chunk. Held at once: a split's positives and stored negatives (ogbl-citation2's
 test: 86 000 x 1 000 int64, 0.7 GB) or drawn ones (``[E, eval_negatives]``), and a chunk's scores.
 """
@@ -36,7 +41,7 @@ import torch
 from torch import Tensor
 
 from stages.infer.score import PIECE_PAIRS, pair_scores
-from stages.runtime.seeds import STREAM_INFER_NEGATIVES, stream_seed
+from stages.runtime.seeds import STREAM_INFER_EVAL_EDGES, STREAM_INFER_NEGATIVES, stream_seed
 from stages.train.link_metrics import RankSums
 from stages.train.params import Params as TrainParams
 from storage import ArtifactStore, Manifest
@@ -47,7 +52,10 @@ from storage.schema import EdgeType
 from storage.zarr_io import open_array, open_group, open_subgroup
 
 EVAL_SPLITS = ("valid", "test")
-CHUNK_PAIRS = 1 << 22   # negative pairs scored per chunk of positives: 4 M (32 MiB of ids, 16 MiB of scores)
+# negative pairs scored per chunk of positives: 32 M (~0.6 GiB of ids, block positions and scores). Every chunk
+# reads every block its negatives touch: at 4 M (65 536 positives at most) ogbl-citation2's test split (86 000 x
+# 1 000 negatives, 3 blocks of embeddings) took 21 chunks, ~126 block reads; at 32 M, 3 chunks
+CHUNK_PAIRS = 1 << 25
 OGB_EVALUATOR = {"per-positive": "ogbl-citation2", "shared": "ogbl-collab"}
 OGB_METRICS = {"per-positive": ("mrr", "hits@1", "hits@3", "hits@10"), "shared": ("hits@50",)}
 UNIFORM_METRICS = ("mrr", "hits@1", "hits@3", "hits@10", "auc")
@@ -120,6 +128,15 @@ def real_edges(partition: PartitionArtifact, book: PartitionBook, src_gid: np.nd
     return out
 
 
+def sample_columns(pairs: np.ndarray, limit: int, seed: int, split: int) -> np.ndarray:
+    """At most ``limit`` of the columns of ``pairs``, a fixed random sample in their order."""
+    if pairs.shape[1] <= limit:
+        return pairs
+    stream = stream_seed(seed, 0, split, STREAM_INFER_EVAL_EDGES)
+    keep = np.sort(np.random.default_rng(stream).choice(pairs.shape[1], limit, replace=False))
+    return pairs[:, keep]
+
+
 def eval_splits(partition: PartitionArtifact, book: PartitionBook, train: TrainParams) -> dict[str, Split]:
     """The valid and test positives and negatives of the protocol (module docstring), in orig ids."""
     orig = book.orig_of_gid
@@ -127,6 +144,8 @@ def eval_splits(partition: PartitionArtifact, book: PartitionBook, train: TrainP
     if partition.link_eval is not None:
         return {s: Split(orig[pos[s][0]], orig[pos[s][1]], orig[stored_negatives_gid(partition, s)])
                 for s in EVAL_SPLITS}
+    if train.eval_edges is not None:   # a fixed sample (module docstring)
+        pos = {s: sample_columns(p, train.eval_edges, train.seed, EVAL_SPLITS.index(s)) for s, p in pos.items()}
     sizes = {s: int(pos[s].shape[1]) for s in EVAL_SPLITS}
     negs = uniform_negatives_gid(partition, book.num_nodes, sizes, train.eval_negatives, train.seed)
     out = {}
@@ -161,7 +180,7 @@ def per_positive_scores(blocks: EmbeddingBlocks, decoder: torch.nn.Module, split
                         chunk_pairs: int = CHUNK_PAIRS) -> Iterator[tuple[slice, Tensor, Tensor]]:
     """``(positives' slice, their scores [C], their negatives' [C, K])``, a chunk of positives at a time."""
     e, k = split.neg.shape
-    step = max(1, min(PIECE_PAIRS, chunk_pairs // max(k, 1)))
+    step = max(1, chunk_pairs // max(k, 1))
     for a in range(0, e, step):
         b = min(a + step, e)
         h = torch.from_numpy(blocks.gather(np.concatenate([split.src[a:b], split.dst[a:b]])))
@@ -212,8 +231,9 @@ def protocol(link_eval: str | None, train: TrainParams) -> str:
     if link_eval == "shared":
         return "every positive against the shared stored negatives (OGB's), Evaluator('ogbl-collab')"
     filtered = ", filtered (no real edge, not the positive's destination)" if train.filter_negatives else ""
-    return (f"each positive against its own {train.eval_negatives} uniform negatives of the destination's node type "
-            f"(seed {train.seed}){filtered}, OGB's rank (ties half)")
+    sample = "" if train.eval_edges is None else f" (at most {train.eval_edges:,} positives a split, a fixed sample)"
+    return (f"each positive{sample} against its own {train.eval_negatives} uniform negatives of the destination's "
+            f"node type (seed {train.seed}){filtered}, OGB's rank (ties half)")
 
 
 def headline_metric(link_eval: str | None) -> str:

@@ -57,8 +57,9 @@ from storage.store import stage_key
 
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
-# its official link metrics (``stages.infer.link_eval``: valid/test from the exact embeddings); node outputs unchanged
-VERSION = 3
+# its official link metrics (``stages.infer.link_eval``: valid/test from the exact embeddings); 4: the uniform link
+# protocol ranks at most eval_edges positives a split; node outputs unchanged
+VERSION = 4
 UPSTREAM = ("partition", "features", "train")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]
 

@@ -20,6 +20,8 @@ stream                      id   ``rank`` / ``epoch``   drawn by
 ``STREAM_LINK_EVAL_EDGES``  6    rank / split           train, task=link: which valid/test positives ``eval_edges``
                                                        keeps (split = its index in SPLITS)
 ``STREAM_INFER_NEGATIVES``  33   0 / 0                  infer, task=link: the uniform negatives of the exact metrics
+``STREAM_INFER_EVAL_EDGES`` 34   0 / split              infer, task=link: which positives the uniform protocol ranks
+                                                       (at most train's ``eval_edges`` a split)
 ==========================  ===  =====================  =============================================================
 
 Training reseeds its streams at the start of every epoch (epoch ``E`` = the number of epochs seeds the final test
@@ -37,7 +39,7 @@ import numpy as np
 STREAM_SHUFFLE, STREAM_SAMPLER, STREAM_TORCH, STREAM_PY, STREAM_EMBEDDING = range(5)
 STREAM_HOTNESS_FIT, STREAM_HOTNESS_EVAL = 16, 17
 STREAM_LINK_VALID, STREAM_LINK_EVAL_EDGES = 5, 6
-STREAM_INFER_SAMPLER, STREAM_INFER_NEGATIVES = 32, 33
+STREAM_INFER_SAMPLER, STREAM_INFER_NEGATIVES, STREAM_INFER_EVAL_EDGES = 32, 33, 34
 
 
 def stream_seed(seed: int, rank: int, epoch: int, stream: int) -> int:

@@ -12,7 +12,6 @@ its hit rate measured on one more, independently drawn epoch, so the reported fi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from storage.features import FeaturesArtifact
 from storage.hotness import CURVE_PNG, CachePlan, write_curves, write_plan
 from storage.partition import PartitionArtifact, concat_parts
 from storage.report import Report, markdown_table
-from storage.schema import EdgeType
 
 if TYPE_CHECKING:
     import torch
@@ -167,6 +165,7 @@ def _train_items(params: Params, partition: PartitionArtifact, features: Feature
     import torch
 
     from stages.hotness.counting import link_seeds_of
+    from stages.runtime.dist_sampler import proportional_share
     from stages.runtime.negatives import NegativeDraws
     from stages.runtime.typed_rows import TypeIndex
 
@@ -177,17 +176,12 @@ def _train_items(params: Params, partition: PartitionArtifact, features: Feature
     if key is None:
         raise InputError("hotness task=link needs a graph split for it: run the download stage with task=link too "
                          "(set task=link for the whole pipeline)")
-    schema = partition.schema
-    if schema.is_homogeneous:
-        draws = NegativeDraws(schema.num_nodes)
-    else:
-        draws = NegativeDraws(schema.num_nodes, index=TypeIndex(partition.range_table()),
-                              node_type=schema.type_id(EdgeType.from_key(key).dst))
+    draws = NegativeDraws.for_link(partition.schema, key, TypeIndex(partition.range_table()))
     edge_gid = torch.from_numpy(partition.edge_split(p, "train"))
     limit = None
     if params.edges_per_epoch is not None:
         total = sum(sizes["train"] for sizes in partition.manifest.summary["edge_split_sizes"])
-        limit = math.ceil(params.edges_per_epoch * edge_gid.shape[1] / total) if total else 0
+        limit = proportional_share(params.edges_per_epoch, int(edge_gid.shape[1]), total)
     return torch.arange(edge_gid.shape[1]), link_seeds_of(edge_gid, draws, params.num_negatives), limit
 
 

@@ -41,7 +41,9 @@ import torch
 from torch import Tensor
 
 from stages.infer.score import PIECE_PAIRS, pair_scores
+from stages.runtime.negatives import NegativeDraws
 from stages.runtime.seeds import STREAM_INFER_EVAL_EDGES, STREAM_INFER_NEGATIVES, stream_seed
+from stages.runtime.typed_rows import TypeIndex
 from stages.train.link_metrics import RankSums
 from stages.train.params import Params as TrainParams
 from storage import ArtifactStore, Manifest
@@ -84,26 +86,14 @@ def stored_negatives_gid(partition: PartitionArtifact, split: str) -> np.ndarray
                           axis=axis)
 
 
-def negative_draws(partition: PartitionArtifact, num_nodes: int) -> Any:
-    """Uniform destinations of link prediction's edge type's destination node type, as the trainer draws them."""
-    from stages.runtime.negatives import NegativeDraws
-    from stages.runtime.typed_rows import TypeIndex
-
-    schema = partition.schema
-    if schema.is_homogeneous:
-        return NegativeDraws(num_nodes)
-    key = partition.link_edge_type
-    assert key is not None
-    return NegativeDraws(num_nodes, index=TypeIndex(partition.range_table()),
-                         node_type=schema.type_id(EdgeType.from_key(key).dst))
-
-
-def uniform_negatives_gid(partition: PartitionArtifact, num_nodes: int, sizes: dict[str, int], k: int,
+def uniform_negatives_gid(partition: PartitionArtifact, sizes: dict[str, int], k: int,
                           seed: int) -> dict[str, np.ndarray]:
     """int64 [E_s, k] destination gids per split: valid's then test's, from one generator of ``seed``'s
     ``STREAM_INFER_NEGATIVES``."""
     generator = torch.Generator().manual_seed(stream_seed(seed, 0, 0, STREAM_INFER_NEGATIVES))
-    draws = negative_draws(partition, num_nodes)
+    key = partition.link_edge_type
+    assert key is not None
+    draws = NegativeDraws.for_link(partition.schema, key, TypeIndex(partition.range_table()))
     return {s: draws.draw((sizes[s], k), generator).numpy() for s in EVAL_SPLITS}
 
 
@@ -147,7 +137,7 @@ def eval_splits(partition: PartitionArtifact, book: PartitionBook, train: TrainP
     if train.eval_edges is not None:   # a fixed sample (module docstring)
         pos = {s: sample_columns(p, train.eval_edges, train.seed, EVAL_SPLITS.index(s)) for s, p in pos.items()}
     sizes = {s: int(pos[s].shape[1]) for s in EVAL_SPLITS}
-    negs = uniform_negatives_gid(partition, book.num_nodes, sizes, train.eval_negatives, train.seed)
+    negs = uniform_negatives_gid(partition, sizes, train.eval_negatives, train.seed)
     out = {}
     for s in EVAL_SPLITS:
         mask = None

@@ -101,6 +101,12 @@ class DistNeighborSampler(MultiHopSampler):
                 torch.remainder(ans_code, self.num_edge_types))
 
 
+def proportional_share(total: int, mine: int, everyone: int) -> int:
+    """A rank's (or partition's) part of ``total`` items when it holds ``mine`` of ``everyone``'s: rounded up, so
+    the parts cover ``total`` (the train stage's ``edges_per_epoch`` share, and the hotness stage's mirror of it)."""
+    return math.ceil(total * mine / everyone) if everyone else 0
+
+
 def equal_batch_count(num_local_seeds: int, batch_size: int, group: dist.ProcessGroup | None = None) -> int:
     """Batches per epoch that every rank runs: the largest ``ceil(num_local_seeds / batch_size)`` (a collective)."""
     if batch_size <= 0:

@@ -19,6 +19,7 @@ from torch import Tensor
 from stages.runtime.collectives import Owners, all_to_all, comm_device, route_to_owners
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
+from storage.schema import EdgeType, GraphSchema
 
 
 class NegativeDraws:
@@ -34,6 +35,16 @@ class NegativeDraws:
             self.num_candidates = int(num_nodes)
         if self.num_candidates < 1:
             raise ValueError("no node to draw negatives from")
+
+    @classmethod
+    def for_link(cls, schema: GraphSchema, link_edge_type: str, index: TypeIndex | None) -> NegativeDraws:
+        """The destinations of link prediction's edge type (its key): every node of a one-type graph, else the
+        nodes of its destination type (``index``: the graph's ``TypeIndex``, on the device the draws go to)."""
+        if schema.is_homogeneous:
+            return cls(schema.num_nodes)
+        if index is None:
+            raise ValueError("a typed graph's negatives need its TypeIndex")
+        return cls(schema.num_nodes, index=index, node_type=schema.type_id(EdgeType.from_key(link_edge_type).dst))
 
     def draw(self, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
         """int64 gids of ``shape``: ``(n,)`` shared negatives, or ``(n, k)`` k per positive."""

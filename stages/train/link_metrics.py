@@ -71,18 +71,9 @@ class RankSums(FieldSums):
         return cls(float((1.0 / rank).sum()), float((rank <= 1).sum()), float((rank <= 3).sum()),
                    float((rank <= 10).sum()), int(rank.numel()), float(pair_auc(pos, neg, neg_mask).sum()))
 
-    def as_list(self) -> list[float]:
-        """The sums in field order (the ``Task``'s ``metric_sums``; ``from_list`` reads them back)."""
-        return [self.reciprocal_rank, self.hits_1, self.hits_3, self.hits_10, float(self.count), self.pair_auc]
-
-    @classmethod
-    def from_list(cls, values: list[float] | tuple[float, ...]) -> RankSums:
-        rr, h1, h3, h10, count, auc_sum = values
-        return cls(rr, h1, h3, h10, int(count), auc_sum)
-
     def all_reduce(self) -> RankSums:
         """Every rank's sums added (a collective: one SUM all-reduce of float64)."""
-        return RankSums.from_list(all_reduce_f64(self.as_list()))
+        return RankSums.from_values(all_reduce_f64(self.values()))
 
     def means(self) -> dict[str, float | None]:
         """``mrr``, ``hits@1``, ``hits@3``, ``hits@10``, ``auc`` (of the compared pairs, ``pair_auc``); None

@@ -73,7 +73,7 @@ class LinkModel(torch.nn.Module):
 class LinkPrediction:
     name: str = "link prediction"
     metric_name: str = "mrr"
-    sum_names: tuple[str, ...] = ("reciprocal_rank", "hits_1", "hits_3", "hits_10", "positives", "pair_auc")
+    sum_names: tuple[str, ...] = RankSums.names()
 
     def __init__(self, edge_gid: Mapping[str, Tensor], draws: NegativeDraws, generator: torch.Generator, *,
                  num_negatives: int, eval_negatives: int, membership: EdgeMembership | None = None,
@@ -127,11 +127,11 @@ class LinkPrediction:
         return checked_loss(self.loss_fn(out.pos, neg.reshape(-1)), self.loss_name)
 
     def metric_sums(self, out: LinkScores, target: LinkTarget) -> list[float]:
-        return RankSums.of(out.pos, out.neg, target.neg_mask).as_list()
+        return RankSums.of(out.pos, out.neg, target.neg_mask).values()
 
     def metric(self, sums: Sequence[float]) -> float:
         mrr = self.metrics(sums)["mrr"]
         return float("nan") if mrr is None else mrr
 
     def metrics(self, sums: Sequence[float]) -> dict[str, float | None]:
-        return RankSums.from_list(list(sums)).means()
+        return RankSums.from_values(sums).means()

@@ -22,7 +22,6 @@ from stages.train.tasks import Task
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
 # n_id gids -> [len, F] feature rows on the training device; a typed graph's per node type
 GatherRows = Callable[[Tensor], Tensor | dict[str, Tensor]]
-LabelOf = Callable[[Tensor], Tensor]       # seed gids -> int64 labels on the training device (``NodeClassification``)
 OnBatch = Callable[[int], None]            # called with the batch index before each batch
 CheckLoss = Callable[[int, Tensor], None]  # (batch index, loss) before the backward pass; raises to stop
 

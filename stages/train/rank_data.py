@@ -40,17 +40,14 @@ class LinkEdges:
 
     edge_gid: dict[str, Tensor]   # SPLITS -> int64 [2, E] (src, dst) gids, on the device
     edge_type: int                # the split edge type's id in the schema
-    dst_type: int                 # its destination's node type id (negatives are drawn among that type)
 
     @classmethod
     def open(cls, partition: PartitionArtifact, rank: int, device: torch.device) -> LinkEdges | None:
         key = partition.link_edge_type
         if key is None:
             return None
-        schema = partition.schema
-        et = EdgeType.from_key(key)
         return cls({s: torch.from_numpy(partition.edge_split(rank, s)).to(device) for s in SPLITS},
-                   schema.edge_type_id(et), schema.type_id(et.dst))
+                   partition.schema.edge_type_id(EdgeType.from_key(key)))
 
 
 @dataclass
@@ -80,7 +77,7 @@ class RankData:
         return int(self.bounds[self.rank])
 
     def label_of(self, seed_gid: Tensor) -> Tensor:
-        """Labels of own nodes ``seed_gid`` (the ``LabelOf`` of ``stages.train.loop``)."""
+        """Labels of own nodes ``seed_gid`` (the ``LabelOf`` of ``stages.train.tasks``)."""
         return self.y_of_lid.index_select(0, seed_gid - self.lo)
 
     @classmethod

@@ -20,6 +20,7 @@ from torch_geometric.data import Data
 from stages.train.model import seed_logits
 from storage.errors import InputError
 
+LabelOf = Callable[[Tensor], Tensor]   # seed gids -> int64 labels on the training device
 LossFn = Callable[[Tensor, Tensor], Tensor]   # (outputs, targets) -> the batch's mean loss, 0-d
 
 
@@ -91,7 +92,7 @@ class NodeClassification:
     metric_name: str = "accuracy"
     sum_names: tuple[str, ...] = ("correct", "total")
 
-    def __init__(self, label_of: Callable[[Tensor], Tensor], split_gid: Mapping[str, Tensor] | None = None, *,
+    def __init__(self, label_of: LabelOf, split_gid: Mapping[str, Tensor] | None = None, *,
                  loss_fn: LossFn | None = None, loss_name: str = "cross_entropy", precision: str = "float32") -> None:
         """``label_of``: seed gids -> labels on the device; ``split_gid``: this rank's seed gids per split;
         ``precision``: of the model's matrix products (``seed_logits``)."""

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stages.runtime.dist_features import FeatureCounters
+from stages.runtime.dist_sampler import proportional_share
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.seeds import STREAM_LINK_EVAL_EDGES, stream_seed
@@ -57,8 +58,8 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
     if link is None:
         raise InputError(LINK_NEEDS_SPLIT)
     typed = data.features if isinstance(data.features, TypedRows) else None
-    draws = NegativeDraws(int(data.bounds[-1]), index=None if typed is None else typed.index,
-                          node_type=None if typed is None else link.dst_type)
+    draws = NegativeDraws.for_link(data.schema, data.schema.edge_types[link.edge_type].key,
+                                   None if typed is None else typed.index)
     membership = EdgeMembership(data.csr, data.bounds, link.edge_type) if params.filter_negatives else None
     edge_gid = dict(link.edge_gid)
     if params.eval_edges is not None:   # a fixed sample (the same every epoch), each rank its share
@@ -75,8 +76,7 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
 
 def rank_share(total: int, mine: int) -> int:
     """This rank's part of ``total`` items, in proportion to its ``mine`` (a collective: one all-reduce)."""
-    everyone = int(all_reduce_f64([float(mine)])[0])
-    return math.ceil(total * mine / everyone) if everyone else 0
+    return proportional_share(total, mine, int(all_reduce_f64([float(mine)])[0]))
 
 
 class Trainer:

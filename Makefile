@@ -22,6 +22,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
 .PHONY: help venv pipeline stage train status test lint params clean clean-venv bench bench-peer server-up server-down deploy \
+	gpu-check gpu-wheels \
 	worker-up worker-down run-deployment
 
 help:
@@ -32,6 +33,7 @@ help:
 	@echo "make test                run the test suite"
 	@echo "make lint                ruff (style, import order) and mypy (types, the stage protocol)"
 	@echo "make params              every parameter: names, stage, default, meaning"
+	@echo "make gpu-check GPU_OUT=dir   CUDA tests + GPU benchmarks (needs .whl/ from make gpu-wheels); no GPU: skips"
 	@echo "make clean               delete $(ARTIFACTS) and the Prefect cache records"
 	@echo "make server-up deploy worker-up run-deployment ARGS='-p num_partitions=4'   run through a Prefect deployment"
 	@echo "make worker-down server-down                                              stop them (by PID)"
@@ -90,6 +92,19 @@ worker-down:
 
 run-deployment: $(STAMP)
 	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect deployment run '$(DEPLOYMENT)' $(ARGS) --watch
+
+# GPU validation (issue [7/7]): CUDA tests + GPU benchmarks into GPU_OUT; on a machine without a GPU it says so and
+# exits 0. It needs no venv and no network: a GPU machine's python3 has torch, and what it lacks comes from .whl/
+# (`make gpu-wheels`, run beforehand where pip reaches an index).
+GPU_OUT ?= benchmarks/work/gpu-check
+GPU_ARGS ?=
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_OUT) $(GPU_ARGS)
+
+gpu-wheels: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --download-wheels
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py --parts 2,4

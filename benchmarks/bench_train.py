@@ -8,6 +8,11 @@ line. Products scale (do not run on a busy box)::
 
     python benchmarks/bench_train.py --nodes 2400000 --avg-degree 50 --features 100 --classes 47 --max-batches 20
 
+One GPU (``make gpu-check`` runs this): one partition, one rank, each cache policy; ``uncached_MiB_per_epoch`` is
+what crossed host -> device, and ``--feature-dtype`` picks the stored rows' dtype::
+
+    python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --feature-dtype float16
+
 Small scale (a smoke test, ~1 min)::
 
     python benchmarks/bench_train.py --nodes 20000 --avg-degree 20 --features 32 --classes 8 --batch-size 128 \
@@ -94,19 +99,22 @@ def rank_main(args: argparse.Namespace) -> None:
         timing = _time_batches(trainer.ddp, trainer.optimizer, seeds, loader.sample, loader.gather_rows,
                                trainer.task, device, args)
         c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
-        sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"]],
-                            dtype=torch.float64)
+        sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"],
+                             c.local_bytes], dtype=torch.float64)
         dist.all_reduce(sums)
         wall = torch.tensor([timing["wall_s"]], dtype=torch.float64)
         dist.all_reduce(wall, op=dist.ReduceOp.MAX)
         counted = args.warmup + args.max_batches
-        req, hits, remote, remote_bytes, edges = sums.tolist()
+        req, hits, remote, remote_bytes, edges, local_bytes = sums.tolist()
         s_per_batch = wall.item() / timing["batches"]
         results[policy] = {"cache_rows_per_rank": cache.num_rows, "cache_bytes_per_rank": cache.nbytes,
                            "s_per_batch": round(s_per_batch, 4), "epoch_s": round(s_per_batch * batches_per_epoch, 1),
                            "hit_rate": round(hits / max(req, 1), 4),
                            "remote_rows_per_epoch": round(remote / counted * batches_per_epoch),
                            "remote_MiB_per_epoch": round(remote_bytes / counted * batches_per_epoch / 2**20, 1),
+                           # rows that did not come from the device cache: on a GPU, what crossed host -> device
+                           "uncached_MiB_per_epoch": round((local_bytes + remote_bytes) / counted * batches_per_epoch
+                                                           / 2**20, 1),
                            "sampled_edges_per_s": round(edges / wall.item())}   # timed batches, all ranks
     if rank == 0:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device), "policies": results}
@@ -164,8 +172,8 @@ def build(args: argparse.Namespace) -> dict:
 
     store = ArtifactStore(args.root)
     dl = download.run(store, download.Params(**download_params(args)), {})
-    pt = partition.run(store, partition.Params(num_partitions=2), {"download": dl})
-    ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
+    pt = partition.run(store, partition.Params(num_partitions=args.parts), {"download": dl})
+    ft = features.run(store, features.Params(dtype=args.feature_dtype), {"download": dl, "partition": pt})
     ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
                                            cache_ratio=args.cache_ratio), {"partition": pt, "features": ft})
     return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
@@ -178,17 +186,18 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
     from stages.train.spec import TrainSpec
 
-    params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts),
+    params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
     with tempfile.TemporaryDirectory() as tmp:
         spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
                          features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
                          params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
         spec.save(Path(tmp, "spec.json"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.parts}",
+               "--max-restarts=0",
                str(Path(__file__).resolve()), "--rank-worker", "--spec", str(Path(tmp, "spec.json")),
                "--max-batches", str(args.max_batches), "--warmup", str(args.warmup)]
-        launch(str(Path(tmp, "spec.json")), 2, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
+        launch(str(Path(tmp, "spec.json")), args.parts, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
                timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
         return json.loads(Path(tmp, "bench.json").read_text())
 
@@ -200,6 +209,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--cache-ratio", type=float, default=0.2, help="hotness plan budget (of a partition's rows)")
+    ap.add_argument("--parts", type=int, default=2, help="partitions = ranks (1: one GPU, no remote rows)")
+    ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="the ranks' device")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
@@ -218,7 +230,8 @@ def main() -> None:
     result = {"nodes": manifests["download"].summary["num_nodes"],
               "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),
-              "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1)}
+              "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1),
+              "parts": args.parts, "feature_dtype": manifests["features"].summary["feature_dtype"]}
     result["dist"] = dist_run(args, manifests)
     if not args.skip_single:
         result["single"] = single_main(args, manifests)

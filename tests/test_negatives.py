@@ -44,6 +44,7 @@ def test_negatives_are_uniform_over_the_destination_type_and_follow_the_seed():
         NegativeDraws(87, index=index)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_negatives_on_a_cuda_index_from_a_cpu_generator():
     index = TypeIndex(RangeTable.from_counts(np.array([[3, 50], [4, 30]])), "cuda")

@@ -1,0 +1,251 @@
+"""``make gpu-check``: the GPU validation in one command — CUDA tests and GPU benchmarks, results to ``--out``.
+
+On a machine without a usable CUDA device it says so, writes ``gpu_check.json`` with ``"status": "skipped"`` and
+exits 0. On a GPU machine (no network needed) it:
+
+1. installs what the machine lacks from the wheels that ``make gpu-wheels`` prepared beforehand in ``.whl/`` (an
+   ignored folder; the GPU machines have Python 3.12 with torch and torch_geometric, not zarr, pydantic or pymetis),
+   into ``benchmarks/work/gpu-site``, and puts it on the steps' ``PYTHONPATH``; a step whose modules are still
+   missing is skipped, saying which;
+2. runs the steps, each a subprocess with its own time limit, its log in ``<out>/<step>.log`` and its figures in
+   ``<out>/<step>.json`` as soon as it ends (a run cut short keeps what finished):
+
+   - ``env``: GPU, driver, torch and CUDA versions;
+   - ``tests``: every test marked ``cuda`` (``pytest -m cuda`` over the files that hold one; junit XML beside);
+   - ``gather``: zero-copy (UVA) vs gather-then-copy vs HBM rows (``bench_gpu_gather.py``, issue [7/7] item 4);
+   - ``sampler``: sampled edges/s of our sampler on the GPU at products scale (``bench_sampler.py``; goal ≥ 40 M/s
+     on an H100, GLT publishes 32 M/s on an A100);
+   - ``train``: a products-scale training epoch on 1 GPU with each cache policy, hit rate and host→device bytes, for
+     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``);
+3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures.
+
+``--scale small`` runs the same steps on a 100 k-node graph (a quick pass, or ``--allow-cpu`` on a machine without
+a GPU, to check the command itself); ``--steps`` picks steps, e.g. to split a run over two device calls::
+
+    make gpu-check GPU_OUT=/tmp/gpu                         # all steps, products scale
+    python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,gather,sampler
+    python3 benchmarks/gpu_check.py --out $OUT --steps train --dtypes float32,float16
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELS = REPO / ".whl"
+SITE = REPO / "benchmarks" / "work" / "gpu-site"
+STEPS = ("env", "tests", "gather", "sampler", "train")
+# modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
+NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
+         "train": ("zarr", "pydantic", "pymetis")}
+SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
+                       "gather_rows": 2_400_000, "batch_rows": 650_000},
+          "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,
+                    "gather_rows": 200_000, "batch_rows": 50_000}}
+
+
+# what the GPU machines' python lacks of our runtime's imports, by distribution name; ``--download-wheels`` fetches
+# them at the versions installed here (the ones our tests ran with): 13 MB, far under the 64 MiB the tree may carry
+DEVICE_LACKS = ("zarr", "numcodecs", "crc32c", "google-crc32c", "donfig", "pydantic", "pydantic-core",
+                "annotated-types", "typing-inspection", "typing-extensions", "pymetis")
+DEVICE_PYTHON = "3.12"
+DEVICE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+                    "manylinux2014_x86_64", "manylinux1_x86_64")
+
+
+def download_wheels() -> int:
+    """Fetch DEVICE_LACKS for the GPU machines' platform into ``.whl/`` (run where pip reaches an index)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pins = [f"{name}=={version(name)}" for name in DEVICE_LACKS]
+    except PackageNotFoundError as err:
+        print(f"error: {err.name} is not installed in {sys.executable}; run `make venv` first", file=sys.stderr)
+        return 2
+    platform = [arg for p in DEVICE_PLATFORMS for arg in ("--platform", p)]
+    WHEELS.mkdir(exist_ok=True)
+    for stale in WHEELS.glob("*.whl"):   # one version of each: two would stop the install on the GPU machine
+        stale.unlink()
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--implementation",
+           "cp", "--python-version", DEVICE_PYTHON, *platform, "-d", str(WHEELS), *pins]
+    subprocess.run(cmd, check=True)
+    size = sum(w.stat().st_size for w in WHEELS.glob("*.whl"))
+    print(f"gpu-wheels: {len(pins)} wheels, {size / 2**20:.1f} MiB in {WHEELS}")
+    return 0
+
+
+def cuda_status() -> tuple[bool, str]:
+    """Whether torch sees a CUDA device here, and a line saying what it sees."""
+    if importlib.util.find_spec("torch") is None:
+        return False, f"no torch in {sys.executable}, so no CUDA device to check"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} sees no CUDA device"
+    return True, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def missing(modules: tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """Which of ``modules`` the steps' python cannot import under ``env`` (its PYTHONPATH)."""
+    code = "import importlib.util, sys; print(','.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    out = subprocess.run([sys.executable, "-c", code, *modules], env=env, capture_output=True, text=True, check=True)
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
+def install_wheels(env: dict[str, str], needed: tuple[str, ...], log: Callable[[str], None]) -> None:
+    """When the steps' python lacks some of ``needed``: install ``.whl/*.whl`` into SITE (no index, no dependencies:
+    the folder holds them all) and prepend SITE to the steps' PYTHONPATH. A failed install is logged; the steps
+    that still lack a module then skip, saying which."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if not missing(needed, env):
+        return
+    wheels = sorted(WHEELS.glob("*.whl"))
+    if wheels and not (SITE / ".installed").exists():
+        log(f"installing {len(wheels)} wheels from {WHEELS} into {SITE}")
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                               "--no-cache-dir", "--upgrade", "--target", str(SITE), *map(str, wheels)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            log(f"the wheels did not install: {done.stderr.strip().splitlines()[-1:]}")
+            return
+        (SITE / ".installed").touch()
+    if SITE.exists():
+        env["PYTHONPATH"] = os.pathsep.join((str(SITE), env["PYTHONPATH"]))
+
+
+def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_s: float) -> dict[str, object]:
+    """Run ``cmd`` in its own session (SIGTERM then SIGKILL to its group at the limit); its output goes to
+    ``<out>/<name>.log``, and its last stdout line, when it is JSON, to ``<out>/<name>.json``."""
+    start = time.perf_counter()
+    log_path = out / f"{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                start_new_session=True)
+        try:
+            stdout, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                stdout, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, _ = proc.communicate()
+        log.write(stdout)
+    result: dict[str, object] = {"status": "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})",
+                                 "seconds": round(time.perf_counter() - start, 1), "log": log_path.name}
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if lines:
+        figures = json.loads(lines[-1])
+        (out / f"{name}.json").write_text(json.dumps(figures, indent=1))
+        result["figures"] = figures
+    return result
+
+
+def junit_counts(path: Path) -> dict[str, int]:
+    """Tests, failures, errors and skips of a pytest junit XML."""
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    attrs = suite.attrib if suite is not None else {}
+    return {k: int(attrs.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+
+
+def cuda_test_files() -> list[str]:
+    """The test files that hold a test marked ``cuda``."""
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+                  if re.search(r"pytest\.mark\.cuda\b", p.read_text()))
+
+
+def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each step's runs: (the run's name, for its log and figures; its command)."""
+    py, bench = sys.executable, str(REPO / "benchmarks")
+    s = SCALES[args.scale]
+    work = Path(args.work)
+    graph = ["--nodes", str(s["nodes"]), "--avg-degree", str(s["avg_degree"])]
+    device = "cuda" if not args.allow_cpu else "cpu"
+    train = [(f"train-{dtype}", [py, f"{bench}/bench_train.py", *graph, "--features", str(s["features"]),
+                                 "--classes", str(s["classes"]), "--parts", "1", "--device", device, "--skip-single",
+                                 "--max-batches", str(s["max_batches"]), "--feature-dtype", dtype,
+                                 "--root", str(work / f"artifacts-{args.scale}")])
+             for dtype in args.dtypes.split(",")]
+    return {
+        "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
+                 "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
+                 "'cpu', 'memory_GiB': round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if "
+                 "torch.cuda.is_available() else None}))"])],
+        "tests": [("tests", [py, "-m", "pytest", "-q", "-rA", "-m", "cuda", "-p", "no:cacheprovider",
+                             f"--junitxml={out / 'tests.xml'}", *cuda_test_files()])],
+        "gather": [("gather", [py, f"{bench}/bench_gpu_gather.py", "--rows", str(s["gather_rows"]), "--batch-rows",
+                               str(s["batch_rows"]), *(["--allow-cpu"] if args.allow_cpu else [])])],
+        "sampler": [("sampler", [py, f"{bench}/bench_sampler.py", *graph, "--device", device, "--batches", "30",
+                                 "--graph", str(work / f"sampler-{args.scale}.npz")])],
+        "train": train,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="where the logs and figures go (created)")
+    ap.add_argument("--download-wheels", action="store_true", help="fetch the GPU machines' missing wheels to .whl/")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    ap.add_argument("--scale", choices=sorted(SCALES), default="products")
+    ap.add_argument("--dtypes", default="float32,float16,int8", help="train step: the stored feature dtypes")
+    ap.add_argument("--work", default=str(REPO / "benchmarks" / "work" / "gpu"), help="cached graphs and artifacts")
+    ap.add_argument("--step-timeout-s", type=float, default=1800)
+    ap.add_argument("--allow-cpu", action="store_true", help="run the steps on the CPU (checks this command)")
+    args = ap.parse_args()
+    if args.download_wheels:
+        return download_wheels()
+    if not args.out:
+        print("error: --out DIR is required: where the results go", file=sys.stderr)
+        return 2
+    steps = args.steps.split(",")
+    if unknown := [s for s in steps if s not in STEPS]:
+        print(f"error: unknown step {unknown[0]!r}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    has_cuda, what = cuda_status()
+    print(f"gpu-check: {what}", flush=True)
+    summary: dict[str, object] = {"cuda": has_cuda, "what": what, "scale": args.scale, "steps": {}}
+    if not has_cuda and not args.allow_cpu:
+        print("gpu-check: no GPU on this machine: nothing to run (skipped)", flush=True)
+        summary["status"] = "skipped"
+        (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+        return 0
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    needed = tuple(sorted({m for step in steps for m in NEEDS[step]}))
+    install_wheels(env, needed, lambda line: print(f"gpu-check: {line}", flush=True))
+    commands = step_commands(args, out)
+    results: dict[str, object] = {}
+    for step in steps:
+        if lacking := missing(NEEDS[step], env):
+            results[step] = {"status": f"skipped: no {', '.join(lacking)} (run `make gpu-wheels` where pip works)"}
+        else:
+            runs = [run_step(name, cmd, out, env, args.step_timeout_s) for name, cmd in commands[step]]
+            if step == "tests" and (out / "tests.xml").exists():
+                runs[0]["figures"] = junit_counts(out / "tests.xml")
+            results[step] = runs[0] if len(runs) == 1 else runs
+        print(f"gpu-check: {step}: {json.dumps(results[step])[:400]}", flush=True)
+        summary["steps"] = results
+        (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    failed = [s for s, r in results.items() if "failed" in json.dumps(r)]
+    summary["status"] = "failed: " + ", ".join(failed) if failed else "ok"
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    print(f"gpu-check: {summary['status']}; results in {out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Zero-copy (UVA) access to page-locked host rows from a CUDA device: the GPU gathers rows straight over PCIe.
+
+Two ways to bring a batch's own rows from a pinned host store to the GPU (``DistFeatures``'s ``host_gather``):
+
+- ``copy`` (gather-then-copy): the CPU gathers the rows into a pinned staging buffer (``index_select``, bounded by
+  the host's memory bandwidth and threads), then one DMA copies the compact block to the device;
+- ``uva`` (zero-copy): the device gathers the rows itself from the pinned store through a device view of its host
+  memory (unified virtual addressing), so no CPU pass over the rows and no staging buffer; every row read is a PCIe
+  transaction of the row's bytes, so narrow or scattered rows pay PCIe's per-transaction cost.
+
+Which is faster depends on the row width, the batch and the PCIe link: ``benchmarks/bench_gpu_gather.py`` (run by
+``make gpu-check``) measures both and the HBM cache beside them; the default stays ``copy`` until a GPU run says
+otherwise (benchmarks/RESULTS.md).
+
+The device view is made with the CUDA array interface: ``torch.as_tensor`` of an object whose
+``__cuda_array_interface__`` names the host pointer. CUDA maps ``cudaHostAlloc`` memory (what ``pin_memory``
+allocates) into the device's address space under UVA, so the same pointer is valid in device code. The view
+shares the host tensor's storage; the host tensor must outlive it (``UvaRows`` holds both).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class UvaUnavailableError(RuntimeError):
+    """The device cannot read this host tensor in place (no CUDA, not pinned, or the driver refused the pointer)."""
+
+
+class _HostPointer:
+    """A host buffer of ``nbytes`` bytes at ``ptr``, presented to ``torch.as_tensor`` as device-readable memory."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+class UvaRows:
+    """Rows of a pinned host tensor ``[N, F]``, gathered by the device: ``gather(lid)`` with lids on the device."""
+
+    def __init__(self, host: Tensor, device: torch.device) -> None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise UvaUnavailableError(f"zero-copy gathers need a CUDA device, not {device}")
+        if not host.is_pinned():
+            raise UvaUnavailableError("zero-copy gathers need page-locked (pinned) host rows")
+        if host.dim() != 2 or not host.is_contiguous():
+            raise UvaUnavailableError("zero-copy gathers need contiguous [rows, columns] host rows")
+        self.host = host   # keeps the memory alive as long as the view
+        row_bytes = host.shape[1] * host.element_size()
+        try:
+            flat = torch.as_tensor(_HostPointer(host.data_ptr(), host.numel() * host.element_size()), device=device)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise UvaUnavailableError(f"the CUDA driver refused a device view of the pinned rows ({err})") from err
+        # bytes, reinterpreted in the rows' dtype: any storage dtype (bfloat16, float8) without a typestr of its own
+        self.rows = flat.view(host.shape[0], row_bytes).view(host.dtype)
+
+    def gather(self, lid: Tensor) -> Tensor:
+        """``[len(lid), F]`` rows of ``lid`` (int64 on the device), read by the device from host memory."""
+        return self.rows.index_select(0, lid)

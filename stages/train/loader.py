@@ -37,7 +37,10 @@ class NodeLoader:
         """``epoch_items``: train on only so many of this rank's train items an epoch, a fresh shuffled sample of
         them each epoch (None: all)."""
         self.split_gid, self.batch_size, self.shuffle_gen = data.split_gid, batch_size, shuffle_gen
-        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen)
+        # the batches' collectives (sampling, the epoch's batch count) on the data's group: a prefetching
+        # producer's own (``stages.train.prefetch``)
+        self.group = data.group
+        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group)
         self.degrees = data.degrees
         # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
         # as the attachment is a collective
@@ -83,9 +86,10 @@ class NodeLoader:
 
     def train_batches(self) -> Iterator[Tensor]:
         """One epoch of this rank's shuffled train items (``epoch_items`` of them), ``equal_batch_count`` batches
-        (padding last)."""
+        (padding last); the count is agreed when iteration starts (a collective on ``group``: whichever thread
+        iterates runs it)."""
         return iter_equal_seed_batches(self.split_gid["train"], self.batch_size, generator=self.shuffle_gen,
-                                       limit=self.epoch_items)
+                                       group=self.group, limit=self.epoch_items)
 
     def eval_batches(self, split: str) -> list[Tensor]:
         """The split's own nodes in order, then empty batches up to the largest rank's count."""

@@ -93,6 +93,8 @@ class Params(StageParams):
                                                                            "half the available RAM; 0: read Zarr")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per rank; null: this node's "
                                                                    "CPUs / its ranks")
+    prefetch: int = runtime(0, ge=0, le=8, description="batches a producer thread samples and gathers ahead of the "
+                                                       "model (0: none); same batches and results either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
 
     @property

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from stages.runtime.sampler import NeighborSampler, iter_seed_batches
+from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train.loop import eval_sums, train_epoch
 from stages.train.model import build_model
 from stages.train.prefetch import PrefetchStream, batch_stream
@@ -45,7 +45,8 @@ def run_epochs(depth: int, epochs: int = 3, device: str = "cpu") -> dict[str, An
     """Train ``epochs`` epochs with dropout (torch's global stream, drawn in the caller's thread) and evaluate."""
     dev = torch.device(device)
     csr, x, y = community_graph()
-    csr, x, y = csr.to(dev) if device != "cpu" else csr, x.to(dev), y.to(dev)
+    csr = LocalCSR(csr.start_gid, csr.indptr.to(dev), csr.indices.to(dev), csr.num_edge_types)
+    x, y = x.to(dev), y.to(dev)
     sampler_gen, shuffle_gen = torch.Generator(dev).manual_seed(1), torch.Generator(dev).manual_seed(2)
     sampler = NeighborSampler(csr, [5, 5], generator=sampler_gen)
     torch.manual_seed(0)
@@ -62,7 +63,8 @@ def run_epochs(depth: int, epochs: int = 3, device: str = "cpu") -> dict[str, An
     evaluated = eval_sums(model, [test_gid[:150], test_gid[:0], test_gid[150:]], sampler.sample,
                           lambda n_id: x[n_id], task, prefetch=depth, device=dev)
     return {"losses": losses, "eval": evaluated, "weights": [p.detach().cpu() for p in model.parameters()],
-            "gens": [sampler_gen.get_state(), shuffle_gen.get_state(), torch.get_rng_state()]}
+            "gens": [sampler_gen.get_state(), shuffle_gen.get_state(), torch.get_rng_state(),
+                     *([torch.cuda.get_rng_state(dev)] if dev.type == "cuda" else [])]}
 
 
 def assert_same_run(got: dict[str, Any], want: dict[str, Any]) -> None:

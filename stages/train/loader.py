@@ -6,7 +6,9 @@ Lockstep contract, for every pass (a training epoch, a validation or test pass):
   (``equal_batch_count``, the largest rank's); a rank with fewer seeds pads with recycled seeds (training) or with
   empty batches (evaluation);
 - every batch is a collective: ``sample`` and ``gather_rows`` exchange with every other rank (``dist_sampler``,
-  ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included.
+  ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included. They run
+  on ``RankData.group``: a prefetching producer thread's own group (``stages.train.prefetch``), which keeps them
+  apart from the main thread's collectives.
 
 The loader hands ``stages.train.loop`` the two callables of its seam (``Sample``, ``GatherRows``) and the batches
 of the task's items, so that one ``train_epoch`` serves this rank and the benchmark's single-process baseline.

@@ -54,11 +54,17 @@ _STOP_JOIN_S = 5.0   # a stopped producer blocked in a collective is left behind
 
 
 def producer_group(depth: int) -> dist.ProcessGroup | None:
-    """The producer's process group (the default group's backend and ranks) when prefetching, else None (the
-    default group). A collective: every rank calls it, with the same ``depth``, before any other group is made."""
+    """The producer's process group when prefetching (every rank, gloo), else None (the default group). A
+    collective: every rank calls it, with the same ``depth``, in the same order among its other groups.
+
+    gloo also beside a NCCL default group: NCCL documents that communicators used concurrently can deadlock (its
+    kernels block while waiting for peers; "Using multiple NCCL communicators concurrently" in its user guide),
+    and the producer's exchanges run while DDP's all-reduces do. Its exchanges then travel through the host
+    (``collectives.comm_device``): ids and counts, and the remote feature rows.
+    """
     if depth <= 0 or not (dist.is_available() and dist.is_initialized()):
         return None
-    return dist.new_group()
+    return dist.new_group(backend="gloo")
 
 
 def batch_stream(items: Iterable[Tensor], prepare: Prepare, *, depth: int, device: torch.device,

@@ -53,8 +53,12 @@ class ShardedEmbedding:
     """One featureless type's ``[num_tgids, dim]`` table split by ``bounds`` (tgid ranges per rank)."""
 
     def __init__(self, bounds: np.ndarray | list[int], dim: int, *, lr: float, seed: int, node_type: int = 0,
-                 device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None) -> None:
-        self.group = group
+                 device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None,
+                 step_group: dist.ProcessGroup | None = None) -> None:
+        """``group``: the gathers' process group; ``step_group``: the steps' (None: the default group). They differ
+        when a prefetching thread gathers while the training thread steps (``stages.train.prefetch``): one group
+        per thread keeps each group's collectives in one order on every rank. Both span the same ranks."""
+        self.group, self.step_group = group, step_group
         self.device = torch.device(device)
         owners = Owners.of(bounds, group, self.device)
         self.distributed, self.rank, self.world_size, self.bounds = (owners.distributed, owners.rank,
@@ -72,8 +76,9 @@ class ShardedEmbedding:
     def dim(self) -> int:
         return int(self.weight.shape[1])
 
-    def _exchange_rows(self, rows: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
-        return all_to_all(rows, send_split, recv_split, self.group, self._comm_device)
+    def _exchange_rows(self, rows: Tensor, send_split: list[int], recv_split: list[int],
+                       group: dist.ProcessGroup | None) -> Tensor:
+        return all_to_all(rows, send_split, recv_split, group, self._comm_device)
 
     def gather(self, tgid: Tensor) -> Tensor:
         """``[len(tgid), dim]`` rows (any owner; may repeat). Under grad mode a leaf whose gradient ``step`` sends
@@ -87,7 +92,8 @@ class ShardedEmbedding:
         out.index_copy_(0, route.local_pos, weight.index_select(0, local_row))
         if self.world_size > 1:
             answer = weight.index_select(0, route.got_id - self.lo)
-            out.index_copy_(0, route.req_pos, self._exchange_rows(answer, route.got_split, route.req_split))
+            out.index_copy_(0, route.req_pos, self._exchange_rows(answer, route.got_split, route.req_split,
+                                                                     self.group))
         if torch.is_grad_enabled():
             out.requires_grad_(True)
             self._pending.append((out, local_row, route))
@@ -104,7 +110,7 @@ class ShardedEmbedding:
             if self.world_size > 1:
                 rows.append(route.got_id - self.lo)
                 grads.append(self._exchange_rows(grad.index_select(0, route.req_pos), route.req_split,
-                                                 route.got_split))
+                                                 route.got_split, self.step_group))
         self._pending.clear()
         if not rows:
             return 0

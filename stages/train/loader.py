@@ -6,7 +6,9 @@ Lockstep contract, for every pass (a training epoch, a validation or test pass):
   (``equal_batch_count``, the largest rank's); a rank with fewer seeds pads with recycled seeds (training) or with
   empty batches (evaluation);
 - every batch is a collective: ``sample`` and ``gather_rows`` exchange with every other rank (``dist_sampler``,
-  ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included.
+  ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included. They run
+  on ``RankData.group``: a prefetching producer thread's own group (``stages.train.prefetch``), which keeps them
+  apart from the main thread's collectives.
 
 The loader hands ``stages.train.loop`` the two callables of its seam (``Sample``, ``GatherRows``) and the batches
 of the task's items, so that one ``train_epoch`` serves this rank and the benchmark's single-process baseline.
@@ -37,7 +39,10 @@ class NodeLoader:
         """``epoch_items``: train on only so many of this rank's train items an epoch, a fresh shuffled sample of
         them each epoch (None: all)."""
         self.split_gid, self.batch_size, self.shuffle_gen = data.split_gid, batch_size, shuffle_gen
-        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen)
+        # the batches' collectives (sampling, the epoch's batch count) on the data's group: a prefetching
+        # producer's own (``stages.train.prefetch``)
+        self.group = data.group
+        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group)
         self.degrees = data.degrees
         # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
         # as the attachment is a collective
@@ -83,9 +88,10 @@ class NodeLoader:
 
     def train_batches(self) -> Iterator[Tensor]:
         """One epoch of this rank's shuffled train items (``epoch_items`` of them), ``equal_batch_count`` batches
-        (padding last)."""
+        (padding last); the count is agreed when iteration starts (a collective on ``group``: whichever thread
+        iterates runs it)."""
         return iter_equal_seed_batches(self.split_gid["train"], self.batch_size, generator=self.shuffle_gen,
-                                       limit=self.epoch_items)
+                                       group=self.group, limit=self.epoch_items)
 
     def eval_batches(self, split: str) -> list[Tensor]:
         """The split's own nodes in order, then empty batches up to the largest rank's count."""

@@ -4,7 +4,8 @@ Nothing here knows about ranks or about the task: the caller hands in the batche
 gids, or positions of positive edges; equal counts on every rank for DDP), the two callables of the seam below
 (``stages.train.loader.NodeLoader`` holds a rank's: its distributed sampler, and the feature path of cache, store
 and remote owners) and the ``Task`` (``stages.train.tasks``: a batch's seed nodes and targets, outputs, loss, metric
-sums); sums come back for it to all-reduce (``stats``).
+sums); sums come back for it to all-reduce (``stats``). Batches may be prepared ahead by a producer thread
+(``prefetch``: ``stages.train.prefetch``, whose rules the callables must follow) with the same results.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from stages.train.prefetch import batch_stream
 from stages.train.tasks import Task
 
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
@@ -50,10 +53,32 @@ def _rows(gather_rows: GatherRows, n_id: Tensor) -> Tensor | dict[str, Tensor]:
     return x if x.is_floating_point() else x.float()
 
 
+@dataclass
+class Prepared:
+    """One batch up to the model: the sampled blocks, their input rows and the task's target."""
+
+    batch: Data
+    x: Tensor | dict[str, Tensor]
+    target: Any
+
+
+def preparer(sample: Sample, gather_rows: GatherRows, task: Task, *,
+             training: bool) -> Callable[[Tensor, Callable[[], None]], Prepared]:
+    """``(item, before_gather) -> Prepared``: the task's seeds and target (negatives drawn and, filtered, asked of
+    their owners), the sample, then ``before_gather()`` and the rows: the work a prefetching producer does."""
+    def prepare(item: Tensor, before_gather: Callable[[], None]) -> Prepared:
+        seed_gid, target = task.batch(item, training=training)
+        batch = sample(seed_gid)
+        before_gather()
+        return Prepared(batch, _rows(gather_rows, batch.n_id), target)
+    return prepare
+
+
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_batches: Iterable[Tensor],
                 sample: Sample, gather_rows: GatherRows, task: Task, *, num_real_batches: int,
                 device: torch.device, on_batch: OnBatch | None = None,
-                check_loss: CheckLoss | None = None, after_step: Callable[[], None] | None = None) -> EpochSums:
+                check_loss: CheckLoss | None = None, after_step: Callable[[], None] | None = None,
+                prefetch: int = 0, gather_after_step: bool = False) -> EpochSums:
     """Train on every batch of ``seed_batches``; loss and metric count only the first ``num_real_batches``.
 
     Padding batches (recycled seeds, or empty ones) still take an optimiser step: under DDP every rank must run
@@ -61,31 +86,34 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     zero loss whose backward still reaches every parameter (zero gradients), so its rank joins each all-reduce.
     ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.guard``);
     ``after_step`` runs after every optimiser step (the learnt embeddings' sparse step, a collective).
+    ``prefetch``: batches a producer thread prepares ahead (0: none); ``gather_after_step``: it gathers a batch's
+    rows only after the previous batch's ``after_step`` (which updates rows it may gather: learnt embeddings).
     """
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
     start = time.perf_counter()
-    for b, item in enumerate(seed_batches):
-        if on_batch is not None:
-            on_batch(b)
-        seed_gid, y = task.batch(item, training=True)
-        batch = sample(seed_gid)
-        x = _rows(gather_rows, batch.n_id)
-        out = task.forward(model, x, batch, y)
-        loss = task.loss(out, y)
-        if check_loss is not None:
-            check_loss(b, loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if after_step is not None:
-            after_step()
-        sums.batches += 1
-        sums.sampled_edges += int(batch.edge_index.shape[1])
-        if b < num_real_batches:
-            sums.loss_sum += float(loss.detach()) * task.size(y)
-            sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
-            sums.seeds += task.size(y)
+    stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=True), depth=prefetch,
+                          device=device, gather_after_step=gather_after_step)
+    with stream:
+        for b, ready in enumerate(stream):
+            if on_batch is not None:
+                on_batch(b)
+            y = ready.target
+            out = task.forward(model, ready.x, ready.batch, y)
+            loss = task.loss(out, y)
+            if check_loss is not None:
+                check_loss(b, loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+            sums.batches += 1
+            sums.sampled_edges += int(ready.batch.edge_index.shape[1])
+            if b < num_real_batches:
+                sums.loss_sum += float(loss.detach()) * task.size(y)
+                sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
+                sums.seeds += task.size(y)
     _sync(device)
     sums.wall_s = time.perf_counter() - start
     return sums
@@ -93,18 +121,19 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
 
 @torch.no_grad()
 def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sample, gather_rows: GatherRows,
-              task: Task) -> list[float]:
+              task: Task, *, prefetch: int = 0, device: torch.device | None = None) -> list[float]:
     """The task's metric sums over all batches (this rank's; the caller all-reduces). Empty batches still sample
     and gather (those are collectives in the distributed runtime) but skip the model, which has no collective
-    outside DDP's backward."""
+    outside DDP's backward. ``prefetch`` as in ``train_epoch``; ``device``: the model's (default CPU)."""
     model.eval()
     sums = [0.0] * len(task.sum_names)
-    for item in seed_batches:
-        seed_gid, y = task.batch(item, training=False)   # a collective for some tasks (filtered negatives)
-        batch = sample(seed_gid)
-        x = _rows(gather_rows, batch.n_id)
-        if task.size(y) == 0:
-            continue
-        out = task.forward(model, x, batch, y)
-        sums = [s + t for s, t in zip(sums, task.metric_sums(out, y))]
+    # task.batch is a collective for some tasks (filtered negatives): every batch is prepared, empty ones too
+    stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=False), depth=prefetch,
+                          device=device or torch.device("cpu"))
+    with stream:
+        for ready in stream:
+            if task.size(ready.target) == 0:
+                continue
+            out = task.forward(model, ready.x, ready.batch, ready.target)
+            sums = [s + t for s, t in zip(sums, task.metric_sums(out, ready.target))]
     return sums

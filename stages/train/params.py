@@ -93,6 +93,12 @@ class Params(StageParams):
                                                                            "half the available RAM; 0: read Zarr")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per rank; null: this node's "
                                                                    "CPUs / its ranks")
+    # off by default: on 2 shared cores the ranks' own threads fill every core and a producer has none to run on
+    # (2 ranks, hidden 16: 0.97-0.99x the synchronous speed, noise-level); with the model's time off the CPU (a GPU's,
+    # stood in for by a 250 ms sleep) depth 1 ran 1.29x (benchmarks/RESULTS.md "[7/7] Prefetch")
+    prefetch: int = runtime(0, ge=0, le=8, description="batches a producer thread samples and gathers ahead of the "
+                                                       "model (0: none; 1 where the model leaves a core free, e.g. "
+                                                       "on a GPU); the same batches and results either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
 
     @property

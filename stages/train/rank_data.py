@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
@@ -70,6 +71,9 @@ class RankData:
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
     link: LinkEdges | None = None        # link prediction: this rank's positive edges (a graph split for it)
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
+    # the process group of the batches' collectives (sampling, rows, degrees, negatives): a prefetching producer
+    # thread's own (``stages.train.prefetch``); None: the default group
+    group: dist.ProcessGroup | None = None
 
     @property
     def lo(self) -> int:
@@ -81,9 +85,11 @@ class RankData:
         return self.y_of_lid.index_select(0, seed_gid - self.lo)
 
     @classmethod
-    def open(cls, spec: TrainSpec, rank: int, world: int, local_world: int, device: torch.device) -> RankData:
+    def open(cls, spec: TrainSpec, rank: int, world: int, local_world: int, device: torch.device,
+             group: dist.ProcessGroup | None = None) -> RankData:
         """Read partition ``rank``'s data and build its feature path. A collective (the cache build fetches remote
-        rows): every rank of the process group calls it. ``local_world`` ranks share this host's memory budget."""
+        rows): every rank of the process group calls it. ``local_world`` ranks share this host's memory budget;
+        ``group``: the batches' process group (``RankData.group``)."""
         params = Params(**spec.params)
         store = ArtifactStore(spec.artifacts)
         partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
@@ -97,22 +103,23 @@ class RankData:
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
-                         local_world=local_world, device=device)
+                         local_world=local_world, device=device, group=group)
         setup = {"rank": rank, **rows.setup, **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
         return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=rows.rows,
-                   degrees=degree_path(csr, bounds, device), y_of_lid=torch.from_numpy(part.y).to(device),
+                   degrees=degree_path(csr, bounds, device, group), y_of_lid=torch.from_numpy(part.y).to(device),
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
-                   schema=partition.schema, link=LinkEdges.open(partition, rank, device))
+                   schema=partition.schema, link=LinkEdges.open(partition, rank, device), group=group)
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
-                      hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device) -> RowSources:
-    """One feature store, its exchange and its device cache. A collective (the cache build)."""
+                      hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
+                      group: dist.ProcessGroup | None) -> RowSources:
+    """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
     x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
-    dist_features = DistFeatures(x_store, partition.bounds(), device=device)
+    dist_features = DistFeatures(x_store, partition.bounds(), device=device, group=group)
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
@@ -122,7 +129,8 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     return RowSources(dist_features, x_store.num_features, None, policy, setup)
 
 
-def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device) -> DistFeatures:
+def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device,
+                group: dist.ProcessGroup | None = None) -> DistFeatures:
     """Every gid's true in-degree + 1 (GCN's normalisation, ``stages.train.blocks``) as a 1-column feature path.
 
     Each rank holds only its own nodes' degrees (one float32 per lid: 4.8 MB for 1.2 M nodes), read off its CSR;
@@ -131,4 +139,4 @@ def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device) -> Dist
     """
     node_indptr = csr.indptr[::csr.num_edge_types]   # a node's rows of every edge type are one range
     deg_of_lid = (torch.diff(node_indptr) + 1).to(device="cpu", dtype=torch.float32)
-    return DistFeatures(InMemoryFeatureStore(deg_of_lid[:, None]), bounds, device=device)
+    return DistFeatures(InMemoryFeatureStore(deg_of_lid[:, None]), bounds, device=device, group=group)

@@ -60,7 +60,8 @@ def make_task(params: Params, data: RankData, generator: torch.Generator) -> Tas
     typed = data.features if isinstance(data.features, TypedRows) else None
     draws = NegativeDraws.for_link(data.schema, data.schema.edge_types[link.edge_type].key,
                                    None if typed is None else typed.index)
-    membership = EdgeMembership(data.csr, data.bounds, link.edge_type) if params.filter_negatives else None
+    membership = (EdgeMembership(data.csr, data.bounds, link.edge_type, group=data.group)   # asked in task.batch
+                  if params.filter_negatives else None)
     edge_gid = dict(link.edge_gid)
     if params.eval_edges is not None:   # a fixed sample (the same every epoch), each rank its share
         for split in ("valid", "test"):
@@ -89,6 +90,9 @@ class Trainer:
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook
         self.local_world = data.world if local_world is None else local_world
+        if params.prefetch and dist.is_initialized() and data.group is None:
+            raise ValueError("prefetch needs the batches' collectives on a group of their own: open the RankData "
+                             "with group=stages.train.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
         self.task = make_task(params, data, self.rng.sampler)
         # the loader batches the task's seeds
@@ -172,13 +176,14 @@ class Trainer:
         sums = train_epoch(self.ddp, self.optimizer, self.loader.train_batches(), self.loader.sample,
                            self.loader.gather_rows, self.task, num_real_batches=self.loader.num_real_train_batches,
                            device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch),
-                           after_step=self.loader.step_embeddings)
+                           after_step=self.loader.step_embeddings, prefetch=self.params.prefetch,
+                           gather_after_step=bool(self.embeddings))
         return sums, self.data.features.reset_counters()
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""
         local = eval_sums(self.model, self.loader.eval_batches(split), self.loader.sample, self.loader.gather_rows,
-                          self.task)
+                          self.task, prefetch=self.params.prefetch, device=self.device)
         return all_reduce_f64(local)
 
     def test(self) -> list[float]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import fit_in_budget, host_budget, open_feature_store, x_nbytes
@@ -38,8 +39,11 @@ class RowSources:
 
 
 def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
-                    hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device) -> RowSources:
-    """The row sources of rank ``rank``. A collective (each featured type's cache build, in schema order)."""
+                    hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
+                    group: dist.ProcessGroup | None = None) -> RowSources:
+    """The row sources of rank ``rank``, exchanging on ``group`` (``RankData.group``; the embeddings' sparse step
+    stays on the default group, the trainer's main thread's). A collective (each featured type's cache build, in
+    schema order)."""
     schema = partition.schema
     table = partition.range_table()
     index = TypeIndex(table, device)
@@ -59,14 +63,14 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
         if name in x_of:
             store = open_feature_store(x_of[name], memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
                                        pin=device.type == "cuda")
-            rows = DistFeatures(store, tgid_bounds, device=device)
+            rows = DistFeatures(store, tgid_bounds, device=device, group=group)
             cache = rows.build_cache(cached_tgid[cached_type == t])
             sources[name] = rows
             types[name] = {"rows": own_rows, "feature_store": store.kind, "cache_rows": cache.num_rows,
                            "cache_bytes": cache.nbytes}
         else:
             emb = ShardedEmbedding(tgid_bounds, params.hidden, lr=params.embedding_lr, seed=params.seed,
-                                   node_type=t, device=device)
+                                   node_type=t, device=device, group=group, step_group=None)
             sources[name] = emb
             types[name] = {"rows": own_rows, "embedding_bytes": own_rows * params.hidden * 4}
     typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)

@@ -30,6 +30,7 @@ from stages.train.cluster import rank_threads
 from stages.train.faults import fault_hook
 from stages.train.guard import PeerStoppedError
 from stages.train.params import Params
+from stages.train.prefetch import producer_group
 from stages.train.rank_data import RankData
 from stages.train.spec import TrainSpec, check_same_artifacts
 from stages.train.trainer import Trainer
@@ -62,7 +63,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.collective_timeout_s))
     check_same_inputs(spec, rank, world)
-    data = RankData.open(spec, rank, world, local_world, device)
+    data = RankData.open(spec, rank, world, local_world, device, group=producer_group(params.prefetch))
     trainer = Trainer(spec, params, data, local_rank=local_rank, local_world=local_world, batch_hook=fault_hook)
     metrics = trainer.fit()
     state = trainer.published_state()   # a collective: the embedding shards are gathered

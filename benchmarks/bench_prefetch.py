@@ -46,16 +46,18 @@ def rank_main(args: argparse.Namespace) -> None:
     from stages.train.rank_data import RankData
     from stages.train.spec import TrainSpec
     from stages.train.trainer import Trainer
+    from stages.train.worker import pick_device
 
     spec = TrainSpec.load(args.spec)
     params = Params(**spec.params)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(params.threads_per_rank or 1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    device = pick_device(params, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
     depths = [int(d) for d in args.depths.split(",")]
-    data = RankData.open(spec, rank, world, world, torch.device("cpu"), group=producer_group(max(depths)))
+    data = RankData.open(spec, rank, world, world, device, group=producer_group(max(depths)))
     trainer = Trainer(spec, params.model_copy(update={"prefetch": max(depths)}), data)
-    loader, cpu = trainer.loader, torch.device("cpu")
+    loader = trainer.loader
     count = args.warmup + args.max_batches
 
     def max_wall(seconds: float) -> float:   # a round lasts as long as its slowest rank
@@ -67,7 +69,7 @@ def rank_main(args: argparse.Namespace) -> None:
         trainer.rng.seed_epoch(0)   # every round trains on the same batches
         items = itertools.islice(loader.train_batches(), count)
         sums = train_epoch(trainer.ddp, trainer.optimizer, items, loader.sample, loader.gather_rows, trainer.task,
-                           num_real_batches=count, device=cpu, prefetch=depth, on_batch=off_cpu)
+                           num_real_batches=count, device=device, prefetch=depth, on_batch=off_cpu)
         return max_wall(sums.wall_s) / sums.batches
 
     def off_cpu(b: int) -> None:   # model time spent off the CPU, as on a GPU (--off-cpu-ms)
@@ -77,8 +79,10 @@ def rank_main(args: argparse.Namespace) -> None:
         trainer.rng.seed_epoch(0)
         prepare = preparer(loader.sample, loader.gather_rows, trainer.task, training=True)
         start = time.perf_counter()
-        with batch_stream(itertools.islice(loader.train_batches(), count), prepare, depth=0, device=cpu) as stream:
+        with batch_stream(itertools.islice(loader.train_batches(), count), prepare, depth=0, device=device) as stream:
             n = sum(1 for _ in stream)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return max_wall(time.perf_counter() - start) / n
 
     for depth in depths:   # warm-up: allocator, thread pools, page cache
@@ -91,7 +95,8 @@ def rank_main(args: argparse.Namespace) -> None:
         timed["prepare"].append(prepare_round())
     if rank == 0:
         median = {k: statistics.median(v) for k, v in timed.items()}
-        out = {"world_size": world, "threads_per_rank": params.threads_per_rank, "off_cpu_ms": args.off_cpu_ms,
+        out = {"world_size": world, "device": str(device), "threads_per_rank": params.threads_per_rank,
+               "off_cpu_ms": args.off_cpu_ms,
                "s_per_batch_median": {k: round(v, 5) for k, v in median.items()},
                "s_per_batch_rounds": {k: [round(x, 5) for x in v] for k, v in timed.items()},
                "model_s_per_batch": round(median["0"] - median["prepare"], 5),
@@ -126,7 +131,7 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.spec import TrainSpec
 
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=1,
-                    threads_per_rank=args.threads_per_rank)
+                    threads_per_rank=args.threads_per_rank, device=args.device)
     with tempfile.TemporaryDirectory() as tmp:
         spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
                          features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
@@ -149,6 +154,8 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=100)
     ap.add_argument("--classes", type=int, default=47)
     ap.add_argument("--ranks", type=int, default=2, help="partitions, one rank each")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="the ranks' device (auto: a "
+                                                                                    "GPU each when there are enough)")
     ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=16)

@@ -17,6 +17,7 @@ exits 0. On a GPU machine (no network needed) it:
      on an H100, GLT publishes 32 M/s on an A100);
    - ``train``: a products-scale training epoch on 1 GPU with each cache policy, hit rate and host→device bytes, for
      each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``);
+   - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0, 1, 2 (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures.
 
 ``--scale small`` runs the same steps on a 100 k-node graph (a quick pass, or ``--allow-cpu`` on a machine without
@@ -44,10 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = REPO / "benchmarks" / "work" / "gpu-site"
-STEPS = ("env", "tests", "gather", "sampler", "train")
+STEPS = ("env", "tests", "gather", "sampler", "train", "prefetch")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
 NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
-         "train": ("zarr", "pydantic", "pymetis")}
+         "train": ("zarr", "pydantic", "pymetis"), "prefetch": ("zarr", "pydantic", "pymetis")}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
           "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,
@@ -191,6 +192,11 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
         "sampler": [("sampler", [py, f"{bench}/bench_sampler.py", *graph, "--device", device, "--batches", "30",
                                  "--graph", str(work / f"sampler-{args.scale}.npz")])],
         "train": train,
+        "prefetch": [("prefetch", [py, f"{bench}/bench_prefetch.py", *graph, "--features", str(s["features"]),
+                                   "--classes", str(s["classes"]), "--ranks", "1", "--device", device,
+                                   "--hidden", "256", "--depths", "0,1,2", "--rounds", "3",
+                                   "--max-batches", str(s["max_batches"]),
+                                   "--root", str(work / f"artifacts-{args.scale}")])],
     }
 
 

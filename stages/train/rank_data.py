@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.feature_store import InMemoryFeatureStore, open_feature_store
+from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
 from stages.train.cache_policy import cache_gids, resolve_policy
@@ -110,7 +110,7 @@ class RankData:
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                       hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device) -> RowSources:
     """One feature store, its exchange and its device cache. A collective (the cache build)."""
-    x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
+    x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
     dist_features = DistFeatures(x_store, partition.bounds(), device=device)
     start = time.perf_counter()

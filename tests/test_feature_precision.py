@@ -239,3 +239,29 @@ def test_int8_and_float8_train_within_a_few_points_of_float32(builds) -> None:
         acc[dtype] = run.summary["test_acc"]
     assert acc["auto"] > 0.5, acc   # chance 0.25
     assert abs(acc["int8"] - acc["auto"]) < 0.03 and abs(acc["float8_e4m3"] - acc["auto"]) < 0.03, acc
+
+
+def test_a_typed_graphs_featured_type_is_coded_over_its_whole_x(tmp_path: Path) -> None:
+    """synthetic-hetero: papers have features, the other types learnt embeddings; rows by tlid."""
+    store, m = build_without_prefect({"artifacts": str(tmp_path), "dataset": "synthetic-hetero", "num_nodes": 400,
+                                      "num_features": 6, "num_classes": 4, "num_partitions": 2, "dtype": "int8",
+                                      "until": "features"})
+    graph = GraphArtifact(store, m["download"]).read()
+    features = FeaturesArtifact(store, m["features"])
+    partition = PartitionArtifact(store, m["partition"])
+    table, book = partition.range_table(), partition.book()
+    types = [t.name for t in graph.schema.node_types]
+    offsets = graph.schema.orig_offsets()
+    assert set(features.featured_types) == set(graph.features) == {"paper"}
+    for name, x in graph.features.items():
+        assert m["features"].summary["types"][name]["scheme"] == "int8"
+        want = fit_codec(x, "int8", "none")
+        t = types.index(name)
+        for p in range(2):
+            store_p = open_part_store(features, p, name)
+            assert store_p.codec.scale is not None and want.scale is not None
+            assert torch.equal(store_p.codec.scale, want.scale)   # the type's whole x, in every part
+            t_lo, t_hi = table.type_range(p, t)
+            orig = book.orig_of_gid[t_lo:t_hi] - offsets[t]
+            got = store_p.codec.decode(store_p.gather(torch.arange(store_p.num_rows))).numpy()
+            assert (np.abs(got - x[orig]) <= want.scale.numpy() / 2 * (1 + 1e-5) + 1e-6).all()

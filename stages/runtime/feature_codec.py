@@ -131,7 +131,7 @@ class FeatureCodec:
         assert self.scale is not None
         if self.scheme == "int8":
             assert self.offset is not None
-            return torch.addcmul(self.offset, x, self.scale)
+            return x.mul_(self.scale).add_(self.offset)   # in place: x is already a fresh float32 copy
         return x.mul_(self.scale)
 
 

@@ -12,8 +12,8 @@ Remote rows come from their owners with collectives only (no RPC), in lockstep l
 
 Every rank issues these 3 collectives on every ``gather``/``fetch_rows`` call, also when it needs no remote row:
 collectives match by call order, so a rank that skipped one would hang its peers. Rows are cached and travel in the
-store's storage dtype (float8 as its bytes, ``collectives.all_to_all``); ``decode`` turns them into float32 on the
-device, the one place every reader of rows (loader, typed rows, infer) calls, so the counters count stored bytes.
+store's storage dtype (float8 as its uint8 bits, ``FeatureCodec.carrier``); ``decode`` turns them into float32 on
+the device, the one place every reader of rows (loader, typed rows, infer) calls; the counters count stored bytes.
 """
 
 from __future__ import annotations

@@ -14,11 +14,16 @@ test accuracy (test at the best validation epoch) over several seeds against flo
 l1 on CiteSeer) rounded to ``2^bits`` levels evenly spaced between its min and max (int8's rule with fewer steps),
 written as a ``files`` dataset and trained in float32 with the same recipe.
 
+``--decode``: instead, what a batch's gather and decode cost on the CPU per dtype: a products-scale batch (654 k
+rows of 100 columns from a 1.2 M-row store, as ``benchmarks/bench_feature_checks.py``), ``index_select`` of the
+stored rows then ``FeatureCodec.decode`` to float32; best of 5, ``--threads`` torch threads.
+
 Prints one JSON line per run (appended to ``--out``), then a markdown table. The box is shared: the load average is
 recorded beside each run. Runs are cached in ``--root`` (a second call is a lookup)::
 
     python benchmarks/bench_precision.py --graphs synthetic,citeseer --seeds 0,1,2
     python benchmarks/bench_precision.py --graphs synthetic,citeseer --seeds 0,1 --bits 4,2,1
+    python benchmarks/bench_precision.py --decode --threads 2
 """
 
 from __future__ import annotations
@@ -88,6 +93,36 @@ def run_bits(graph: str, bits: int, seed: int, root: str) -> dict[str, Any]:
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
+def decode_cost(threads: int, store_rows: int = 1_200_000, batch_rows: int = 654_000, cols: int = 100,
+                repeat: int = 5) -> list[dict[str, Any]]:
+    """Best-of-``repeat`` seconds to gather a batch's stored rows and decode them, per dtype."""
+    from stages.features.schemes import encode_rows, fit_codec
+
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(store_rows, cols)).astype(np.float32)
+    lid = torch.from_numpy(rng.integers(0, store_rows, batch_rows))
+    out = []
+    for dtype in DTYPES:
+        codec = fit_codec(x, dtype, "none")   # type: ignore[arg-type]
+        codes = codec.held(encode_rows(x, codec, np.arange(store_rows)))
+        times = {"gather": float("inf"), "gather_decode": float("inf")}
+        for _ in range(repeat):
+            start = time.perf_counter()
+            rows = torch.index_select(codes, 0, lid)
+            mid = time.perf_counter()
+            codec.decode(rows)
+            end = time.perf_counter()
+            times["gather"] = min(times["gather"], mid - start)
+            times["gather_decode"] = min(times["gather_decode"], end - start)
+        out.append({"bench": "decode", "dtype": dtype, "threads": threads, "batch_rows": batch_rows, "cols": cols,
+                    "gather_ms": round(1e3 * times["gather"], 1),
+                    "gather_decode_ms": round(1e3 * times["gather_decode"], 1),
+                    "loadavg_1m": round(os.getloadavg()[0], 2)})
+        del codes
+    return out
+
+
 def store_figures(store: ArtifactStore, manifests: dict[str, Manifest]) -> dict[str, Any]:
     """Disk, host RAM, cache rows and the decode error of one features build (no training)."""
     features = FeaturesArtifact(store, manifests["features"])
@@ -147,9 +182,17 @@ def main() -> None:
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--bits", default="", help="instead: the float32 recipe on rows rounded to 2^bits levels")
+    ap.add_argument("--decode", action="store_true", help="instead: a batch's gather and decode, per dtype")
+    ap.add_argument("--threads", type=int, default=2, help="--decode: torch threads")
     ap.add_argument("--root", default="/tmp/bench-precision", help="artifact root (runs are cached there)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results_precision.jsonl"))
     args = ap.parse_args()
+    if args.decode:
+        for row in decode_cost(args.threads):
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return
     rows = []
     for graph in args.graphs.split(","):
         if graph == "citeseer" and not (CITESEER / "x.npy").exists():

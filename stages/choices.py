@@ -12,8 +12,9 @@ Dataset = Literal["synthetic", "synthetic-hetero", "synthetic-link", "ogbn-arxiv
                   "ogbn-mag", "ogbl-collab", "ogbl-citation2", "files"]
 PartitionMethod = Literal["metis", "random"]
 Compressor = Literal["lz4", "zstd"]
-# the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept (stages/features/dtypes.py)
-FeatureDtype = Literal["auto", "float32", "float16"]
+# the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept
+# (stages/features/dtypes.py); int8 and float8_e4m3 quantise per column, bfloat16 rounds (stages/features/schemes.py)
+FeatureDtype = Literal["auto", "float32", "float16", "bfloat16", "int8", "float8_e4m3"]
 # the features stage's row normalisation of x (stages/features/normalize.py)
 FeatureNorm = Literal["none", "l1"]
 # built-in models and losses; train.model and train.loss also take an import path (stages/train/plugins.py)

@@ -4,12 +4,17 @@ ID space: ``y`` and the splits are over **lids** of partition p (row i is gid ``
 ``x/<node type>`` rows are **tlids**: row i of type t is gid ``type_start(p, t) + i`` (``storage.schema``), which
 is the lid when the graph has one type.
 
-- ``x/<node type>`` [n_pt, F_t] for each featured node type, in the storage dtype (float32, float16, bool, int8 or
-  uint8: the features stage's ``dtype``; the trainer casts rows to float32 on its device), row-chunked,
-  crc32c-checked; ``y`` int64 [n_p] (-1 = unlabelled).
+- ``x/<node type>`` [n_pt, F_t] for each featured node type: its codes in the storage dtype (float32, float16,
+  bfloat16, bool, int8, uint8 or float8_e4m3fn: the features stage's ``dtype``; the trainer decodes rows to float32
+  on its device, ``stages.runtime.feature_codec``), row-chunked, crc32c-checked. bfloat16 and float8 codes are
+  stored as their bits (uint16, uint8; Zarr 3 has neither type), and the array's attrs name the storage dtype and
+  the scheme. ``y`` int64 [n_p] (-1 = unlabelled).
+- ``scheme/<node type>/scale``, ``scheme/<node type>/offset``: float32 [F_t], where the type's scheme has them
+  (``int8``: both; ``float8_e4m3``: scale), fitted over the whole x of the type, so every partition holds the same.
 - ``split/train``, ``split/valid``, ``split/test``: sorted int64 lids of p's nodes in each split.
 - attrs: part, start_gid, num_nodes, num_classes, compressor, ``types``: per featured node type its rows,
-  num_features, feature_dtype (the stored one) and chunk_rows.
+  num_features, feature_dtype (the storage dtype), scheme (absent in stores written before it: ``cast``) and
+  chunk_rows.
 
 A partition's store is self-contained, so a training node fetches only its own partition's files.
 """
@@ -33,6 +38,27 @@ def _part_store(p: int) -> str:
     return f"part-{p}.zarr"
 
 
+@dataclass(frozen=True)
+class FeatureScheme:
+    """How a node type's rows are coded (``stages.runtime.feature_codec``): the scheme's name (``cast``, ``int8``,
+    ``float8_e4m3``), the storage dtype's name (torch's: ``bfloat16``, ``float8_e4m3fn``, ...) and its per-column
+    float32 arrays."""
+
+    name: str
+    storage_dtype: str
+    scale: np.ndarray | None = None
+    offset: np.ndarray | None = None
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        """The numpy dtype the codes are stored in (the bits of bfloat16 and float8 as uint16 and uint8)."""
+        return np.dtype(CODE_DTYPES.get(self.storage_dtype, self.storage_dtype))
+
+
+# storage dtypes that numpy and Zarr 3 lack, and the integer dtype of the same width that holds their bits
+CODE_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
+
+
 @dataclass
 class PartFeatures:
     part: int
@@ -50,14 +76,23 @@ class PartFeatures:
 
 def write_part_features(writer: StageWriter, *, part: int, start_gid: int, features: dict[str, np.ndarray],
                         y: np.ndarray, split_lids: dict[str, np.ndarray], num_classes: int,
-                        chunk_rows: dict[str, int], compressor: BloscCname | None = None,
-                        progress: bool = False) -> dict[str, Any]:
-    """Write partition ``part``'s store ``part-<part>.zarr`` (``y`` and splits by lid, each type's rows by tlid);
-    returns its attrs."""
+                        chunk_rows: dict[str, int], schemes: dict[str, FeatureScheme] | None = None,
+                        compressor: BloscCname | None = None, progress: bool = False) -> dict[str, Any]:
+    """Write partition ``part``'s store ``part-<part>.zarr`` (``y`` and splits by lid, each type's codes by tlid,
+    coded as ``schemes`` says: by default each ``features`` array's own dtype); returns its attrs."""
     g = open_group(writer.file_url(_part_store(part)), mode="w")
-    x_group = g.create_group("x")
+    x_group, scheme_group = g.create_group("x"), g.create_group("scheme")
+    schemes = {name: (schemes or {}).get(name) or FeatureScheme("cast", x.dtype.name) for name, x in features.items()}
     for name, x in features.items():
-        write_array(x_group, name, x, chunk_rows=chunk_rows[name], compressor=compressor, progress=progress)
+        scheme = schemes[name]
+        if x.dtype != scheme.code_dtype:
+            raise ValueError(f"codes of {name} are {x.dtype}, scheme {scheme.name} stores {scheme.code_dtype}")
+        write_array(x_group, name, x, chunk_rows=chunk_rows[name], compressor=compressor, progress=progress,
+                    attrs={"scheme": scheme.name, "storage_dtype": scheme.storage_dtype})
+        columns = scheme_group.create_group(name)
+        for what, values in (("scale", scheme.scale), ("offset", scheme.offset)):
+            if values is not None:
+                write_array(columns, what, values.astype(np.float32, copy=False))
     write_array(g, "y", y.astype(np.int64, copy=False), chunk_rows=max([*chunk_rows.values(), 1 << 20]))
     split = g.create_group("split")
     for name in SPLITS:
@@ -65,7 +100,8 @@ def write_part_features(writer: StageWriter, *, part: int, start_gid: int, featu
     attrs: dict[str, Any] = {
         "part": part, "start_gid": start_gid, "num_nodes": int(y.shape[0]), "num_classes": int(num_classes),
         "compressor": compressor or "none",
-        "types": {name: {"rows": int(x.shape[0]), "num_features": int(x.shape[1]), "feature_dtype": str(x.dtype),
+        "types": {name: {"rows": int(x.shape[0]), "num_features": int(x.shape[1]),
+                         "feature_dtype": schemes[name].storage_dtype, "scheme": schemes[name].name,
                          "chunk_rows": int(chunk_rows[name])} for name, x in features.items()},
         "split_sizes": {name: int(split_lids[name].shape[0]) for name in SPLITS}}
     g.attrs.update(attrs)
@@ -113,8 +149,26 @@ class FeaturesArtifact(ArtifactHandle):
         return int(self._type(node_type)["num_features"])
 
     def feature_dtype_of(self, node_type: str | None = None) -> np.dtype:
-        """The stored dtype of a type's rows (``source_dtype`` in the summary is the dataset's)."""
-        return np.dtype(self._type(node_type)["feature_dtype"])
+        """The numpy dtype of a type's stored codes: the storage dtype, or for bfloat16 and float8 the integer
+        dtype holding their bits (``storage_dtype_of`` names the storage dtype; ``source_dtype`` in the summary is
+        the dataset's)."""
+        return FeatureScheme("cast", self.storage_dtype_of(node_type)).code_dtype
+
+    def storage_dtype_of(self, node_type: str | None = None) -> str:
+        """The storage dtype's name (torch's: ``float32``, ``bfloat16``, ``int8``, ``float8_e4m3fn``, ...)."""
+        return str(self._type(node_type)["feature_dtype"])
+
+    def scheme(self, p: int, node_type: str | None = None) -> FeatureScheme:
+        """How partition p's rows of a type are coded, with the per-column arrays (the same in every partition)."""
+        name = self._type_name(node_type, "x")
+        g = open_group(self._url(_part_store(p)))
+        types = g.attrs.get("types")
+        attrs: dict[str, Any] = dict(types.get(name, {})) if isinstance(types, dict) else {}
+        if "scheme" not in attrs:   # written before schemes: the codes are the rows, in their own dtype
+            return FeatureScheme("cast", self.storage_dtype_of(node_type))
+        columns = open_subgroup(open_subgroup(g, "scheme"), name)
+        found = {what: read_array(columns, what) if what in columns else None for what in ("scale", "offset")}
+        return FeatureScheme(str(attrs["scheme"]), str(attrs["feature_dtype"]), found["scale"], found["offset"])
 
     def row_bytes_of(self, node_type: str | None = None) -> int:
         """Bytes of one stored feature row (what the cache budget and the exchange pay)."""

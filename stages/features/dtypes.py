@@ -15,9 +15,10 @@ the wire for each remote row. So ``auto`` stores the narrowest dtype that loses 
   is as wide as float32 and int64 twice as wide; float32 holds integers exactly up to 2^24.
 
 ``float32`` and ``float16`` force that dtype: float16 halves a float32 x, and a value beyond its range (±65 504) is
-refused with its node and column rather than stored as Inf. bfloat16 is neither an input nor a storage dtype here:
-numpy has none (ml_dtypes' bfloat16 is saved by ``numpy.save`` as ``<V2`` and loads back as raw bytes) and Zarr 3
-has no bfloat16 type; low-precision storage is issue [7/7]'s.
+refused with its node and column rather than stored as Inf. bfloat16 is not an input dtype (numpy has none:
+ml_dtypes' bfloat16 is saved by ``numpy.save`` as ``<V2`` and loads back as raw bytes); ``bfloat16``, ``int8`` and
+``float8_e4m3`` as storage dtypes are ``stages.features.schemes``'s (this module is what ``auto``, ``float32`` and
+``float16`` store).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Contract: download + partition manifests + params → artifact ``features/<key>/part-<p>.zarr`` (format in
 ``storage.features``). Row chunks with no compressor and a crc32c codec: chosen by measurement
 (benchmarks/bench_features.py, figures in benchmarks/RESULTS.md). ``x`` is stored in the dtype ``dtype`` picks
-(``stages.features.dtypes``: float64 and wide integers as float32, float16 and 1-byte bool/int kept).
+(``stages.features.dtypes``: float64 and wide integers as float32, float16 and 1-byte bool/int kept), or coded
+as bfloat16, int8 or float8 e4m3 with per-column scales fitted over the whole x of each type
+(``stages.features.schemes``); the manifest records each type's scheme, the stores hold its per-column arrays.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import numpy as np
 from pydantic import Field
 
 from stages.choices import Compressor, FeatureDtype, FeatureNorm
-from stages.features.dtypes import storage_dtype, to_storage
-from stages.features.normalize import normalize_rows, normalized_dtype
+from stages.features.normalize import normalize_rows
+from stages.features.schemes import encode_rows, fit_codec
 from stages.meter import measure
 from stages.params import StageParams
+from stages.runtime.feature_codec import FeatureCodec
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.features import write_part_features
 from storage.graph import SPLITS, GraphArtifact
@@ -43,7 +46,9 @@ class Params(StageParams):
     compressor: Compressor | None = Field(None, description="Blosc codec for x; null: none (dense floats "
                                                             "compress ~1.1x, see benchmarks/RESULTS.md)")
     dtype: FeatureDtype = Field("auto", description="stored dtype of x; auto: float32, but float16, bool, int8 and "
-                                                    "uint8 are kept (rows reach the model as float32)")
+                                                    "uint8 are kept; int8 and float8_e4m3 quantise each column "
+                                                    "(scale, and offset for int8); rows reach the model as "
+                                                    "float32")
     normalize: FeatureNorm = Field("none", description="l1: divide each row of x by the sum of its absolute values "
                                                        "(GCN's preprocessing of bag-of-words rows; stored as float32 "
                                                        "under dtype auto); none: x as given")
@@ -79,8 +84,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             book = PartitionArtifact(store, partition).book()
             table, offsets = book.range_table(), graph.schema.orig_offsets()
             types = {t.name: i for i, t in enumerate(graph.schema.node_types)}
-            dtypes = {name: storage_dtype(normalized_dtype(x.dtype, params.normalize), params.dtype)
-                      for name, x in graph.features.items()}
+            codecs = {name: fit_codec(x, params.dtype, params.normalize) for name, x in graph.features.items()}
+            schemes = {name: codec.scheme_record() for name, codec in codecs.items()}
             parts = range(book.num_partitions)
             for p in tqdm(parts, desc="features: write parts", disable=not progress, leave=False):
                 lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
@@ -89,19 +94,19 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                     t_lo, t_hi = table.type_range(p, types[name])
                     type_orig = book.orig_of_gid[t_lo:t_hi] - offsets[types[name]]   # the type's own ids
                     chunks[name] = params.chunk_rows or default_chunk_rows(t_hi - t_lo,
-                                                                           dtypes[name].itemsize * x_orig.shape[1])
-                    rows[name] = to_storage(normalize_rows(x_orig[type_orig], params.normalize), dtypes[name],
-                                            type_orig)
+                                                                           codecs[name].itemsize * x_orig.shape[1])
+                    rows[name] = encode_rows(normalize_rows(x_orig[type_orig], params.normalize), codecs[name],
+                                             type_orig)
                 attrs = write_part_features(
                     writer, part=p, start_gid=lo, features=rows, y=graph.y[book.orig_of_gid[lo:hi]],
                     split_lids=split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
-                    num_classes=graph.num_classes, chunk_rows=chunks, compressor=params.compressor,
-                    progress=progress)
+                    num_classes=graph.num_classes, chunk_rows=chunks, schemes=schemes,
+                    compressor=params.compressor, progress=progress)
                 per_part.append({"part": p, "rows": attrs["num_nodes"],
                                  "chunk_rows": max(chunks.values(), default=0), **attrs["split_sizes"]})
-        per_type = {name: {"num_features": int(x.shape[1]), "feature_dtype": dtypes[name].name,
-                           "source_dtype": x.dtype.name,
-                           "bytes_features": dtypes[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
+        per_type = {name: {"num_features": int(x.shape[1]), "source_dtype": x.dtype.name,
+                           **_scheme_summary(codecs[name]),
+                           "bytes_features": codecs[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
                     for name, x in graph.features.items()}
         writer.summary.update({
             "num_partitions": book.num_partitions, "num_classes": graph.num_classes, "types": per_type,
@@ -109,6 +114,15 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             **_headline_figures(per_type), **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def _scheme_summary(codec: FeatureCodec) -> dict[str, Any]:
+    """A type's coding for the manifest: the scheme and storage dtype, and the spread of its per-column scales
+    (the arrays themselves are in every partition's store, ``storage.features``)."""
+    out: dict[str, Any] = {"feature_dtype": codec.scheme_record().storage_dtype, "scheme": codec.scheme}
+    if codec.scale is not None:
+        out["scale_range"] = [float(codec.scale.min()), float(codec.scale.max())] if codec.scale.numel() else []
+    return out
 
 
 def _headline_figures(per_type: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def layer0_matrix(features: DistFeatures, halo: Halo, piece_rows: int) -> tuple[
     matrix = torch.empty((halo.rows, features.num_features), dtype=torch.float32)
     for start in range(0, halo.n, piece_rows):
         stop = min(start + piece_rows, halo.n)
-        matrix[start:stop] = features.store.gather(torch.arange(start, stop, dtype=torch.long))
+        matrix[start:stop] = features.decode(features.store.gather(torch.arange(start, stop, dtype=torch.long)))
     return matrix, halo.fill(matrix, features, piece_rows)
 
 

@@ -268,7 +268,7 @@ class Inference:
             a, b = self._chunk(c)
             row_pos, nbr_gid, edge_type = self._chunk_edges(layer, a, b)
             n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
-            rows = source.fetch_rows(n_id).to(torch.float32)            # collective
+            rows = source.decode(source.fetch_rows(n_id))                # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
             graph = BatchGraph(edge_index, n_id.numel(), b - a, deg, edge_type=edge_type,
                                num_edge_types=self.csr.num_edge_types,
@@ -320,7 +320,7 @@ class Inference:
                     set_types(batch, self.node_type_of(batch.n_id), self.csr.num_edge_types)
                 if attach and self.degrees is not None:
                     with_degrees(batch, self.degrees)                                    # collective
-                x = features.fetch_rows(batch.n_id).to(torch.float32)             # collective
+                x = features.decode(features.fetch_rows(batch.n_id))              # collective
                 targets[0] = b - a
                 captured.clear()
                 out = seed_logits(model, x, batch)

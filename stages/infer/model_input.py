@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore, open_feature_store
+from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore, open_part_store
 from stages.train.typed_model import HeteroModel, TypedInput
 from storage import ArtifactError
 from storage.features import FeaturesArtifact
@@ -45,7 +45,7 @@ def model_input(model: torch.nn.Module, tables: Mapping[str, Tensor], *, partiti
     bounds = partition.bounds()
     if not isinstance(model, HeteroModel):
         def features_path() -> DistFeatures:   # no cache: each row is read once per layer-0 chunk that needs it
-            store = open_feature_store(features.x(rank), ranks_on_host=local_world)
+            store = open_part_store(features, rank, ranks_on_host=local_world)
             setup["feature_store"] = store.kind
             return DistFeatures(store, bounds)
         return ModelInput(model, features_path)
@@ -71,7 +71,7 @@ def encode_own_rows(encoder: TypedInput, tables: Mapping[str, Tensor], *, partit
     for t, name in enumerate(encoder.type_names):
         start, stop = table.type_range(rank, t)
         if name in encoder.lins:
-            store = open_feature_store(features.x(rank, name), ranks_on_host=local_world)
+            store = open_part_store(features, rank, name, ranks_on_host=local_world)
             kinds.add(store.kind)
             read = _store_reader(store)
         else:
@@ -89,7 +89,7 @@ Reader = Callable[[int, int], Tensor]   # (first tlid, end tlid) -> a node type'
 
 def _store_reader(store: FeatureStore) -> Reader:
     def read(a: int, b: int) -> Tensor:
-        return store.gather(torch.arange(a, b, dtype=torch.long))
+        return store.codec.decode(store.gather(torch.arange(a, b, dtype=torch.long)))
     return read
 
 

@@ -25,6 +25,12 @@ def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+# dtypes gloo's all_to_all refuses (torch 2.13: "Invalid scalar type"; float32, float16, bfloat16, int8, uint8 and
+# bool pass), moved as their bytes; tests/test_feature_precision.py moves each on 2 gloo ranks. (Feature stores
+# hold float8 as uint8 bits already, FeatureCodec.carrier: torch has no CPU index ops for it either.)
+SENT_AS_BYTES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.int16, torch.uint16})
+
+
 def all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group: dist.ProcessGroup | None,
                device: torch.device, wire_dtype: torch.dtype | None = None) -> Tensor:
     """``all_to_all_single`` along dim 0 with variable splits; the answer comes back on ``send``'s device.
@@ -35,11 +41,17 @@ def all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group
 
     - ids and counts (``wire_dtype`` given): narrowed to ``wire_dtype`` for the wire and answered as int64. int32
       halves the bytes moved (on gloo, CPU time in the TCP transport) when every value fits below 2^31.
-    - feature rows (``wire_dtype`` None): ``[n, F]``, sent and answered in their own dtype.
+    - feature rows (``wire_dtype`` None): ``[n, F]``, sent and answered in their own dtype; a dtype gloo refuses
+      ("Invalid scalar type": float8, int16) travels as its bytes (a free view, the same bytes on the wire).
     """
     wire = send.to(device=device, dtype=send.dtype if wire_dtype is None else wire_dtype).contiguous()
-    recv = torch.empty((sum(recv_split), *send.shape[1:]), dtype=wire.dtype, device=device)
+    as_bytes = wire_dtype is None and wire.dtype in SENT_AS_BYTES and wire.dim() == 2
+    if as_bytes:
+        wire = wire.view(torch.uint8)
+    recv = torch.empty((sum(recv_split), *wire.shape[1:]), dtype=wire.dtype, device=device)
     dist.all_to_all_single(recv, wire, recv_split, send_split, group=group)
+    if as_bytes:
+        recv = recv.view(send.dtype)
     return recv.to(device=send.device, dtype=send.dtype if wire_dtype is None else torch.long)
 
 

@@ -11,7 +11,9 @@ Remote rows come from their owners with collectives only (no RPC), in lockstep l
     3. all_to_all_single  rows         owner -> requester   (variable splits, count * F values each)
 
 Every rank issues these 3 collectives on every ``gather``/``fetch_rows`` call, also when it needs no remote row:
-collectives match by call order, so a rank that skipped one would hang its peers. Rows travel in the store's dtype.
+collectives match by call order, so a rank that skipped one would hang its peers. Rows are cached and travel in the
+store's storage dtype (float8 as its uint8 bits, ``FeatureCodec.carrier``); ``decode`` turns them into float32 on
+the device, the one place every reader of rows (loader, typed rows, infer) calls; the counters count stored bytes.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class DistFeatures:
         # gids travel as int32 when they fit: half the bytes of int64 (as in the sampler)
         self._wire_dtype = torch.int32 if int(self.bounds_gid[-1]) < 2**31 else torch.long
         self.cache = cache or FeatureCache.empty(store.num_features, store.dtype, self.device)
+        self.codec = store.codec.to(self.device)   # per-column scale/offset where rows are decoded
         self.counters = FeatureCounters()
         # CUDA: host rows are gathered into a reused pinned buffer and copied asynchronously; the event says when
         # the previous copy out of it is done, so the buffer is not overwritten while the DMA still reads it
@@ -116,6 +119,10 @@ class DistFeatures:
         c.remote_bytes += remote * self.store.row_bytes
         return out
 
+    def decode(self, rows: Tensor) -> Tensor:
+        """Rows in the storage dtype (from ``gather``, ``fetch_rows`` or the store) -> float32, on their device."""
+        return self.codec.to(rows.device).decode(rows) if rows.device != self.device else self.codec.decode(rows)
+
     def fetch_rows(self, gid: Tensor) -> Tensor:
         """Rows of ``gid`` from the stores (own and remote), bypassing the cache and the counters. Collective."""
         gid = gid.to(device=self.device, dtype=torch.long)
@@ -124,13 +131,15 @@ class DistFeatures:
         return out
 
     def fetch_rows_into(self, gid: Tensor, out: Tensor, piece_rows: int) -> None:
-        """``out[i] = row of gid[i]`` (any owner, in ``out``'s dtype), fetched ``piece_rows`` at a time, which bounds
-        the exchange's buffers. Collective: every rank runs the largest rank's piece count, ranks with fewer joining
-        with empty pieces."""
+        """``out[i] = row of gid[i]`` (any owner), fetched ``piece_rows`` at a time, which bounds the exchange's
+        buffers: stored rows into an ``out`` of the storage dtype, else decoded. Collective: every rank runs the
+        largest rank's piece count, ranks with fewer joining with empty pieces."""
         n = gid.numel()
+        stored = out.dtype == self.store.dtype
         for k in range(max_over_ranks(-(-n // piece_rows), self.group)):
             start, stop = min(k * piece_rows, n), min((k + 1) * piece_rows, n)
-            out[start:stop] = self.fetch_rows(gid[start:stop])
+            rows = self.fetch_rows(gid[start:stop])
+            out[start:stop] = rows if stored else self.decode(rows)
 
     def _fill(self, gid: Tensor, out_pos: Tensor, out: Tensor) -> tuple[int, int]:
         """``out[out_pos] = rows of gid``: own rows from the store, others from their owners. Returns the counts."""

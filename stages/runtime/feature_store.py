@@ -9,8 +9,11 @@ ID space: rows are **lids** of the partition (row ``lid`` is gid ``start_gid + l
   row chunk and reads each touched chunk once, as one contiguous slice (Zarr decodes whole chunks anyway, and the
   crc32c codec still checks every chunk read). Slow, but bounded memory; the device cache holds the hot rows.
 
-``open_feature_store`` picks one against a byte budget. Mechanism only: which rows are worth caching elsewhere is
-decided by the cache policy (``stages.train.cache_policy``).
+Rows are held, and gathered, in the store's storage dtype, as coded by the features stage; ``codec``
+(``stages.runtime.feature_codec``) says how they decode to float32, which ``DistFeatures.decode`` does on the
+device. ``open_feature_store`` picks one against a byte budget (counted in stored bytes; ``open_part_store`` with
+the stored codec). Mechanism only: which rows are worth caching elsewhere is decided by the cache policy
+(``stages.train.cache_policy``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import torch
 import zarr
 from torch import Tensor
 
+from stages.runtime.feature_codec import FeatureCodec, numpy_view
 from storage.errors import ArtifactError
+from storage.features import FeaturesArtifact
 from storage.zarr_io import read_into
 
 # With no explicit budget, load x when it takes at most this share of the memory available to this rank.
@@ -32,12 +37,17 @@ AUTO_BUDGET_SHARE = 0.5
 
 
 class FeatureStore(ABC):
-    """Rows of one partition's ``x`` by lid, on the host (CPU tensors)."""
+    """Rows of one partition's ``x`` by lid, on the host (CPU tensors in the codec's ``carrier``: the storage dtype,
+    float8 as uint8 bits)."""
 
     num_rows: int
     num_features: int
-    dtype: torch.dtype
+    codec: FeatureCodec
     kind: str  # "memory" or "zarr", for the metrics
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.codec.carrier
 
     @property
     def row_bytes(self) -> int:
@@ -55,10 +65,13 @@ class FeatureStore(ABC):
 class InMemoryFeatureStore(FeatureStore):
     kind = "memory"
 
-    def __init__(self, x: Tensor) -> None:
+    def __init__(self, x: Tensor, codec: FeatureCodec | None = None) -> None:
+        """``x``: the rows (codes); ``codec``: how they decode (None: a cast of ``x``'s dtype)."""
+        self.codec = codec or FeatureCodec.cast(x.dtype)
+        if x.dtype != self.codec.carrier:
+            raise ValueError(f"rows of {x.dtype} for a codec holding {self.codec.carrier}")
         self.x = x
         self.num_rows, self.num_features = int(x.shape[0]), int(x.shape[1])
-        self.dtype = x.dtype
 
     def gather(self, lid: Tensor, out: Tensor | None = None) -> Tensor:
         self._check(lid)
@@ -70,10 +83,11 @@ class InMemoryFeatureStore(FeatureStore):
 class ZarrFeatureStore(FeatureStore):
     kind = "zarr"
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, codec: FeatureCodec | None = None) -> None:
+        """``array``: the codes in Zarr; ``codec``: how they decode (None: a cast of the array's dtype)."""
+        self.codec = _codec_for(array, codec)
         self.array = array
         self.num_rows, self.num_features = int(array.shape[0]), int(array.shape[1])
-        self.dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
         self.chunk_rows = int(array.chunks[0])
 
     def gather(self, lid: Tensor, out: Tensor | None = None) -> Tensor:
@@ -88,7 +102,7 @@ class ZarrFeatureStore(FeatureStore):
         # one contiguous read per touched chunk, from its first to its last requested row
         run_starts = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
         run_ends = np.r_[run_starts[1:], sorted_np.shape[0]]
-        out_np = out.numpy()
+        out_np = numpy_view(out)
         order_np = order_pos.numpy()
         for a, b in zip(run_starts.tolist(), run_ends.tolist()):
             lo, hi = int(sorted_np[a]), int(sorted_np[b - 1]) + 1
@@ -103,11 +117,22 @@ class ZarrFeatureStore(FeatureStore):
         return out
 
 
-def _load_x(x: zarr.Array, pin: bool) -> Tensor:
-    """Read ``x`` chunk by chunk straight into a (pinned) torch tensor: no second full-size copy."""
-    dtype = torch.from_numpy(np.empty(0, dtype=x.dtype)).dtype
-    out = torch.empty(tuple(x.shape), dtype=dtype, pin_memory=pin)
-    read_into(x, out=out.numpy())
+def _codec_for(x: zarr.Array, codec: FeatureCodec | None) -> FeatureCodec:
+    """``codec``, or a cast of ``x``'s dtype where ``x`` holds plain rows; codes of another scheme or storage dtype
+    need their codec (``open_part_store`` reads it), which this refuses to guess."""
+    if codec is None:
+        if x.attrs.get("scheme", "cast") != "cast" or x.attrs.get("storage_dtype", x.dtype.name) != x.dtype.name:
+            raise ValueError(f"{x.path} holds {x.attrs['scheme']} codes of {x.attrs['storage_dtype']}: open it with "
+                             "its codec (open_part_store)")
+        return FeatureCodec.cast(torch.from_numpy(np.empty(0, dtype=x.dtype)).dtype)
+    return codec
+
+
+def _load_x(x: zarr.Array, codec: FeatureCodec, pin: bool) -> Tensor:
+    """Read ``x`` chunk by chunk straight into a (pinned) torch tensor of the storage dtype: no second full-size
+    copy."""
+    out = torch.empty(tuple(x.shape), dtype=codec.carrier, pin_memory=pin)
+    read_into(x, out=numpy_view(out))
     return out
 
 
@@ -134,13 +159,23 @@ def fit_in_budget(need: Mapping[str, int], budget: int) -> set[str]:
     return chosen
 
 
-def open_feature_store(x: zarr.Array, *, memory_budget_bytes: int | None = None, ranks_on_host: int = 1,
-                       pin: bool = False) -> FeatureStore:
+def open_feature_store(x: zarr.Array, *, codec: FeatureCodec | None = None, memory_budget_bytes: int | None = None,
+                       ranks_on_host: int = 1, pin: bool = False) -> FeatureStore:
     """Partition ``x`` (opened lazily, ``storage.features.FeaturesArtifact.x``), in RAM when it fits the budget.
 
+    ``codec``: how its codes decode (None: plain rows, a cast; ``open_part_store`` passes the stored one).
     ``memory_budget_bytes`` None: ``AUTO_BUDGET_SHARE`` of the available memory, shared by ``ranks_on_host``.
     0 forces on-demand reads. ``pin``: page-lock the host copy (only worth it for a CUDA device).
     """
+    codec = _codec_for(x, codec)
     if x_nbytes(x) <= host_budget(memory_budget_bytes, ranks_on_host):
-        return InMemoryFeatureStore(_load_x(x, pin))
-    return ZarrFeatureStore(x)
+        return InMemoryFeatureStore(_load_x(x, codec, pin), codec)
+    return ZarrFeatureStore(x, codec)
+
+
+def open_part_store(features: FeaturesArtifact, p: int, node_type: str | None = None, *,
+                    memory_budget_bytes: int | None = None, ranks_on_host: int = 1, pin: bool = False
+                    ) -> FeatureStore:
+    """Partition p's rows of a node type (``None``: the one featured type) with their stored codec."""
+    return open_feature_store(features.x(p, node_type), codec=FeatureCodec.of(features.scheme(p, node_type)),
+                              memory_budget_bytes=memory_budget_bytes, ranks_on_host=ranks_on_host, pin=pin)

@@ -51,7 +51,8 @@ class TypeIndex:
 
 
 class TypedRows:
-    """``gather(n_id)``: the batch's node types and a dict ``{type name: rows}`` of each type's nodes in batch order.
+    """``gather(n_id)``: the batch's node types and a dict ``{type name: float32 rows}`` of each type's nodes in batch
+    order (a featured type's decoded from its storage dtype, ``DistFeatures.decode``).
 
     Every type's source is asked on every call, also for no row: each is a collective (lockstep)."""
 
@@ -73,7 +74,9 @@ class TypedRows:
         rows: dict[str, Tensor] = {}
         for t, name in enumerate(self.type_names):
             pos = torch.nonzero(node_type == t).squeeze(1)
-            rows[name] = self.sources[name].gather(tgid.index_select(0, pos))
+            source = self.sources[name]
+            got = source.gather(tgid.index_select(0, pos))
+            rows[name] = source.decode(got) if isinstance(source, DistFeatures) else got
         return node_type, rows
 
     def step_embeddings(self) -> None:

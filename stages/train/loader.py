@@ -72,13 +72,14 @@ class NodeLoader:
         typed graph's as ``{node type: rows of its nodes, in batch order}``, learnt embeddings for featureless
         types (leaves whose gradients ``step_embeddings`` sends to their owners).
 
-        Rows are cached and exchanged in the store's dtype (float16 or 1-byte bool/int: half or a quarter of
-        float32's bytes, ``stages.features.dtypes``) and cast here, once, after the exchange; no copy for float32.
+        Rows are cached and exchanged in the store's storage dtype (float16 or bfloat16: half of float32's bytes;
+        int8, float8 or 1-byte bool/int: a quarter; ``stages.runtime.feature_codec``) and decoded here, once, after
+        the exchange, by ``DistFeatures.decode``; no copy for float32.
         """
         if isinstance(self.features, TypedRows):
             _, rows = self.features.gather(n_id)
-            return {t: r.to(torch.float32) for t, r in rows.items()}
-        return self.features.gather(n_id).to(torch.float32)
+            return rows
+        return self.features.decode(self.features.gather(n_id))
 
     def step_embeddings(self) -> None:
         """After each training batch's optimiser step: the learnt embeddings' sparse step (a collective; nothing on

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.feature_store import InMemoryFeatureStore, open_feature_store
+from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
 from stages.train.cache_policy import cache_gids, resolve_policy
@@ -117,7 +117,7 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
                       hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
                       group: dist.ProcessGroup | None) -> RowSources:
     """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
-    x_store = open_feature_store(features.x(rank), memory_budget_bytes=params.host_memory_budget_bytes,
+    x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
     dist_features = DistFeatures(x_store, partition.bounds(), device=device, group=group)
     start = time.perf_counter()

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from stages.runtime.dist_features import DistFeatures
+from stages.runtime.feature_codec import FeatureCodec
 from stages.runtime.feature_store import fit_in_budget, host_budget, open_feature_store, x_nbytes
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
@@ -61,7 +62,8 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
         name, tgid_bounds = node_type.name, index.type_tgid_bounds[t]
         own_rows = int(tgid_bounds[rank + 1] - tgid_bounds[rank])
         if name in x_of:
-            store = open_feature_store(x_of[name], memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
+            store = open_feature_store(x_of[name], codec=FeatureCodec.of(features.scheme(rank, name)),
+                                       memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
                                        pin=device.type == "cuda")
             rows = DistFeatures(store, tgid_bounds, device=device, group=group)
             cache = rows.build_cache(cached_tgid[cached_type == t])

@@ -29,8 +29,8 @@ from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_without_prefect, tr
 # 3 000 nodes, 16 features, 4 classes (chance 0.25; the majority class ~0.36 on the 8 000-node graph of
 # tests/test_train.py): trains in seconds on 2 ranks.
 NUM_FEATURES = 16
-SOURCE: dict[str, Any] = {"num_nodes": 3000, "avg_degree": 10.0, "num_features": NUM_FEATURES, "num_classes": 4, "seed": 1,
-          "split": (0.2, 0.1, 0.7)}
+SOURCE: dict[str, Any] = {"num_nodes": 3000, "avg_degree": 10.0, "num_features": NUM_FEATURES, "num_classes": 4,
+                          "seed": 1, "split": (0.2, 0.1, 0.7)}
 
 # (source dtype, features.dtype) -> stored dtype, as the README and stages/features/dtypes.py say
 STORED = {

@@ -65,3 +65,40 @@ def test_uva_gather_reads_the_pinned_host_rows(dtype: torch.dtype):
     assert torch.equal(rows.cpu(), host.index_select(0, lid))
     with pytest.raises(UvaUnavailableError, match="pinned"):
         UvaRows(host.clone(), torch.device("cuda"))   # a pageable copy
+
+
+def _features(x: torch.Tensor, device: str, host_gather: str):
+    from stages.runtime.dist_features import DistFeatures
+    from stages.runtime.feature_store import InMemoryFeatureStore
+
+    return DistFeatures(InMemoryFeatureStore(x), [0, x.shape[0]], device=device, host_gather=host_gather)
+
+
+def test_host_gather_is_a_cuda_setting():
+    """A CPU rank's rows are in its own RAM already: ``uva`` changes nothing there."""
+    x = torch.arange(40, dtype=torch.float32).view(10, 4)
+    n_id = torch.tensor([3, 9, 3, 0])
+    assert torch.equal(_features(x, "cpu", "uva").gather(n_id), x[n_id])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_uva_and_copy_deliver_the_same_rows_through_dist_features():
+    import zarr
+
+    from stages.runtime.dist_features import DistFeatures
+    from stages.runtime.feature_store import ZarrFeatureStore
+    from storage import InputError
+
+    x = torch.randn(20000, 12).to(torch.float16).pin_memory()
+    copy, uva = _features(x, "cuda", "copy"), _features(x, "cuda", "uva")
+    uva.build_cache(torch.arange(0, 20000, 5))
+    for seed in range(3):
+        n_id = torch.randint(0, 20000, (7000,), generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(copy.gather(n_id), uva.gather(n_id))
+    assert uva.counters.local_rows > 0 and uva.counters.cache_hits > 0
+    with pytest.raises(InputError, match="host_gather=copy"):
+        _features(x.clone(), "cuda", "uva")   # pageable rows cannot be read in place
+    in_zarr = ZarrFeatureStore(zarr.array(x.numpy(), chunks=(1000, 12)))
+    with pytest.raises(InputError, match="host_memory_budget_bytes"):   # rows past the budget stay in Zarr
+        DistFeatures(in_zarr, [0, 20000], device="cuda", host_gather="uva")

@@ -27,8 +27,10 @@ from torch import Tensor
 
 from stages.runtime.collectives import Owners, all_to_all, comm_device, max_over_ranks, route_to_owners
 from stages.runtime.feature_cache import FeatureCache
-from stages.runtime.feature_store import FeatureStore
+from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore
 from stages.runtime.sums import FieldSums
+from stages.runtime.uva import UvaRows, UvaUnavailableError
+from storage.errors import InputError
 
 
 @dataclass
@@ -58,7 +60,10 @@ class DistFeatures:
     """
 
     def __init__(self, store: FeatureStore, bounds: np.ndarray | list[int], *, device: torch.device | str = "cpu",
-                 cache: FeatureCache | None = None, group: dist.ProcessGroup | None = None) -> None:
+                 cache: FeatureCache | None = None, group: dist.ProcessGroup | None = None,
+                 host_gather: str = "copy") -> None:
+        """``host_gather`` (CUDA only): ``copy`` gathers own rows on the CPU into a pinned buffer and copies it over;
+        ``uva`` has the device read the pinned store in place (``stages.runtime.uva``; needs rows in pinned RAM)."""
         self.store = store
         self.group = group
         self.device = torch.device(device)
@@ -79,6 +84,7 @@ class DistFeatures:
         # the previous copy out of it is done, so the buffer is not overwritten while the DMA still reads it
         self._staging: Tensor | None = None
         self._staging_free: torch.cuda.Event | None = None
+        self._uva = self._uva_rows(store) if host_gather == "uva" and self.device.type == "cuda" else None
 
     @property
     def num_features(self) -> int:
@@ -154,8 +160,19 @@ class DistFeatures:
             out.index_copy_(0, out_pos.index_select(0, req.req_pos), rows)
         return int(req.local_pos.numel()), int(req.req_pos.numel())
 
+    def _uva_rows(self, store: FeatureStore) -> UvaRows:
+        if not isinstance(store, InMemoryFeatureStore):
+            raise InputError("host_gather=uva reads the feature rows in place, but this rank's rows stay in Zarr "
+                             "(over host_memory_budget_bytes): raise the budget or set host_gather=copy")
+        try:
+            return UvaRows(store.x, self.device)
+        except UvaUnavailableError as err:
+            raise InputError(f"host_gather=uva: {err}; set host_gather=copy") from None
+
     def _host_rows(self, lid: Tensor) -> Tensor:
         """Own rows of ``lid`` from the host store, on the training device."""
+        if self._uva is not None:
+            return self._uva.gather(lid.to(self.device))
         lid_cpu = lid.to("cpu")
         if self.device.type != "cuda":
             return self.store.gather(lid_cpu)

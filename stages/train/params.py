@@ -6,7 +6,17 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from stages.choices import DECODERS, LOSSES, MODEL_CHOICES, CachePolicyName, Device, LrSchedule, Precision, TaskName
+from stages.choices import (
+    DECODERS,
+    LOSSES,
+    MODEL_CHOICES,
+    CachePolicyName,
+    Device,
+    HostGather,
+    LrSchedule,
+    Precision,
+    TaskName,
+)
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
 from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
@@ -100,6 +110,10 @@ class Params(StageParams):
                                                        "model (0: none; 1 where the model leaves a core free, e.g. "
                                                        "on a GPU); the same batches and results either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
+    # copy until a GPU measures uva faster (benchmarks/bench_gpu_gather.py via make gpu-check; none has run yet)
+    host_gather: HostGather = runtime("copy", description="CUDA ranks: copy gathers own host rows on the CPU into "
+                                                          "pinned memory and copies them over; uva lets the GPU read "
+                                                          "the pinned rows in place (zero-copy)")
 
     @property
     def num_layers(self) -> int:

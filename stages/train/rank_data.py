@@ -119,7 +119,8 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
     x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
-    dist_features = DistFeatures(x_store, partition.bounds(), device=device, group=group)
+    dist_features = DistFeatures(x_store, partition.bounds(), device=device, group=group,
+                                 host_gather=params.host_gather)
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan

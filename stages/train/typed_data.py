@@ -65,7 +65,9 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
             store = open_feature_store(x_of[name], codec=FeatureCodec.of(features.scheme(rank, name)),
                                        memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
                                        pin=device.type == "cuda")
-            rows = DistFeatures(store, tgid_bounds, device=device, group=group)
+            # a type left in Zarr (past the budget) has no pinned rows to read in place: it copies
+            rows = DistFeatures(store, tgid_bounds, device=device, group=group,
+                                host_gather=params.host_gather if name in in_ram else "copy")
             cache = rows.build_cache(cached_tgid[cached_type == t])
             sources[name] = rows
             types[name] = {"rows": own_rows, "feature_store": store.kind, "cache_rows": cache.num_rows,

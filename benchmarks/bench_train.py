@@ -186,7 +186,7 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
     from stages.train.spec import TrainSpec
 
-    params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device,
+    params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
     with tempfile.TemporaryDirectory() as tmp:
         spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
@@ -212,6 +212,7 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=2, help="partitions = ranks (1: one GPU, no remote rows)")
     ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="the ranks' device")
+    ap.add_argument("--host-gather", choices=["copy", "uva"], default="copy", help="CUDA: own host rows' path")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
@@ -231,7 +232,8 @@ def main() -> None:
               "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),
               "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1),
-              "parts": args.parts, "feature_dtype": manifests["features"].summary["feature_dtype"]}
+              "parts": args.parts, "feature_dtype": manifests["features"].summary["feature_dtype"],
+              "host_gather": args.host_gather}
     result["dist"] = dist_run(args, manifests)
     if not args.skip_single:
         result["single"] = single_main(args, manifests)

@@ -16,7 +16,8 @@ exits 0. On a GPU machine (no network needed) it:
    - ``sampler``: sampled edges/s of our sampler on the GPU at products scale (``bench_sampler.py``; goal ≥ 40 M/s
      on an H100, GLT publishes 32 M/s on an A100);
    - ``train``: a products-scale training epoch on 1 GPU with each cache policy, hit rate and host→device bytes, for
-     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``);
+     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``), and the first of them again with
+     ``host_gather=uva``;
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0, 1, 2 (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures.
 
@@ -180,6 +181,9 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                                  "--max-batches", str(s["max_batches"]), "--feature-dtype", dtype,
                                  "--root", str(work / f"artifacts-{args.scale}")])
              for dtype in args.dtypes.split(",")]
+    # item 4 end to end: the first dtype again, its own host rows read in place by the GPU
+    first = args.dtypes.split(",")[0]
+    train.append((f"train-{first}-uva", [*train[0][1], "--host-gather", "uva"]))
     return {
         "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
                  "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "

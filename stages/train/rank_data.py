@@ -5,7 +5,8 @@ the device cache its cache policy picks (policy ``stages.train.cache_policy``, m
 labels and its split nodes. ``RankData.open`` is the only place a rank reads artifacts (through the typed
 handles of ``storage``; ``cache_gids`` reads the cache plan through the same handles).
 
-ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``.
+ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``; edges: ``egid``
+global, ``elid = egid - edge_bounds[rank]`` a position in this rank's CSR ``indices`` (``storage.partition``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ class LinkEdges:
                    partition.schema.edge_type_id(EdgeType.from_key(key)))
 
 
+@dataclass(frozen=True)
+class EdgeData:
+    """A graph's edge features as a rank reads them: its own edges' rows, and those of any egid through the feature
+    exchange (``DistFeatures`` over the edge bounds: the owner of an edge is the part of its dst)."""
+
+    attr: DistFeatures            # float32 [.., D] rows of any egid
+    own_attr: Tensor              # float32 [e_p, D]: this rank's edges' rows, by elid (CPU; weighted sampling)
+
+    @property
+    def num_features(self) -> int:
+        return self.attr.num_features
+
+    @classmethod
+    def open(cls, partition: PartitionArtifact, rank: int, edge_bounds: np.ndarray,
+             device: torch.device) -> EdgeData | None:
+        """None when the graph has no edge features. The rows are held in RAM (D float32 per edge: 64 MB for 2 M
+        edges of 8 features) and, without a cache, every batch fetches its edges' rows (edges rarely repeat across
+        batches the way hub nodes do)."""
+        if not partition.num_edge_features:
+            return None
+        own = torch.from_numpy(partition.edge_attr(rank)).to(torch.float32)
+        return cls(DistFeatures(InMemoryFeatureStore(own), edge_bounds, device=device), own)
+
+
 @dataclass
 class RankData:
     rank: int
@@ -70,6 +95,8 @@ class RankData:
     degrees: DistFeatures | None = None   # in-degree + 1 of any gid, for models that need it (``degree_path``)
     link: LinkEdges | None = None        # link prediction: this rank's positive edges (a graph split for it)
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
+    edge_bounds: np.ndarray | None = None   # int64 [world + 1]: partition p owns egids [edge_bounds[p], ...[p + 1])
+    edges: EdgeData | None = None           # the graph's edge features (None: it has none)
 
     @property
     def lo(self) -> int:
@@ -93,7 +120,8 @@ class RankData:
         bounds = partition.bounds()
         check_world_size(world, int(bounds.shape[0]) - 1)
         lo = int(bounds[rank])
-        csr = LocalCSR.from_part(partition.csr(rank), device)
+        edge_bounds = partition.edge_bounds()
+        csr = LocalCSR.from_part(partition.csr(rank), device, start_egid=int(edge_bounds[rank]))
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
@@ -104,7 +132,8 @@ class RankData:
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
-                   schema=partition.schema, link=LinkEdges.open(partition, rank, device))
+                   schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
+                   edges=EdgeData.open(partition, rank, edge_bounds, device))
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,

@@ -10,12 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from stages.download.canonical import csr_with_edge_attr
 from stages.download.files_source import load_files
+from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.train.model import build_model, seed_logits
 from storage import InputError
 from storage.graph import GraphArtifact
 from storage.partition import PartitionArtifact
+from tests._edge_worker import TIMEOUT_S, WORLD_SIZE, edge_bounds_of, edge_truth
+from tests._edge_worker import worker as edge_worker
+from tests._sampler_graphs import power_law_graph
+from tests._spawn import spawn_ranks
 from tests._train_pipeline import build_without_prefect
 
 EDGE_GRAPH = {"num_nodes": 1200, "avg_degree": 8.0, "num_features": 8, "num_classes": 3, "seed": 5,
@@ -104,3 +111,80 @@ def test_files_edge_attr_follows_the_listed_edges(tmp_path: Path):
 def test_files_bad_edge_attr_is_one_error_line(tmp_path: Path, attr: np.ndarray, message: str):
     with pytest.raises(InputError, match=message):
         load_files(str(_files_dataset(tmp_path / "g", attr)))
+
+
+# --- sampling: e_id and edge_attr --------------------------------------------------------------------------------
+
+def _check_edges(fields: dict, truth: np.ndarray) -> None:
+    """Every sampled edge's e_id names the edge (src, dst) it joins, and its edge_attr row is that edge's."""
+    n_id, edge_index, e_id = fields["n_id"], fields["edge_index"], fields["e_id"]
+    assert e_id is not None and e_id.dtype == torch.long and e_id.shape == (edge_index.shape[1],)
+    src_gid, dst_gid = n_id[edge_index[0]], n_id[edge_index[1]]
+    row = torch.from_numpy(truth)[e_id]
+    assert torch.equal(row[:, 0].long(), src_gid) and torch.equal(row[:, 1].long(), dst_gid)
+    if "edge_attr" in fields:
+        assert torch.equal(fields["edge_attr"], row)
+
+
+def test_single_sampler_e_id_names_the_sampled_edges():
+    indptr, indices = power_law_graph()
+    truth = edge_truth(indptr, indices)
+    smp = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [5, 3], generator=torch.Generator().manual_seed(0))
+    plain = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [5, 3],
+                            generator=torch.Generator().manual_seed(0))
+    smp.with_edges = True
+    for seed_gid in (torch.arange(0, 40), torch.tensor([3]), torch.empty(0).long()):
+        batch, ref = smp.sample(seed_gid), plain.sample(seed_gid)
+        _check_edges({"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": batch.e_id}, truth)
+        # the same draws with and without edges; no e_id without them
+        assert torch.equal(batch.n_id, ref.n_id) and torch.equal(batch.edge_index, ref.edge_index)
+        assert "e_id" not in ref
+
+
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return spawn_ranks(edge_worker, (), tmp_path_factory.mktemp("edges"), WORLD_SIZE, TIMEOUT_S)
+
+
+def test_dist_sampler_e_id_and_gathered_edge_attr_are_the_truth(ranks_out):
+    indptr, indices = power_law_graph()
+    truth = edge_truth(indptr, indices)
+    edge_bounds = edge_bounds_of(indptr)
+    for rank, out in enumerate(ranks_out):
+        remote = 0
+        for name in ("edges", "edges_replace"):
+            for fields in out[name]:
+                _check_edges(fields, truth)
+                own = (fields["e_id"] >= edge_bounds[rank]) & (fields["e_id"] < edge_bounds[rank + 1])
+                remote += int((~own).sum())
+        assert remote > 0, "the batches must include edges another rank owns"
+        for plain, edges in zip(out["plain"], out["edges"]):   # with edges: the same batches, plus e_id
+            assert plain["e_id"] is None
+            assert torch.equal(plain["n_id"], edges["n_id"]) and torch.equal(plain["edge_index"], edges["edge_index"])
+
+
+def test_block_gat_with_edge_attr_equals_the_whole_batch_gat():
+    """On a batch whose hops list edges in no target order (as the distributed sampler's do), GAT layer by layer on
+    the blocks with ``edge_attr`` gives the seeds' outputs of PyG's GAT on the whole batch."""
+    indptr, indices = power_law_graph()
+    smp = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [4, 3], generator=torch.Generator().manual_seed(1))
+    smp.with_edges = True
+    batch = smp.sample(torch.arange(100, 130))
+    gen = torch.Generator().manual_seed(2)
+    lo = 0
+    for n in batch.num_sampled_edges:   # shuffle each hop's edges (and their ids) in place
+        perm = lo + torch.randperm(n, generator=gen)
+        batch.edge_index[:, lo:lo + n] = batch.edge_index[:, perm]
+        batch.e_id[lo:lo + n] = batch.e_id[perm]
+        lo += n
+    attr_of_egid = torch.randn(indices.shape[0], 3, generator=gen)
+    batch.edge_attr = attr_of_egid[batch.e_id]
+    x = torch.randn(batch.num_nodes, 5, generator=gen)
+    model = build_model("gat", in_channels=5, hidden=8, out_channels=3, num_layers=2, dropout=0.0, heads=2,
+                        edge_dim=3).eval()
+    with torch.no_grad():
+        blocks = seed_logits(model, x, batch)
+        whole = model(x, batch.edge_index, edge_attr=batch.edge_attr)[:batch.batch_size]
+        blind = model(x, batch.edge_index, edge_attr=torch.zeros_like(batch.edge_attr))[:batch.batch_size]
+    assert torch.allclose(blocks, whole, atol=1e-5)
+    assert not torch.allclose(blocks, blind, atol=1e-3), "the edge features must change the outputs"

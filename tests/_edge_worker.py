@@ -1,0 +1,60 @@
+"""The ranks' side of ``test_edge_sampling`` (free of pytest: every spawned rank imports it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stages.runtime.dist_features import DistFeatures
+from stages.runtime.dist_sampler import DistNeighborSampler
+from stages.runtime.feature_store import InMemoryFeatureStore
+from stages.runtime.sampler import LocalCSR
+from tests._rank import run_gloo_rank
+from tests._sampler_graphs import BOUNDS, NUM_NODES, power_law_graph, split_csr
+
+WORLD_SIZE = 2
+TIMEOUT_S = 90
+FANOUTS = [5, 3]
+
+
+def edge_truth(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """float32 [E, 3] per egid (the whole CSR's edge order, which the parts' concatenation is): (src gid, dst gid,
+    egid), exact in float32 for this graph's ~12 k edges."""
+    dst_gid = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
+    return np.stack([indices, dst_gid, np.arange(indices.shape[0])], axis=1).astype(np.float32)
+
+
+def edge_bounds_of(indptr: np.ndarray) -> list[int]:
+    return [int(indptr[b]) for b in BOUNDS]
+
+
+def fields(batch, edge_attr: torch.Tensor | None = None) -> dict:
+    out = {"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": getattr(batch, "e_id", None)}
+    return out | ({"edge_attr": edge_attr} if edge_attr is not None else {})
+
+
+def scenarios(rank: int) -> dict:
+    indptr, indices = power_law_graph()
+    part_indptr, part_indices = split_csr(indptr, indices, BOUNDS)[rank]
+    edge_bounds = edge_bounds_of(indptr)
+    csr = LocalCSR.from_numpy(part_indptr, part_indices, BOUNDS[rank], start_egid=edge_bounds[rank])
+    own_attr = torch.from_numpy(edge_truth(indptr, indices)[edge_bounds[rank]:edge_bounds[rank + 1]])
+    edge_rows = DistFeatures(InMemoryFeatureStore(own_attr), edge_bounds)
+    pick = torch.Generator().manual_seed(50 + rank)
+    seeds = [torch.randperm(NUM_NODES, generator=pick)[:n] for n in (1, 24, 60)] + [torch.empty(0).long()]
+
+    def run(with_edges: bool, replace: bool = False) -> list[dict]:
+        smp = DistNeighborSampler(csr, BOUNDS, FANOUTS, generator=torch.Generator().manual_seed(rank),
+                                  replace=replace, num_edges=edge_bounds[-1])
+        smp.with_edges = with_edges
+        out = []
+        for seed_gid in seeds:
+            batch = smp.sample(seed_gid)
+            out.append(fields(batch, edge_rows.gather(batch.e_id) if with_edges else None))
+        return out
+
+    return {"plain": run(False), "edges": run(True), "edges_replace": run(True, replace=True)}
+
+
+def worker(rank: int, init_file: str, out_dir: str) -> None:
+    run_gloo_rank(rank, init_file, out_dir, WORLD_SIZE, TIMEOUT_S, lambda: scenarios(rank))

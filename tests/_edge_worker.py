@@ -43,8 +43,9 @@ def scenarios(rank: int) -> dict:
     pick = torch.Generator().manual_seed(50 + rank)
     seeds = [torch.randperm(NUM_NODES, generator=pick)[:n] for n in (1, 24, 60)] + [torch.empty(0).long()]
 
-    def run(with_edges: bool, replace: bool = False) -> list[dict]:
-        smp = DistNeighborSampler(csr, BOUNDS, FANOUTS, generator=torch.Generator().manual_seed(rank),
+    def run(with_edges: bool, replace: bool = False, weighted: bool = False) -> list[dict]:
+        local = csr.with_edge_weight(zero_weight_free(own_attr[:, 2])) if weighted else csr
+        smp = DistNeighborSampler(local, BOUNDS, FANOUTS, generator=torch.Generator().manual_seed(rank),
                                   replace=replace, num_edges=edge_bounds[-1])
         smp.with_edges = with_edges
         out = []
@@ -53,7 +54,13 @@ def scenarios(rank: int) -> dict:
             out.append(fields(batch, edge_rows.gather(batch.e_id) if with_edges else None))
         return out
 
-    return {"plain": run(False), "edges": run(True), "edges_replace": run(True, replace=True)}
+    return {"plain": run(False), "edges": run(True), "edges_replace": run(True, replace=True),
+            "weighted": run(True, weighted=True), "weighted_replace": run(True, replace=True, weighted=True)}
+
+
+def zero_weight_free(egid: torch.Tensor) -> torch.Tensor:
+    """Edge weights for the weighted scenarios: 0 for every third egid (never to be sampled), else 1 + egid % 5."""
+    return torch.where(egid.long() % 3 == 0, 0.0, 1.0 + egid.long() % 5)
 
 
 def worker(rank: int, init_file: str, out_dir: str) -> None:

@@ -158,6 +158,10 @@ def test_dist_sampler_e_id_and_gathered_edge_attr_are_the_truth(ranks_out):
                 own = (fields["e_id"] >= edge_bounds[rank]) & (fields["e_id"] < edge_bounds[rank + 1])
                 remote += int((~own).sum())
         assert remote > 0, "the batches must include edges another rank owns"
+        for name in ("weighted", "weighted_replace"):   # owners sample their edges by weight: none of weight 0
+            for fields in out[name]:
+                _check_edges(fields, truth)
+                assert not bool((fields["e_id"] % 3 == 0).any())
         for plain, edges in zip(out["plain"], out["edges"]):   # with edges: the same batches, plus e_id
             assert plain["e_id"] is None
             assert torch.equal(plain["n_id"], edges["n_id"]) and torch.equal(plain["edge_index"], edges["edge_index"])

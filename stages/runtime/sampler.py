@@ -25,6 +25,7 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from torch_geometric.data import Data
 
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
+from stages.runtime.weighted import sample_weighted_edges, weight_running_sum
 from storage.partition import PartCSR
 
 __all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
@@ -57,6 +59,18 @@ class LocalCSR:
     indices: Tensor  # int64 [num_edges], gids
     num_edge_types: int = 1
     start_egid: int = 0   # the egid of elid 0: the edges of the parts before this one
+    # weighted sampling (``stages.runtime.weighted``): float [num_edges] by elid, non-negative, and its running sum;
+    # None: the uniform kernel
+    edge_weight: Tensor | None = None
+    weight_sum: Tensor | None = None
+
+    def with_edge_weight(self, edge_weight: Tensor) -> LocalCSR:
+        """This CSR sampling in-edges in proportion to ``edge_weight`` (float [num_edges] by elid, finite and
+        non-negative: ValueError otherwise)."""
+        weight = edge_weight.to(device=self.device, dtype=torch.float64)
+        if weight.shape != self.indices.shape or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
+            raise ValueError(f"edge weights must be {self.indices.numel()} finite values >= 0 (one per edge)")
+        return dataclasses.replace(self, edge_weight=weight, weight_sum=weight_running_sum(weight))
 
     @classmethod
     def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
@@ -134,10 +148,14 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
 def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
                              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The kernel (module docstring): ``(count, row_pos, edge_idx)``, the sampled edges' elids in place of their
-    neighbours (``indices[edge_idx]``), the same draws."""
+    neighbours (``indices[edge_idx]``), the same draws. A CSR with ``edge_weight`` draws in proportion to it
+    (``stages.runtime.weighted``) instead."""
     check_fanout(fanout)
     device = csr_local.device
     target_lid = target_lid.to(device=device, dtype=torch.long)
+    if csr_local.edge_weight is not None and csr_local.weight_sum is not None:
+        return sample_weighted_edges(csr_local.indptr, csr_local.edge_weight, csr_local.weight_sum, target_lid,
+                                     fanout, replace=replace, generator=generator)
     # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
     row_start = csr_local.indptr.index_select(0, target_lid)
     deg = csr_local.indptr.index_select(0, target_lid + 1) - row_start

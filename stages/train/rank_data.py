@@ -27,7 +27,7 @@ from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
 from stages.train.typed_data import RowSources, open_typed_rows
-from storage import ArtifactStore
+from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
@@ -122,6 +122,9 @@ class RankData:
         lo = int(bounds[rank])
         edge_bounds = partition.edge_bounds()
         csr = LocalCSR.from_part(partition.csr(rank), device, start_egid=int(edge_bounds[rank]))
+        edges = EdgeData.open(partition, rank, edge_bounds, device)
+        if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
+            csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
@@ -133,7 +136,19 @@ class RankData:
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
                    schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
-                   edges=EdgeData.open(partition, rank, edge_bounds, device))
+                   edges=edges)
+
+
+def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
+    """``csr`` sampling in proportion to ``weight`` (its edges' ``edge_weight`` column; the owner of an edge samples
+    it, so no weight travels); one error line when a weight is negative or not finite."""
+    try:
+        return csr.with_edge_weight(weight)
+    except ValueError:
+        bad = int(torch.nonzero(~torch.isfinite(weight) | (weight < 0))[0, 0])
+        raise InputError(f"edge_weight={column}: edge feature column {column} holds {float(weight[bad])} (edge "
+                         f"egid {csr.start_egid + bad}); sampling weights must be finite and >= 0: pick another "
+                         f"column or fix the edge features") from None
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,

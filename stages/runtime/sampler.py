@@ -25,80 +25,22 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
-from stages.runtime.weighted import sample_weighted_edges, weight_running_sum
-from storage.partition import PartCSR
+from stages.runtime.weighted import sample_weighted_edges
 
 __all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
            "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts", "sample_typed",
            "sample_typed_edges", "shuffled", "stable_order"]
-
-
-@dataclass
-class LocalCSR:
-    """Incoming-edge CSR of the gids ``[start_gid, start_gid + num_nodes)`` as tensors on one device.
-
-    Rows are (node, edge type) pairs, row ``lid * R + e`` (``R = num_edge_types``, storage/graph.py):
-    ``indices[indptr[lid*R + e]:indptr[lid*R + e + 1]]`` are the gids of the sources of the type-e edges into
-    ``start_gid + lid``. With R = 1 a row is a node.
-    """
-
-    start_gid: int
-    indptr: Tensor   # int64 [num_nodes * R + 1], over (lid, edge type) rows
-    indices: Tensor  # int64 [num_edges], gids
-    num_edge_types: int = 1
-    start_egid: int = 0   # the egid of elid 0: the edges of the parts before this one
-    # weighted sampling (``stages.runtime.weighted``): float [num_edges] by elid, non-negative, and its running sum;
-    # None: the uniform kernel
-    edge_weight: Tensor | None = None
-    weight_sum: Tensor | None = None
-
-    def with_edge_weight(self, edge_weight: Tensor) -> LocalCSR:
-        """This CSR sampling in-edges in proportion to ``edge_weight`` (float [num_edges] by elid, finite and
-        non-negative: ValueError otherwise)."""
-        weight = edge_weight.to(device=self.device, dtype=torch.float64)
-        if weight.shape != self.indices.shape or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
-            raise ValueError(f"edge weights must be {self.indices.numel()} finite values >= 0 (one per edge)")
-        return dataclasses.replace(self, edge_weight=weight, weight_sum=weight_running_sum(weight))
-
-    @classmethod
-    def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
-                   device: torch.device | str = "cpu", num_edge_types: int = 1, start_egid: int = 0) -> LocalCSR:
-        # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
-        if (indptr.shape[0] - 1) % num_edge_types:
-            raise ValueError(f"{indptr.shape[0] - 1} CSR rows are not a whole number of nodes of "
-                             f"{num_edge_types} edge types")
-        return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
-                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device), int(num_edge_types),
-                   int(start_egid))
-
-    @classmethod
-    def from_part(cls, part: PartCSR, device: torch.device | str = "cpu", start_egid: int = 0) -> LocalCSR:
-        """``start_egid``: ``PartitionArtifact.edge_bounds()[part.part]`` (needed for batches with ``e_id``)."""
-        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types, start_egid)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1) // self.num_edge_types
-
-    @property
-    def end_gid(self) -> int:
-        return self.start_gid + self.num_nodes
-
-    @property
-    def device(self) -> torch.device:
-        return self.indptr.device
 
 
 def _uniform_below(n: Tensor, u: Tensor) -> Tensor:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler
-from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
 from tests._rank import run_gloo_rank
 from tests._sampler_graphs import BOUNDS, NUM_NODES, power_law_graph, split_csr
@@ -28,9 +26,9 @@ def edge_bounds_of(indptr: np.ndarray) -> list[int]:
     return [int(indptr[b]) for b in BOUNDS]
 
 
-def fields(batch, edge_attr: torch.Tensor | None = None) -> dict:
-    out = {"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": getattr(batch, "e_id", None)}
-    return out | ({"edge_attr": edge_attr} if edge_attr is not None else {})
+def fields(batch) -> dict:
+    return {"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": getattr(batch, "e_id", None),
+            "edge_attr": getattr(batch, "edge_attr", None)}
 
 
 def scenarios(rank: int) -> dict:
@@ -39,7 +37,6 @@ def scenarios(rank: int) -> dict:
     edge_bounds = edge_bounds_of(indptr)
     csr = LocalCSR.from_numpy(part_indptr, part_indices, BOUNDS[rank], start_egid=edge_bounds[rank])
     own_attr = torch.from_numpy(edge_truth(indptr, indices)[edge_bounds[rank]:edge_bounds[rank + 1]])
-    edge_rows = DistFeatures(InMemoryFeatureStore(own_attr), edge_bounds)
     pick = torch.Generator().manual_seed(50 + rank)
     seeds = [torch.randperm(NUM_NODES, generator=pick)[:n] for n in (1, 24, 60)] + [torch.empty(0).long()]
 
@@ -47,12 +44,8 @@ def scenarios(rank: int) -> dict:
         local = csr.with_edge_weight(zero_weight_free(own_attr[:, 2])) if weighted else csr
         smp = DistNeighborSampler(local, BOUNDS, FANOUTS, generator=torch.Generator().manual_seed(rank),
                                   replace=replace, num_edges=edge_bounds[-1])
-        smp.with_edges = with_edges
-        out = []
-        for seed_gid in seeds:
-            batch = smp.sample(seed_gid)
-            out.append(fields(batch, edge_rows.gather(batch.e_id) if with_edges else None))
-        return out
+        smp.with_edges, smp.edge_attr = with_edges, own_attr   # rows travel only with with_edges
+        return [fields(smp.sample(seed_gid)) for seed_gid in seeds]
 
     return {"plain": run(False), "edges": run(True), "edges_replace": run(True, replace=True),
             "weighted": run(True, weighted=True), "weighted_replace": run(True, replace=True, weighted=True)}

@@ -122,23 +122,26 @@ def _check_edges(fields: dict, truth: np.ndarray) -> None:
     src_gid, dst_gid = n_id[edge_index[0]], n_id[edge_index[1]]
     row = torch.from_numpy(truth)[e_id]
     assert torch.equal(row[:, 0].long(), src_gid) and torch.equal(row[:, 1].long(), dst_gid)
-    if "edge_attr" in fields:
+    if fields.get("edge_attr") is not None:
         assert torch.equal(fields["edge_attr"], row)
 
 
-def test_single_sampler_e_id_names_the_sampled_edges():
+def test_single_sampler_e_id_and_edge_attr_name_the_sampled_edges():
     indptr, indices = power_law_graph()
     truth = edge_truth(indptr, indices)
     smp = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [5, 3], generator=torch.Generator().manual_seed(0))
     plain = NeighborSampler(LocalCSR.from_numpy(indptr, indices), [5, 3],
                             generator=torch.Generator().manual_seed(0))
-    smp.with_edges = True
+    smp.with_edges, smp.edge_attr = True, torch.from_numpy(truth)
+    plain.edge_attr = torch.from_numpy(truth)   # without with_edges: no rows either
     for seed_gid in (torch.arange(0, 40), torch.tensor([3]), torch.empty(0).long()):
         batch, ref = smp.sample(seed_gid), plain.sample(seed_gid)
-        _check_edges({"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": batch.e_id}, truth)
+        assert batch.edge_attr.shape == (batch.edge_index.shape[1], 3)
+        _check_edges({"n_id": batch.n_id, "edge_index": batch.edge_index, "e_id": batch.e_id,
+                      "edge_attr": batch.edge_attr}, truth)
         # the same draws with and without edges; no e_id without them
         assert torch.equal(batch.n_id, ref.n_id) and torch.equal(batch.edge_index, ref.edge_index)
-        assert "e_id" not in ref
+        assert "e_id" not in ref and "edge_attr" not in ref
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +149,7 @@ def ranks_out(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return spawn_ranks(edge_worker, (), tmp_path_factory.mktemp("edges"), WORLD_SIZE, TIMEOUT_S)
 
 
-def test_dist_sampler_e_id_and_gathered_edge_attr_are_the_truth(ranks_out):
+def test_dist_sampler_e_id_and_edge_attr_are_the_truth(ranks_out):
     indptr, indices = power_law_graph()
     truth = edge_truth(indptr, indices)
     edge_bounds = edge_bounds_of(indptr)
@@ -154,6 +157,7 @@ def test_dist_sampler_e_id_and_gathered_edge_attr_are_the_truth(ranks_out):
         remote = 0
         for name in ("edges", "edges_replace"):
             for fields in out[name]:
+                assert fields["edge_attr"] is not None
                 _check_edges(fields, truth)
                 own = (fields["e_id"] >= edge_bounds[rank]) & (fields["e_id"] < edge_bounds[rank + 1])
                 remote += int((~own).sum())
@@ -163,7 +167,7 @@ def test_dist_sampler_e_id_and_gathered_edge_attr_are_the_truth(ranks_out):
                 _check_edges(fields, truth)
                 assert not bool((fields["e_id"] % 3 == 0).any())
         for plain, edges in zip(out["plain"], out["edges"]):   # with edges: the same batches, plus e_id
-            assert plain["e_id"] is None
+            assert plain["e_id"] is None and plain["edge_attr"] is None
             assert torch.equal(plain["n_id"], edges["n_id"]) and torch.equal(plain["edge_index"], edges["edge_index"])
 
 

@@ -10,11 +10,17 @@ each rank routes its frontier gids to their owners and gets back sampled neighbo
     3. all_to_all_single  neighbour counts    owner -> requester   (one per target)
     4. all_to_all_single  neighbour codes     owner -> requester   (variable splits)
     5. all_to_all_single  edge egids          owner -> requester   (only with ``with_edges``: the same splits)
+    6. all_to_all_single  edge feature rows   owner -> requester   (only with ``with_edges`` and ``edge_attr``)
+
+The owner of a sampled edge is the owner of its target (it stores the target's in-edges), which is the rank that
+sampled it: its features ride along with the answer (6.) instead of a second round trip of egids to their owners
+(a ``DistFeatures`` gather by ``e_id``: 3 more collectives, the ids sent back where they came from). Measured on a
+300 k-node graph (benchmarks/RESULTS.md, "Carrying edges"), that gather doubled the sampler's CPU time a batch.
 
 A neighbour's code is ``nbr_gid * R + edge_type`` (R edge types; with R = 1 the gid itself): a typed graph keeps
 these 4 collectives per hop instead of one set per edge type (28 per hop on ogbn-mag with its reverses).
 
-Every rank issues exactly these collectives per hop (4, or 5 on every rank when the run needs edges), also with
+Every rank issues exactly these collectives per hop (4, or 5-6 on every rank when the run needs edges), also with
 an empty frontier or an empty batch: collectives match by call order, so a rank that skipped one would hang the
 others (lockstep). Exchanges run on the CSR's
 device for nccl (CUDA) and on the CPU for gloo. Each owner draws from its own generator (seed it with
@@ -102,14 +108,17 @@ class DistNeighborSampler(MultiHopSampler):
         send_split, recv_split = _split_totals(nbr_count, got_split), _split_totals(ans_count, req_split)
         ans_code = exchange(nbr_code, send_split, recv_split)
         ans_row_pos = req_row_pos.index_select(0, repeat_positions(ans_count, ans_code.numel()))
-        ans_egid = None
-        if self.with_edges:   # 5. the edges' egids, in the codes' order (owner -> requester)
+        ans_egid = ans_attr = None
+        if self.with_edges:   # 5. the edges' egids, 6. their feature rows, in the codes' order (owner -> requester)
             ans_egid = all_to_all(edge_idx + self.csr.start_egid, send_split, recv_split, self.group,
                                   self._comm_device, self._egid_wire_dtype)
+            if self.edge_attr is not None:
+                ans_attr = all_to_all(self.edge_attr.index_select(0, edge_idx), send_split, recv_split, self.group,
+                                      self._comm_device)
         if nbr_type is None:
-            return HopEdges(ans_row_pos, ans_code, None, ans_egid)
+            return HopEdges(ans_row_pos, ans_code, None, ans_egid, ans_attr)
         return HopEdges(ans_row_pos, torch.div(ans_code, self.num_edge_types, rounding_mode="floor"),
-                        torch.remainder(ans_code, self.num_edge_types), ans_egid)
+                        torch.remainder(ans_code, self.num_edge_types), ans_egid, ans_attr)
 
 
 def proportional_share(total: int, mine: int, everyone: int) -> int:

@@ -3,7 +3,8 @@
 ID spaces: ``gid`` global; ``lid = gid - csr.start_gid`` local to the CSR's partition; ``*_pos`` positions in a
 batch's ``n_id`` (``row_pos``: in the target array handed to ``sample_neighbors``). Not node ids: ``edge_idx`` (an
 edge's **elid**) indexes the CSR's ``indices``, ``row_start = indptr[lid]``; ``egid = csr.start_egid + elid`` is
-the edge's global id (``storage.partition``), which batches carry as ``e_id`` when the sampler's ``with_edges``.
+the edge's global id (``storage.partition``), which batches carry as ``e_id`` when the sampler's ``with_edges``
+(and the edges' features as ``edge_attr`` when it holds its edges' rows, ``edge_attr``).
 
 Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanout ``k``:
 
@@ -238,21 +239,24 @@ def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, 
 @dataclass
 class HopEdges:
     """One hop's sampled edges: ``nbr_gid[i] -> frontier[row_pos[i]]``, with their edge types (``None``: one edge
-    type) and egids (``None`` unless the sampler's ``with_edges``)."""
+    type), egids and feature rows (``None`` unless the sampler's ``with_edges`` and ``edge_attr``)."""
 
     row_pos: Tensor
     nbr_gid: Tensor
     edge_type: Tensor | None = None
     egid: Tensor | None = None
+    edge_attr: Tensor | None = None
 
 
 class MultiHopSampler(ABC):
     """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled.
 
-    ``with_edges``: batches also carry ``e_id`` (the sampled edges' egids, aligned with ``edge_index``), for edge
-    features or edge-aware models; off by default, and then no edge id is computed or exchanged."""
+    ``with_edges``: batches also carry ``e_id`` (the sampled edges' egids, aligned with ``edge_index``), and with
+    ``edge_attr`` (float [e_p, D]: the features of the CSR's own edges, by elid) their features as ``edge_attr``;
+    off by default, and then no edge id or row is computed or exchanged."""
 
     with_edges: bool = False
+    edge_attr: Tensor | None = None
 
     def __init__(self, num_nodes: int, fanouts: Iterable[Fanout], device: torch.device, *, replace: bool,
                  generator: torch.Generator | None, node_map: str) -> None:
@@ -276,7 +280,8 @@ class MultiHopSampler(ABC):
         ([batch_size, new nodes of hop 1, ...]) and ``num_sampled_edges`` (per hop), ``num_nodes``; on a graph
         of several edge types also ``edge_type`` [E] (int64, the schema's edge type ids), as PyG's
         ``to_homogeneous`` lays a typed graph out (``stages.runtime.typed_batch`` makes a ``HeteroData`` of it);
-        with ``with_edges`` also ``e_id`` [E] (int64 egids, aligned with ``edge_index``).
+        with ``with_edges`` also ``e_id`` [E] (int64 egids, aligned with ``edge_index``) and, when the sampler holds
+        ``edge_attr``, ``edge_attr`` [E, D] (the sampled edges' rows).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
         if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
@@ -285,7 +290,7 @@ class MultiHopSampler(ABC):
         nodes = self._node_map
         nodes.start(seed_gid)
         batch_size = seed_gid.numel()
-        n_id_parts, hop_edges, hop_types, hop_egids = [seed_gid], [], [], []
+        n_id_parts, hop_edges, hop_types, hop_egids, hop_attrs = [seed_gid], [], [], [], []
         num_sampled_nodes, num_sampled_edges = [batch_size], []
         frontier_gid, frontier_start_pos = seed_gid, 0
         # every hop runs even when the frontier is empty: the distributed subclass must stay in lockstep
@@ -297,6 +302,8 @@ class MultiHopSampler(ABC):
                 hop_types.append(hop.edge_type)
             if hop.egid is not None:
                 hop_egids.append(hop.egid)
+            if hop.edge_attr is not None:
+                hop_attrs.append(hop.edge_attr)
             hop_edges.append((nbr_pos, row_pos, frontier_start_pos))   # the frontier is a contiguous run of n_id
             n_id_parts.append(new_gid)
             num_sampled_edges.append(int(nbr_gid.numel()))
@@ -319,6 +326,8 @@ class MultiHopSampler(ABC):
             batch.edge_type = torch.cat(hop_types)
         if self.with_edges:
             batch.e_id = torch.cat(hop_egids).to(torch.long) if hop_egids else edge_index.new_empty(0)
+            if self.edge_attr is not None:
+                batch.edge_attr = torch.cat(hop_attrs)
         return batch
 
     __call__ = sample
@@ -343,8 +352,10 @@ class NeighborSampler(MultiHopSampler):
     def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
         _, row_pos, edge_idx, edge_type = sample_typed_edges(self.csr, frontier_gid - self.csr.start_gid, fanout,
                                                              replace=self.replace, generator=self.generator)
+        with_attr = self.with_edges and self.edge_attr is not None
         return HopEdges(row_pos, self.csr.indices.index_select(0, edge_idx), edge_type,
-                        edge_idx + self.csr.start_egid if self.with_edges else None)
+                        edge_idx + self.csr.start_egid if self.with_edges else None,
+                        self.edge_attr.index_select(0, edge_idx) if with_attr and self.edge_attr is not None else None)
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

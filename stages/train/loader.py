@@ -45,8 +45,8 @@ class NodeLoader:
         # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
         # as the attachment is a collective
         self.attach_degrees = False
-        # set when the model takes edge features (``stages.train.model.edge_dim_for``): batches then carry ``e_id``
-        # and ``edge_attr``; the same on every rank (one more exchange in the sampler, one edge-row gather)
+        # set when the model takes edge features (``stages.train.plugins.edge_dim_for``): batches then carry
+        # ``e_id`` and ``edge_attr``; the same on every rank (two more exchanges a hop in the sampler)
         self.attach_edges = False
         self.features = data.features                        # rows in the store's dtype, on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
@@ -60,12 +60,12 @@ class NodeLoader:
         ``batch.deg`` when ``attach_degrees``, ``batch.e_id`` and ``batch.edge_attr`` when ``attach_edges``; a typed
         graph's with its node and edge types (``set_types``; ``edge_type`` per edge comes from the sampler). A
         collective."""
-        self.sampler.with_edges = self.attach_edges
-        batch = self.sampler.sample(seed_gid)
-        if self.attach_edges:
+        if self.attach_edges and self.sampler.edge_attr is None:
             if self.edges is None:
                 raise ValueError("this rank's graph has no edge features (RankData.edges)")
-            with_edge_attr(batch, self.edges.attr)
+            self.sampler.edge_attr = self.edges.own_attr.to(self.sampler.device)   # they ride with the answers
+        self.sampler.with_edges = self.attach_edges
+        batch = self.sampler.sample(seed_gid)
         if isinstance(self.features, TypedRows):
             set_types(batch, self.features.index.locate(batch.n_id)[0], self.sampler.num_edge_types)
         if self.attach_degrees:
@@ -110,11 +110,4 @@ def with_degrees(batch: Data, degrees: DistFeatures) -> Data:
     """Attach ``batch.deg``: the true in-degree + 1 of each ``n_id`` position, float32 on the training device, own
     nodes' from this rank's CSR and remote ones' from their owners (``rank_data.degree_path``). A collective."""
     batch.deg = degrees.gather(batch.n_id).view(-1)
-    return batch
-
-
-def with_edge_attr(batch: Data, edge_attr: DistFeatures) -> Data:
-    """Attach ``batch.edge_attr``: float32 [E, D] rows of the batch's ``e_id`` (egids), aligned with
-    ``edge_index``, from their owners (``rank_data.EdgeData``). A collective."""
-    batch.edge_attr = edge_attr.gather(batch.e_id).to(torch.float32)
     return batch

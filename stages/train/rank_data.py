@@ -53,26 +53,22 @@ class LinkEdges:
 
 @dataclass(frozen=True)
 class EdgeData:
-    """A graph's edge features as a rank reads them: its own edges' rows, and those of any egid through the feature
-    exchange (``DistFeatures`` over the edge bounds: the owner of an edge is the part of its dst)."""
+    """A graph's edge features as a rank holds them: its own edges' rows (the edges into its nodes). A sampled
+    edge's row travels from the rank that sampled it, its owner (``stages.runtime.dist_sampler``, exchange 6)."""
 
-    attr: DistFeatures            # float32 [.., D] rows of any egid
-    own_attr: Tensor              # float32 [e_p, D]: this rank's edges' rows, by elid (CPU; weighted sampling)
+    own_attr: Tensor              # float32 [e_p, D]: this rank's edges' rows, by elid (CPU)
 
     @property
     def num_features(self) -> int:
-        return self.attr.num_features
+        return int(self.own_attr.shape[1])
 
     @classmethod
-    def open(cls, partition: PartitionArtifact, rank: int, edge_bounds: np.ndarray,
-             device: torch.device) -> EdgeData | None:
+    def open(cls, partition: PartitionArtifact, rank: int) -> EdgeData | None:
         """None when the graph has no edge features. The rows are held in RAM (D float32 per edge: 64 MB for 2 M
-        edges of 8 features) and, without a cache, every batch fetches its edges' rows (edges rarely repeat across
-        batches the way hub nodes do)."""
+        edges of 8 features) and not cached (edges rarely repeat across batches the way hub nodes do)."""
         if not partition.num_edge_features:
             return None
-        own = torch.from_numpy(partition.edge_attr(rank)).to(torch.float32)
-        return cls(DistFeatures(InMemoryFeatureStore(own), edge_bounds, device=device), own)
+        return cls(torch.from_numpy(partition.edge_attr(rank)).to(torch.float32))
 
 
 @dataclass
@@ -122,7 +118,7 @@ class RankData:
         lo = int(bounds[rank])
         edge_bounds = partition.edge_bounds()
         csr = LocalCSR.from_part(partition.csr(rank), device, start_egid=int(edge_bounds[rank]))
-        edges = EdgeData.open(partition, rank, edge_bounds, device)
+        edges = EdgeData.open(partition, rank)
         if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
         part = features.part(rank, load_x=False)

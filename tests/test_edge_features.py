@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from stages.download.canonical import csr_with_edge_attr
+from stages.download.edge_split import split_edges
 from stages.download.files_source import load_files
+from stages.download.synthetic import generate_synthetic
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from stages.train.model import build_model, seed_logits
 from storage import InputError
@@ -196,3 +198,14 @@ def test_block_gat_with_edge_attr_equals_the_whole_batch_gat():
         blind = model(x, batch.edge_index, edge_attr=torch.zeros_like(batch.edge_attr))[:batch.batch_size]
     assert torch.allclose(blocks, whole, atol=1e-5)
     assert not torch.allclose(blocks, blind, atol=1e-3), "the edge features must change the outputs"
+
+
+def test_link_split_keeps_each_message_passing_edges_attr():
+    """task=link holds valid/test edges out of the graph: the remaining edges keep their own rows."""
+    graph = generate_synthetic(num_nodes=600, avg_degree=6.0, num_features=4, num_classes=3, seed=2,
+                               num_edge_features=2)
+    by_pair = _orig_attr_by_pair(graph.indptr, graph.indices, graph.edge_attr)
+    mp = split_edges(graph, 0, (0.8, 0.1, 0.1), seed=0)[0]
+    assert mp.edge_attr is not None and mp.num_edges < graph.num_edges and mp.edge_attr.shape == (mp.num_edges, 2)
+    assert all(by_pair[pair] == attr for pair, attr in _orig_attr_by_pair(mp.indptr, mp.indices,
+                                                                           mp.edge_attr).items())

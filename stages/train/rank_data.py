@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -51,24 +52,25 @@ class LinkEdges:
                    partition.schema.edge_type_id(EdgeType.from_key(key)))
 
 
-@dataclass(frozen=True)
 class EdgeData:
-    """A graph's edge features as a rank holds them: its own edges' rows (the edges into its nodes). A sampled
-    edge's row travels from the rank that sampled it, its owner (``stages.runtime.dist_sampler``, exchange 6)."""
+    """A graph's edge features as a rank holds them: its own edges' rows (the edges into its nodes), read on first
+    use, so a run whose model ignores them does not hold them. A sampled edge's row travels from the rank that
+    sampled it, its owner (``stages.runtime.dist_sampler``, exchange 6)."""
 
-    own_attr: Tensor              # float32 [e_p, D]: this rank's edges' rows, by elid (CPU)
+    def __init__(self, partition: PartitionArtifact, rank: int) -> None:
+        self.partition, self.rank = partition, rank
+        self.num_features = partition.num_edge_features
 
-    @property
-    def num_features(self) -> int:
-        return int(self.own_attr.shape[1])
+    @cached_property
+    def own_attr(self) -> Tensor:
+        """float32 [e_p, D]: this rank's edges' rows, by elid (CPU). In RAM, D float32 per edge (64 MB for 2 M edges
+        of 8 features), and not cached on a device: edges rarely repeat across batches the way hub nodes do."""
+        return torch.from_numpy(self.partition.edge_attr(self.rank)).to(torch.float32)
 
     @classmethod
     def open(cls, partition: PartitionArtifact, rank: int) -> EdgeData | None:
-        """None when the graph has no edge features. The rows are held in RAM (D float32 per edge: 64 MB for 2 M
-        edges of 8 features) and not cached (edges rarely repeat across batches the way hub nodes do)."""
-        if not partition.num_edge_features:
-            return None
-        return cls(torch.from_numpy(partition.edge_attr(rank)).to(torch.float32))
+        """None when the graph has no edge features."""
+        return cls(partition, rank) if partition.num_edge_features else None
 
 
 @dataclass

@@ -21,7 +21,9 @@ from stages.train import stage as train
 from stages.train.rank_data import weighted_csr
 from stages.train.stage import check_edge_weight
 from storage import ArtifactStore, InputError, Manifest
+from storage.infer_artifact import InferArtifact
 from storage.train import METRICS
+from tests._infer_pipeline import full_graph_reference
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
@@ -79,8 +81,14 @@ def test_negative_edge_weights_are_one_error_line():
 
 
 @pytest.mark.parametrize("name", ["gat", "plugin"])
-def test_infer_refuses_an_edge_aware_model_in_one_line(built, name):
+def test_exact_inference_of_an_edge_aware_model_equals_the_whole_graph(built, name):
+    """gat takes the layer-wise per-chunk path, the plug-in the whole model per chunk: both read each chunk's
+    in-edges' features from the rank's own edges, and give the whole graph's outputs (PyG, with edge_attr)."""
     art, upstream, trained = built
-    with pytest.raises(InputError, match=r"uses the graph's 4 edge features, which the infer stage cannot feed"):
-        infer.run(art, infer.Params(), {"partition": upstream["partition"], "features": upstream["features"],
-                                        "train": trained[name]})
+    manifests = {**upstream, "train": trained[name]}
+    params = infer.Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, chunk_edges=4000)
+    manifest = infer.run(art, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
+    ref = full_graph_reference(art, manifests)
+    prob = np.asarray(InferArtifact(art, manifest).node_array("prob")[:])
+    np.testing.assert_allclose(prob, ref.prob, atol=1e-5)
+    assert manifest.summary["path"].startswith("layer-wise" if name == "gat" else "whole model")

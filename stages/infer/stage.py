@@ -33,13 +33,12 @@ from typing import Any
 import numpy as np
 
 from stages.infer.link import is_link, link_metrics, link_report, link_summary
-from stages.infer.params import Params, train_params
+from stages.infer.params import Params
 from stages.infer.spec import InferSpec, ranks_path
 from stages.meter import measure
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_infer
-from stages.train.plugins import edge_dim_for, resolve_model
 from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
@@ -54,7 +53,6 @@ from storage.infer import (
 )
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
-from storage.schema import GraphSchema
 from storage.store import stage_key
 
 NAME = "infer"
@@ -82,7 +80,6 @@ def check_inputs(partition: Manifest, features: Manifest, train: Manifest, param
     if params.fanouts is not None and len(params.fanouts) != num_layers:
         raise InputError(f"infer.fanouts has {len(params.fanouts)} value(s) but the model has {num_layers} layers: "
                          f"give one fanout per layer, or null for exact inference")
-    _refuse_edge_features(partition, train)
     if "model_code" in train.params:
         from stages.train.plugin_code import source_digest
 
@@ -90,20 +87,6 @@ def check_inputs(partition: Manifest, features: Manifest, train: Manifest, param
             raise InputError(f"the code of model {train.params['model']} changed since train/{train.key} was "
                              f"trained: rerun the pipeline (which retrains it) before inference")
     return num_layers
-
-
-def _refuse_edge_features(partition: Manifest, train: Manifest) -> None:
-    """An edge-aware model (trained on edge features, ``stages.train.plugins.edge_dim_for``) is refused: layer-wise
-    inference does not hand edge features to the layers yet, and without them its outputs would be wrong."""
-    num_edge_features = int(partition.summary.get("num_edge_features", 0))
-    if not num_edge_features:
-        return
-    params = train_params(train)
-    model = resolve_model(params.model, typed=not GraphSchema.from_dict(partition.summary["schema"]).is_homogeneous)
-    if edge_dim_for(model, num_edge_features, params.edge_features):
-        raise InputError(f"model {params.model} of train/{train.key} uses the graph's {num_edge_features} edge "
-                         f"features, which the infer stage cannot feed its layers yet: run inference on a model "
-                         f"trained with edge_features=false, or evaluate with the train stage's sampled test metrics")
 
 
 _CHECKPOINTS = re.compile(r"\s*\(checkpoints kept[^)]*\)|;? the checkpoints were kept: rerun to resume")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.download import stage as download
 from stages.download.canonical import csr_with_edge_attr
 from stages.download.edge_split import split_edges
 from stages.download.files_source import load_files
@@ -209,3 +210,10 @@ def test_link_split_keeps_each_message_passing_edges_attr():
     assert mp.edge_attr is not None and mp.num_edges < graph.num_edges and mp.edge_attr.shape == (mp.num_edges, 2)
     assert all(by_pair[pair] == attr for pair, attr in _orig_attr_by_pair(mp.indptr, mp.indices,
                                                                            mp.edge_attr).items())
+
+
+def test_num_edge_features_is_for_the_synthetic_dataset_only():
+    assert download.Params(num_edge_features=3).key_params()["num_edge_features"] == 3
+    assert "num_edge_features" not in download.Params().key_params()   # keys of graphs without edges as before
+    with pytest.raises(InputError, match="num_edge_features=2 is for dataset synthetic; dataset ogbn-arxiv brings"):
+        download.Params(dataset="ogbn-arxiv", num_edge_features=2)

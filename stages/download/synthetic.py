@@ -25,7 +25,7 @@ stage takes 31.3 s there (RESULTS.md [1/5], row "download").
 With ``num_edge_features`` D > 0 every edge also carries D attributes: column 0 is 1.0 when its two ends have the
 same label and 0.0 otherwise, the other columns N(0, 1) noise (one draw per undirected edge: a reversed edge has its
 edge's attributes). An edge-blind model averages every sampled neighbour; an edge-aware one (GAT with ``edge_dim``,
-GINE) can attend to the same-label ones only, and measurably does better (tests/test_edge_features.py).
+GINE) can attend to the same-label ones only, and measurably does better (tests/test_edge_train.py).
 
 Generation happens in a node order where communities are contiguous; a random relabelling at the end hides that
 order, because node ids that reveal the community would leak labels and make id-range partitioning unrealistically

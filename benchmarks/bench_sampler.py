@@ -4,6 +4,7 @@ Prints one JSON line. Examples::
 
     .venv/bin/python benchmarks/bench_sampler.py --nodes 2400000 --avg-degree 50 --graph benchmarks/work/products.npz
     .venv/bin/python benchmarks/bench_sampler.py --graph benchmarks/work/products.npz --mode dist
+    .venv/bin/python benchmarks/bench_sampler.py --graph g.npz --mode dist --edge-features 8   # + e_id, edge_attr
 
 The graph comes from ``stages.download.synthetic.generate_synthetic`` when that module exists, else from the numpy
 Chung-Lu stand-in below; ``--graph PATH.npz`` caches it (``indptr``, ``indices``: CSR of incoming edges, gids).
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -179,13 +181,38 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
     csr = LocalCSR.from_numpy(part_indptr, part_indices, int(lo), device)
     gen = torch.Generator(device=device).manual_seed(args.seed + rank)
     sampler = DistNeighborSampler(csr, bounds, args.fanouts, replace=args.replace, generator=gen,
-                                  node_map=args.node_map)
+                                  node_map=args.node_map, num_edges=int(indptr[-1]))
+    batches: Any = sampler
+    if args.edge_features:
+        own_attr = torch.rand(part_indices.shape[0], args.edge_features, device=device)
+        sampler.with_edges = True
+        if args.edge_path == "ride":
+            sampler.edge_attr = own_attr
+        else:
+            batches = _GatherEdgeAttr(sampler, [int(indptr[b]) for b in bounds], own_attr, device)
     need = (args.batches + args.warmup) * args.batch_size
     dist.barrier()
-    stats = _run_batches(sampler, _train_gid(int(lo), int(hi), need, args.seed + rank), args, device)
+    stats = _run_batches(batches, _train_gid(int(lo), int(hi), need, args.seed + rank), args, device)
     dist.barrier()
     Path(out_dir, f"{rank}.json").write_text(json.dumps(stats))
     dist.destroy_process_group()
+
+
+class _GatherEdgeAttr:
+    """``--edge-path gather``, the design the sampler's ride-along replaced: ``e_id`` from the sampler, then every
+    edge's row gathered by egid from its owner through ``DistFeatures`` over the edge bounds (3 more collectives)."""
+
+    def __init__(self, sampler: Any, edge_bounds: list[int], own_attr: Any, device: str) -> None:
+        from stages.runtime.dist_features import DistFeatures
+        from stages.runtime.feature_store import InMemoryFeatureStore
+
+        self.sampler = sampler
+        self.rows = DistFeatures(InMemoryFeatureStore(own_attr), edge_bounds, device=device)
+
+    def sample(self, seed_gid):
+        batch = self.sampler.sample(seed_gid)
+        batch.edge_attr = self.rows.gather(batch.e_id)
+        return batch
 
 
 def _pair_worker(rank: int, args: argparse.Namespace, out_dir: str) -> None:
@@ -235,6 +262,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=["single", "dist"], default="single")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--replace", action="store_true")
+    parser.add_argument("--edge-features", type=int, default=0, help="dist mode: batches also carry e_id and this "
+                        "many float32 edge features a sampled edge (0: neither)")
+    parser.add_argument("--edge-path", choices=["ride", "gather"], default="ride", help="edge features: sent with "
+                        "the sampler's answers (the runtime's way) or gathered by e_id from their owners afterwards")
     parser.add_argument("--node-map", choices=["auto", "dense", "sorted"], default="auto")
     parser.add_argument("--no-baseline", action="store_true", help="dist mode: skip the single-partition baseline")
     parser.add_argument("--seed", type=int, default=0)
@@ -246,6 +277,7 @@ def main() -> None:
     result = {"mode": args.mode, "device": args.device, "nodes": int(indptr.shape[0] - 1),
               "edges": int(indices.shape[0]), "fanouts": args.fanouts, "batch_size": args.batch_size,
               "batches": args.batches, "replace": args.replace, "node_map": args.node_map,
+              "edge_features": args.edge_features, "edge_path": args.edge_path,
               "load_s": round(time.perf_counter() - start, 1)}
     if args.mode == "single":
         result.update(threads=args.threads, **run_single(args, indptr, indices, args.threads))

@@ -8,6 +8,10 @@ nodes are numbered type after type (schema order), so node type t's own id ``i``
   sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one range
   ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
   stored symmetrised; self-loops and duplicate edges are removed; each row is sorted.
+- ``edge_attr`` [E, D] (graphs with edge features only): row i holds the attributes of the edge ``indices[i] ->``
+  its row's node, aligned with ``indices`` (a reversed edge of a symmetrised graph has its edge's attributes;
+  ``stages.download.canonical.csr_with_edge_attr`` says which duplicate's win); every value finite; attr
+  ``num_edge_features`` = D.
 - ``x/<node type>`` [N_t, F_t] for the node types that have features (the dataset's dtype, every value finite).
 - ``y`` int64 [N] (-1 = unlabelled; a labelled type's classes are ``[0, num_classes_t)``).
 - ``split/train``, ``split/valid``, ``split/test``: int64 orig ids (OGB's split names).
@@ -62,6 +66,7 @@ class Graph:
     link_edge_type: str | None = None                                   # the key of the split edges' type
     edge_split_negatives: dict[str, np.ndarray] = field(default_factory=dict)   # split -> fixed eval negatives
     link_eval: str | None = None                        # their layout: a LINK_EVALS entry (module docstring)
+    edge_attr: np.ndarray | None = None     # [E, D] aligned with indices (module docstring); None: no edge features
 
     @classmethod
     def homogeneous(cls, indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -88,6 +93,11 @@ class Graph:
     def x(self) -> np.ndarray:
         """The features of the one featured node type (every homogeneous graph); typed code reads ``features``."""
         return self.features[only_type(self.features, "x")]
+
+    @property
+    def num_edge_features(self) -> int:
+        """D of ``edge_attr`` (0: the graph has no edge features)."""
+        return 0 if self.edge_attr is None else int(self.edge_attr.shape[1])
 
     @property
     def num_classes(self) -> int:
@@ -123,6 +133,7 @@ class Graph:
             **({"link_eval": self.link_eval,
                 "edge_split_neg_shapes": {s: list(a.shape) for s, a in self.edge_split_negatives.items()}}
                if self.edge_split_negatives else {}),
+            **({"num_edge_features": self.num_edge_features} if self.edge_attr is not None else {}),
             **self.extra,
         }
 
@@ -132,6 +143,10 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
     root = open_group(writer.file_url(_GROUP), mode="w")
     write_array(root, "indptr", graph.indptr.astype(np.int64, copy=False))
     write_array(root, "indices", graph.indices.astype(np.int64, copy=False), progress=progress)
+    if graph.edge_attr is not None:
+        if graph.edge_attr.ndim != 2 or graph.edge_attr.shape[0] != graph.num_edges:
+            raise ValueError(f"edge_attr of shape {graph.edge_attr.shape} for {graph.num_edges} edges")
+        write_array(root, "edge_attr", graph.edge_attr, progress=progress)
     featured = {t.name for t in graph.schema.featured}
     if set(graph.features) != featured:
         raise ValueError(f"features given for {sorted(graph.features)}, the schema's featured types are "
@@ -186,14 +201,20 @@ class GraphArtifact(ArtifactHandle):
     def schema(self) -> GraphSchema:
         return GraphSchema.from_dict(self.manifest.summary["schema"])
 
-    def read(self, features: bool = True, negatives: bool = False) -> Graph:
+    @property
+    def num_edge_features(self) -> int:
+        """D of the graph's ``edge_attr`` (0: none)."""
+        return int(self.manifest.summary.get("num_edge_features", 0))
+
+    def read(self, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:
         """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only);
+        ``edges=False`` skips ``edge_attr``;
         ``negatives=True`` also reads the fixed evaluation negatives (ogbl-citation2's are 1.4 GB, which only the
         partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says)."""
-        return _read_graph(self._url(_GROUP), features=features, negatives=negatives)
+        return _read_graph(self._url(_GROUP), features=features, negatives=negatives, edges=edges)
 
 
-def _read_graph(url: str, *, features: bool = True, negatives: bool = False) -> Graph:
+def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:
     root = open_group(url)
     attrs = dict(root.attrs)
     if "schema" not in attrs:
@@ -203,7 +224,7 @@ def _read_graph(url: str, *, features: bool = True, negatives: bool = False) -> 
     x_group = open_subgroup(root, "x") if features else None
     known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
              "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes", "link_eval",
-             "edge_split_neg_shapes"}
+             "edge_split_neg_shapes", "num_edge_features"}
     link_edge_type = attrs.get("link_edge_type")
     edge_splits = {name: read_array(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
         if link_edge_type is not None else {}
@@ -226,4 +247,5 @@ def _read_graph(url: str, *, features: bool = True, negatives: bool = False) -> 
         link_edge_type=None if link_edge_type is None else str(link_edge_type),
         edge_split_negatives=edge_split_negatives,
         link_eval=None if link_eval is None else str(link_eval),
+        edge_attr=read_array(root, "edge_attr") if edges and "num_edge_features" in attrs else None,
     )

@@ -9,7 +9,12 @@ ID spaces (docs/design.md):
   ``orig_of_gid`` int64 [N], ``gid_of_orig`` int64 [N]; attrs: the graph's ``schema`` and the figures.
 - ``part-<p>.zarr``: ``indptr`` int64 [n_p*R+1] over (lid, edge type) rows ``lid * R + e``, ``indices`` int64
   [e_p] in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
-  parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order. With link prediction's edge splits
+  parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order. With edge features (``storage.graph``)
+  also ``edge_attr`` float32 [e_p, D] aligned with ``indices`` (attr ``num_edge_features``).
+- Edge ids: an edge's **egid** is its position in that concatenation, so part p stores (owns) the egids
+  ``[edge_bounds[p], edge_bounds[p+1])`` (``PartitionArtifact.edge_bounds``, from the parts' edge counts) and an
+  edge's **elid** = egid - edge_bounds[p] is its position in part p's ``indices``. An edge is owned by the part
+  of its dst, which stores it. With link prediction's edge splits
   (``storage.graph``) also ``edge_split/<split>`` int64 [2, E] (src, dst) in **gids**: the split's positives whose
   dst p owns, sorted by dst. With fixed evaluation negatives (``storage.graph``'s ``link_eval``, summary attr
   ``link_eval``) also ``edge_split_neg/<split>`` in **gids**, each kept with the part that owns its dst, as the
@@ -108,12 +113,19 @@ def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) 
 
 def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
                edge_splits: dict[str, np.ndarray] | None = None,
-               edge_split_negatives: dict[str, np.ndarray] | None = None) -> None:
+               edge_split_negatives: dict[str, np.ndarray] | None = None,
+               edge_attr: np.ndarray | None = None) -> None:
     """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``, with its ``edge_splits`` (split ->
     [2, E] gids whose dst it owns) and ``edge_split_negatives`` (module docstring) when the graph has them."""
     g = open_group(writer.file_url(_part_name(csr.part)), mode="w")
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
     write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
+    if edge_attr is not None:
+        if edge_attr.ndim != 2 or edge_attr.shape[0] != csr.indices.shape[0]:
+            raise ValueError(f"edge_attr of shape {edge_attr.shape} for part {csr.part}'s {csr.indices.shape[0]} "
+                             "edges")
+        write_array(g, "edge_attr", edge_attr, progress=progress)
+        g.attrs["num_edge_features"] = int(edge_attr.shape[1])
     if edge_splits:
         group = g.create_group("edge_split")
         for name, pairs in edge_splits.items():
@@ -208,6 +220,24 @@ class PartitionArtifact(ArtifactHandle):
             raise ArtifactError(f"partition {self.manifest.key} has no fixed evaluation negatives (only ogbl-* "
                                 f"datasets have them); draw negatives in the train stage instead")
         return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split_neg"), split)
+
+    @property
+    def num_edge_features(self) -> int:
+        """D of the parts' ``edge_attr`` (0: the graph has no edge features)."""
+        return int(self.manifest.summary.get("num_edge_features", 0))
+
+    def edge_attr(self, p: int) -> np.ndarray:
+        """float32 [e_p, D]: the attributes of part p's edges, by elid (aligned with ``csr(p).indices``)."""
+        if not self.num_edge_features:
+            raise ArtifactError(f"partition {self.manifest.key} has no edge features (its graph has none)")
+        return read_array(open_group(self._url(_part_name(p))), "edge_attr")
+
+    def edge_bounds(self) -> np.ndarray:
+        """int64 [P+1]: part p owns the egids ``[edge_bounds[p], edge_bounds[p+1])`` (module docstring), from the
+        parts' edge counts (their attrs; no edge read)."""
+        counts = [attr_int(dict(open_group(self._url(_part_name(p))).attrs), "num_edges", self._url(_part_name(p)))
+                  for p in range(self.num_partitions)]
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def in_degree(self) -> np.ndarray:
         """int64 [N]: the in-degree of every gid, from the parts' ``indptr`` arrays only (8 bytes a node, no edges

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from stages.infer.rank import train_params
-from stages.train.plugins import make_model
+from stages.train.plugins import edge_dim_for, make_model, resolve_model
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.graph import GraphArtifact
@@ -50,9 +50,11 @@ def full_graph_reference(store: ArtifactStore, manifests: dict[str, Manifest]) -
     features = FeaturesArtifact(store, manifests["features"])
     trained = manifests["train"]
     params = train_params(trained)
+    # an edge-aware model on a graph with edge features runs with them (PyG's edge_attr, aligned with edge_index)
+    edge_dim = edge_dim_for(resolve_model(params.model, typed=False), graph.num_edge_features, params.edge_features)
     model = make_model(params.model, params.model_kwargs, in_channels=features.num_features, hidden=params.hidden,
                        out_channels=features.num_classes, num_layers=params.num_layers, dropout=params.dropout,
-                       heads=params.gat_heads)
+                       heads=params.gat_heads, edge_dim=edge_dim)
     model.load_state_dict(torch.load(io.BytesIO(store.read_bytes("train", trained.key, MODEL)), weights_only=True))
     model.eval()
     dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
@@ -68,7 +70,8 @@ def full_graph_reference(store: ArtifactStore, manifests: dict[str, Manifest]) -
     handles = [convs[layer + 1].register_forward_pre_hook(capture(layer)) for layer in range(len(convs) - 1)]
     assert graph.x is not None
     with torch.no_grad():
-        logits = model(torch.from_numpy(graph.x).float(), edge_index)
+        edges = {"edge_attr": torch.from_numpy(graph.edge_attr)} if edge_dim and graph.edge_attr is not None else {}
+        logits = model(torch.from_numpy(graph.x).float(), edge_index, **edges)
     for handle in handles:
         handle.remove()
     return Reference(prob=torch.softmax(logits, 1).numpy(), logits=logits.numpy(), hidden=hidden, y=graph.y,

@@ -11,6 +11,8 @@ Layout (from ``ogb/nodeproppred/dataset.py`` and ``master.csv``), for ``ogbn-arx
     <root>/ogbn_arxiv/raw/num-edge-list.csv.gz  one line per graph: its edge count
     <root>/ogbn_arxiv/raw/node-feat.csv.gz      F comma-separated floats per node
     <root>/ogbn_arxiv/raw/node-label.csv.gz     one label per node
+    <root>/ogbn_arxiv/raw/edge-feat.csv.gz      optional (``edge_feat=True``): D floats per edge, as edge.csv lists
+                                                them (ogbn-proteins has 8; ogb copies them to the inverse edges)
     <root>/ogbn_arxiv/raw/node_year.csv.gz      'additional node files' in master.csv (arxiv, papers100M)
     <root>/ogbn_arxiv/split/time/{train,valid,test}.csv.gz   node ids; the split kind comes from master.csv
 
@@ -62,9 +64,19 @@ def labels(name: str) -> np.ndarray:
     return y
 
 
-def build(name: str, root: Path) -> OgbFixture:
-    """Write dataset ``name`` as an already-downloaded ogb directory under ``root``."""
+def edge_features() -> np.ndarray:
+    """[E, 2] float32 per edge of ``EDGES``: (i, -i / 2) for edge i, exact in float32 and in decimal text."""
+    i = np.arange(EDGES.shape[1], dtype=np.float32)
+    return np.stack([i, -i / 2], axis=1)
+
+
+def build(name: str, root: Path, edge_feat: bool = False) -> OgbFixture:
+    """Write dataset ``name`` as an already-downloaded ogb directory under ``root`` (``edge_feat``: with
+    ``edge_features()``; CSV datasets only)."""
     _write_dataset(name, root / name.replace("-", "_"))
+    if edge_feat:
+        _write_csv(root / name.replace("-", "_") / "raw" / "edge-feat.csv.gz",
+                   [[f"{v:.1f}" for v in row] for row in edge_features()])
     return OgbFixture(name, root, EDGES, features(), labels(name), SPLIT)
 
 

@@ -64,6 +64,24 @@ def test_products_is_undirected(tmp_path: Path) -> None:
     check_nodes(g, fx)
 
 
+def test_products_edge_features_follow_their_edges(tmp_path: Path) -> None:
+    """ogb copies each listed edge's features to its inverse; the canonical graph keeps, for every stored edge, the
+    features of the first listed edge joining that pair in that direction (the 2 -> 1 duplicate, edge 32, loses to
+    the chain's edge 1) and drops the self-loop's."""
+    ogb_fixture.build("ogbn-products", tmp_path, edge_feat=True)
+    g = load_ogb("ogbn-products", str(tmp_path))
+    assert g.edge_attr is not None and g.edge_attr.shape == (g.num_edges, 2)
+    feat = ogb_fixture.edge_features()
+    dst = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+    first: dict[tuple[int, int], int] = {}
+    for i, (u, v) in enumerate(ogb_fixture.EDGES.T.tolist()):
+        first.setdefault((u, v), i)
+    for i, (u, v) in enumerate(ogb_fixture.EDGES.T.tolist()):
+        first.setdefault((v, u), i)   # ogb's inverse edges come after all listed ones
+    for u, v, attr in zip(g.indices.tolist(), dst.tolist(), g.edge_attr):
+        assert attr.tolist() == feat[first[(u, v)]].tolist()
+
+
 def test_papers100m_binary_format_with_missing_labels(tmp_path: Path) -> None:
     fx = ogb_fixture.build("ogbn-papers100M", tmp_path)
     g = load_ogb("ogbn-papers100M", str(tmp_path))

@@ -83,8 +83,9 @@ def split_edges(graph: Graph, edge_type: int, fractions: tuple[float, float, flo
 
 
 def _without(graph: Graph, entries: np.ndarray) -> Graph:
-    """``graph`` with the CSR entries ``entries`` removed (rows keep their order)."""
+    """``graph`` with the CSR entries ``entries`` removed (rows keep their order), their edge features with them."""
     keep = np.ones(graph.indices.shape[0], dtype=bool)
     keep[entries] = False
     kept_before = np.concatenate([[0], np.cumsum(keep)])
-    return replace(graph, indptr=kept_before[graph.indptr].astype(np.int64), indices=graph.indices[keep])
+    return replace(graph, indptr=kept_before[graph.indptr].astype(np.int64), indices=graph.indices[keep],
+                   edge_attr=None if graph.edge_attr is None else graph.edge_attr[keep])

@@ -9,6 +9,8 @@ Expected files (README has the user-facing version):
   the features stage picks the stored dtype); N is taken from here (or from ``indptr``);
 - ``y.npy`` [N] (or [N, 1]) integer labels, -1 = unlabelled;
 - ``train_idx.npy``, ``valid_idx.npy``, ``test_idx.npy``: integer node ids, disjoint, labelled;
+- optional ``edge_attr.npy`` [E, D] (or [E]) float edge features, finite, row i for edge i of the topology as
+  listed (column i of ``edge_index.npy``, or entry i of ``indices.npy``); a reversed edge gets its edge's row;
 - optional ``meta.json``: ``{"directed": false, "num_classes": max(y) + 1, "name": <directory name>}``.
 
 Every problem is reported as one InputError line naming the file and what to do, before any heavy work.
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.download.canonical import check_classes, check_finite, to_csr_incoming
+from stages.download.canonical import check_classes, check_finite, csr_with_edge_attr, to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 
@@ -50,10 +52,33 @@ def load_files(directory: str) -> Graph:
     splits = {name: _read_split(directory, name, num_nodes, y) for name in SPLITS}
     _check_disjoint(splits)
     check_finite(x, f"x.npy in {directory}")   # reads all of x (0.06 s at products scale): after the cheap checks
-    indptr, indices = to_csr_incoming(src, dst, num_nodes, directed=meta.get("directed", False))
+    edge_attr = _read_edge_attr(directory, src.shape[0])
+    directed = meta.get("directed", False)
+    if edge_attr is None:
+        indptr, indices = to_csr_incoming(src, dst, num_nodes, directed=directed)
+    else:
+        indptr, indices, edge_attr = csr_with_edge_attr(src, dst, num_nodes, edge_attr, directed=directed)
     return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
-                 directed=meta.get("directed", False), name=meta.get("name", os.path.basename(directory.rstrip("/"))),
-                 source=f"files({os.path.abspath(directory)})")
+                             directed=directed, name=meta.get("name", os.path.basename(directory.rstrip("/"))),
+                             source=f"files({os.path.abspath(directory)})", edge_attr=edge_attr)
+
+
+def _read_edge_attr(directory: str, num_edges: int) -> np.ndarray | None:
+    """``edge_attr.npy`` as float32 [E, D], or None without one; one error line for a wrong shape, dtype or a
+    non-finite value (the model computes in float32, so the graph stores that)."""
+    if not os.path.exists(_path(directory, "edge_attr.npy")):
+        return None
+    attr = _load(directory, "edge_attr.npy", mmap=True)
+    if attr.ndim == 1:
+        attr = attr[:, None]
+    if attr.ndim != 2 or attr.shape[0] != num_edges or attr.shape[1] < 1:
+        raise InputError(f"edge_attr.npy has shape {attr.shape} but the topology lists {num_edges} edges; it must "
+                         f"be [{num_edges}, D] (row i: the features of edge i as listed)")
+    if attr.dtype.kind not in "biuf":
+        raise InputError(f"edge_attr.npy has dtype {attr.dtype}; edge features must be numbers (bool, integers "
+                         f"or floats)")
+    check_finite(attr, f"edge_attr.npy in {directory}")
+    return np.asarray(attr, dtype=np.float32)
 
 
 def _path(directory: str, name: str) -> str:

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from stages.choices import OGB_DATASETS
-from stages.download.canonical import to_csr_incoming
+from stages.download.canonical import check_finite, csr_with_edge_attr, to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.progress import progress as tqdm
@@ -72,13 +72,18 @@ def load_ogb(name: str, root: str, progress: bool = False, add_reverse: bool = T
     num_nodes = int(graph["num_nodes"])
     edge_index = graph.pop("edge_index")  # release ogb's copy as soon as the CSR exists (2 GB at products)
     # OGB already added the inverse edges where it says so: symmetrising again would only double the sort.
-    indptr, indices = to_csr_incoming(edge_index[0], edge_index[1], num_nodes, directed=True)
+    edge_attr = _edge_features(graph.pop("edge_feat", None), int(edge_index.shape[1]), name)
+    if edge_attr is None:
+        indptr, indices = to_csr_incoming(edge_index[0], edge_index[1], num_nodes, directed=True)
+    else:
+        indptr, indices, edge_attr = csr_with_edge_attr(edge_index[0], edge_index[1], num_nodes, edge_attr,
+                                                        directed=True)
     del edge_index
     steps.update()
     result = Graph.homogeneous(indptr=indptr, indices=indices, x=node_features(graph.get("node_feat"), num_nodes),
                                y=_labels(labels, num_nodes), splits=_splits(split, num_nodes),
                                num_classes=int(dataset.num_classes), directed=not undirected, name=name,
-                               source=f"ogb:{name} (v{meta['version']}, {meta['url']})")
+                               source=f"ogb:{name} (v{meta['version']}, {meta['url']})", edge_attr=edge_attr)
     steps.update()
     steps.close()
     return result
@@ -170,6 +175,20 @@ def node_features(node_feat: np.ndarray | None, num_nodes: int) -> np.ndarray:
         raise InputError(f"OGB node features have shape {x.shape}, expected ({num_nodes}, F); delete the "
                          "dataset directory and rerun to download it again")
     return x
+
+
+def _edge_features(edge_feat: np.ndarray | None, num_edges: int, name: str) -> np.ndarray | None:
+    """OGB's ``edge_feat`` [E, D] (ogbn-proteins: 8 columns) as float32, aligned with its ``edge_index``; None when
+    the dataset has none."""
+    if edge_feat is None:
+        return None
+    attr = np.asarray(edge_feat)
+    if attr.ndim != 2 or attr.shape[0] != num_edges:
+        raise InputError(f"OGB edge features of {name} have shape {attr.shape}, expected ({num_edges}, D); delete "
+                         "the dataset directory and rerun to download it again")
+    attr = attr.astype(np.float32, copy=False)
+    check_finite(attr, f"the edge features (edge_feat) of dataset {name}")
+    return attr
 
 
 def _labels(labels: Any, num_nodes: int) -> np.ndarray:

@@ -52,6 +52,9 @@ class Params(StageParams):
     avg_degree: float = Field(20.0, gt=0, description="synthetic: mean in-degree after symmetrising")
     num_features: int = Field(64, ge=1, description="synthetic: feature columns (synthetic-hetero: papers')")
     num_classes: int = Field(16, ge=2, description="synthetic: classes")
+    num_edge_features: int = Field(0, ge=0, description="synthetic: edge attribute columns (0: none); column 0 "
+                                                        "says whether an edge's ends share a label, the rest is "
+                                                        "noise (an edge-aware model can use them)")
     seed: Seed = Field(0, description="synthetic: generator seed")
     split: tuple[float, float, float] = Field((0.08, 0.02, 0.90),
                                               description="synthetic: train, valid, test fractions")
@@ -73,6 +76,9 @@ class Params(StageParams):
             check_link_split(self.link_split)
         if self.dataset == "files" and not self.path:
             raise InputError("dataset 'files' needs path=<directory with edge_index.npy, x.npy, ...> (see README)")
+        if self.num_edge_features and self.dataset != "synthetic":
+            raise InputError(f"num_edge_features={self.num_edge_features} is for dataset synthetic; dataset "
+                             f"{self.dataset} brings its own edge features (files: edge_attr.npy) or none")
         if self.dataset in ("synthetic", "synthetic-link"):
             check_synthetic(self.num_nodes, self.avg_degree, self.num_features, self.num_classes, self.split)
         if self.dataset == "synthetic-hetero":
@@ -94,8 +100,10 @@ class Params(StageParams):
     def _dataset_key(self) -> dict[str, Any]:
         if self.dataset in ("synthetic", "synthetic-hetero", "synthetic-link"):
             typed = {"add_reverse"} if self.dataset == "synthetic-hetero" else set()
+            # in the key only when set: graphs without edge features keep their keys
+            edges = {"num_edge_features"} if self.dataset == "synthetic" and self.num_edge_features else set()
             return self.model_dump(mode="json", include={"dataset", "num_nodes", "avg_degree", "num_features",
-                                                         "num_classes", "seed", "split"} | typed)
+                                                         "num_classes", "seed", "split"} | typed | edges)
         if self.dataset == "files":
             path = os.path.abspath(self.path or "")
             reverse = {"add_reverse": self.add_reverse} if is_typed_dir(path) else {}
@@ -159,7 +167,8 @@ def load_dataset(params: Params, *, download_dir: str, progress: bool) -> Graph:
         return graph
     if params.dataset in ("synthetic", "synthetic-link"):
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
-                                   params.seed, split=params.split, progress=progress)
+                                   params.seed, split=params.split, progress=progress,
+                                   num_edge_features=params.num_edge_features)
     else:
         from stages.download.ogb_source import load_ogb
 
@@ -185,6 +194,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         writer.summary["avg_degree"] = round(graph.num_edges / max(graph.num_nodes, 1), 3)
         writer.summary["bytes_graph"] = int(graph.indptr.nbytes + graph.indices.nbytes)
         writer.summary["bytes_features"] = sum(int(x.nbytes) for x in graph.features.values())
+        if graph.edge_attr is not None:
+            writer.summary["bytes_edge_features"] = int(graph.edge_attr.nbytes)
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 

@@ -22,6 +22,11 @@ weight cumsum costs ~0.7 µs per query (cache misses) on the 2-vCPU benchmark ma
 over a minute at products scale, and pairing shuffled stubs (a configuration model) ~15 s; the whole download
 stage takes 31.3 s there (RESULTS.md [1/5], row "download").
 
+With ``num_edge_features`` D > 0 every edge also carries D attributes: column 0 is 1.0 when its two ends have the
+same label and 0.0 otherwise, the other columns N(0, 1) noise (one draw per undirected edge: a reversed edge has its
+edge's attributes). An edge-blind model averages every sampled neighbour; an edge-aware one (GAT with ``edge_dim``,
+GINE) can attend to the same-label ones only, and measurably does better (tests/test_edge_train.py).
+
 Generation happens in a node order where communities are contiguous; a random relabelling at the end hides that
 order, because node ids that reveal the community would leak labels and make id-range partitioning unrealistically
 good.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.download.canonical import to_csr_incoming
+from stages.download.canonical import csr_with_edge_attr, to_csr_incoming
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.progress import progress as tqdm
@@ -60,17 +65,19 @@ TOP_UP_ROUNDS = 3
 
 
 def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int, seed: int,
-                       split: tuple[float, float, float] = (0.08, 0.02, 0.90), progress: bool = False) -> Graph:
+                       split: tuple[float, float, float] = (0.08, 0.02, 0.90), progress: bool = False,
+                       num_edge_features: int = 0) -> Graph:
     """Generate the graph described in the module docstring (undirected, stored symmetrised).
 
     ``avg_degree`` counts directed edges per node after symmetrisation (``num_edges / num_nodes``); it is
     approximate because self-loops and repeated pairs are dropped. Deterministic for a given ``seed``; topology,
     labels, features and split come from separate random streams, so e.g. changing ``num_features`` keeps the
-    same graph and labels.
+    same graph and labels. ``num_edge_features`` > 0: edge attributes (module docstring) from a sixth stream.
     """
     check_synthetic(num_nodes, avg_degree, num_features, num_classes, split)
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
-    rng_layout, rng_edges, rng_labels, rng_features, rng_split = streams
+    # spawned children depend on their index only: the sixth (edge attributes) leaves the other five as they were
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)]
+    rng_layout, rng_edges, rng_labels, rng_features, rng_split, rng_edge_attr = streams
     steps = tqdm(total=4, desc="synthetic graph", unit="step", disable=not progress, leave=False)
 
     comm_sizes, comm_class = _communities(rng_layout, num_nodes, num_classes, avg_degree)
@@ -93,8 +100,25 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     splits = random_split(rng_split, num_nodes, split)
     steps.update()
     steps.close()
+    edge_attr = None
+    if num_edge_features:
+        indptr, indices, edge_attr = _same_label_edges(rng_edge_attr, indptr, indices, y, num_edge_features)
     return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
-                 directed=False, name="synthetic", source=f"synthetic(seed={seed})")
+                             directed=False, name="synthetic", source=f"synthetic(seed={seed})", edge_attr=edge_attr)
+
+
+def _same_label_edges(rng: np.random.Generator, indptr: np.ndarray, indices: np.ndarray, y: np.ndarray,
+                      num_edge_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same CSR with float32 edge attributes [E, D] (module docstring): each undirected edge (its u < v copy)
+    gets one row, and the canonical path (``csr_with_edge_attr``) gives the reversed copy the same row."""
+    n = indptr.shape[0] - 1
+    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    half = indices < dst
+    src, dst = indices[half], dst[half]
+    attr = np.empty((src.shape[0], num_edge_features), dtype=np.float32)
+    attr[:, 0] = y[src] == y[dst]
+    attr[:, 1:] = rng.standard_normal((src.shape[0], num_edge_features - 1), dtype=np.float32)
+    return csr_with_edge_attr(src, dst, n, attr, directed=False)
 
 
 def check_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int,

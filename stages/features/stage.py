@@ -79,8 +79,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         per_part: list[dict[str, Any]] = []
         with measure() as cost:
             # Rows are gathered per partition from the whole x held once in RAM: one sequential read beats
-            # P scattered passes over the chunked source.
-            graph = GraphArtifact(store, download).read()
+            # P scattered passes over the chunked source. Edge features live with the partition, not here.
+            graph = GraphArtifact(store, download).read(edges=False)
             book = PartitionArtifact(store, partition).book()
             table, offsets = book.range_table(), graph.schema.orig_offsets()
             types = {t.name: i for i, t in enumerate(graph.schema.node_types)}

@@ -13,12 +13,12 @@ import torch
 from torch import Tensor
 
 from stages.runtime.collectives import max_over_ranks
-from stages.runtime.sampler import LocalCSR, repeat_positions, sample_typed
+from stages.runtime.sampler import LocalCSR, repeat_positions, sample_typed_edges
 
 SAMPLE_BLOCK = 1024   # lids per sampling block: one generator each, chunks of sampled inference start at one
 
 BlockGenerator = Callable[[int], torch.Generator]   # sampling block k -> its generator
-ChunkEdges = tuple[Tensor, Tensor, Tensor | None]   # (row_pos, nbr_gid, edge_type or None for one edge type)
+ChunkEdges = tuple[Tensor, Tensor, Tensor | None]   # (row_pos, nbr_gid or edge_idx, edge_type or None for one type)
 
 
 def node_indptr(csr: LocalCSR) -> Tensor:
@@ -59,25 +59,36 @@ def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: 
     type; ``edge_type`` is None for a one-edge-type CSR. A sample is drawn per block of ``SAMPLE_BLOCK`` lids from
     that block's own generator (``block_generator(k)`` for block k; ``a`` is a block start), so it does not depend
     on how blocks are grouped into chunks."""
+    if fanout == -1 and csr.num_edge_types == 1 and b > a:   # a slice of the CSR: a view, no gather
+        lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
+        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi], None
+    row_pos, edge_idx, edge_type = chunk_edge_ids(csr, a, b, fanout, block_generator)
+    return row_pos, csr.indices.index_select(0, edge_idx), edge_type
+
+
+def chunk_edge_ids(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: BlockGenerator | None = None
+                   ) -> ChunkEdges:
+    """``chunk_edges_of`` with each edge's elid (its position in ``csr.indices``, its row of the rank's edge
+    features) in place of its source gid: ``(row_pos, edge_idx, edge_type)``."""
     typed = csr.num_edge_types > 1
     if b <= a:   # a padding chunk (this rank has fewer chunks than the largest): no targets, no draws
         none = torch.empty(0, dtype=torch.long)
-        return none, csr.indices[:0], none if typed else None
+        return none, none, none if typed else None
     if fanout == -1 and not typed:   # a slice of the CSR
         lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
-        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi], None
+        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), torch.arange(lo, hi), None
     if fanout == -1:
-        _, row_pos, nbr_gid, edge_type = sample_typed(csr, torch.arange(a, b, dtype=torch.long), -1)
-        return row_pos, nbr_gid, edge_type
+        _, row_pos, edge_idx, edge_type = sample_typed_edges(csr, torch.arange(a, b, dtype=torch.long), -1)
+        return row_pos, edge_idx, edge_type
     if block_generator is None or a % SAMPLE_BLOCK:
         raise ValueError("sampled chunks start at a block of SAMPLE_BLOCK lids and draw from its generator")
     rows, nbrs, types = [], [], []
     for start in range(a, b, SAMPLE_BLOCK):
         stop = min(start + SAMPLE_BLOCK, b)
-        _, row_pos, nbr_gid, edge_type = sample_typed(csr, torch.arange(start, stop, dtype=torch.long), fanout,
-                                                      generator=block_generator(start // SAMPLE_BLOCK))
+        _, row_pos, edge_idx, edge_type = sample_typed_edges(csr, torch.arange(start, stop, dtype=torch.long),
+                                                             fanout, generator=block_generator(start // SAMPLE_BLOCK))
         rows.append(row_pos + (start - a))
-        nbrs.append(nbr_gid)
+        nbrs.append(edge_idx)
         types.append(edge_type)
     return torch.cat(rows), torch.cat(nbrs), torch.cat([t for t in types if t is not None]) if typed else None
 

@@ -57,6 +57,7 @@ from torch import Tensor
 from stages.infer.chunks import (
     SAMPLE_BLOCK,
     ChunkEdges,
+    chunk_edge_ids,
     chunk_edges_of,
     chunk_sources,
     equal_chunk_count,
@@ -138,6 +139,9 @@ class Inference:
     fanouts: Sequence[int] | None = None
     seed: int = 0
     node_type_of: Callable[[Tensor], Tensor] | None = None   # a typed graph's gid -> node type (HGT's blocks)
+    # an edge-aware model's edge features: float32 [e_p, D], the rank's own edges' rows by elid; a target's in-edges
+    # are all its owner's, so every layer reads them locally
+    edge_attr: Tensor | None = None
     stats: list[LayerStats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -169,10 +173,15 @@ class Inference:
     def _fanout(self, layer: int) -> int:
         return -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
 
-    def _chunk_edges(self, layer: int, a: int, b: int) -> ChunkEdges:
+    def _chunk_edges(self, layer: int, a: int, b: int) -> tuple[ChunkEdges, Tensor | None]:
+        """The chunk's in-edges (``chunk_edges_of``) and, for an edge-aware model, their features."""
         def block_generator(block: int) -> torch.Generator:
             return self._generator(layer, block)
-        return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator)
+        if self.edge_attr is None:
+            return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator), None
+        row_pos, edge_idx, edge_type = chunk_edge_ids(self.csr, a, b, self._fanout(layer), block_generator)
+        return ((row_pos, self.csr.indices.index_select(0, edge_idx), edge_type),
+                self.edge_attr.index_select(0, edge_idx))
 
     def run(self, open_features: Callable[[], DistFeatures], keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
         """The logits of every own node [n_p, C]. ``open_features()``: the feature rows of any gid (the rank's
@@ -231,10 +240,10 @@ class Inference:
         rows = halo.n if last else halo.rows
         out: Tensor | None = None
         for a, b in self.chunks:
-            row_pos, nbr_gid, edge_type = self._chunk_edges(layer, a, b)
+            (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
             edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
             graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a, edge_type=edge_type,
-                               num_edge_types=self.csr.num_edge_types)
+                               num_edge_types=self.csr.num_edge_types, edge_attr=edge_attr)
             block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, matrix, block, last)
             if out is None:
@@ -266,13 +275,14 @@ class Inference:
         out: Tensor | None = None
         for c in range(self.num_chunks):
             a, b = self._chunk(c)
-            row_pos, nbr_gid, edge_type = self._chunk_edges(layer, a, b)
+            (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
             n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
             rows = source.decode(source.fetch_rows(n_id))                # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
             graph = BatchGraph(edge_index, n_id.numel(), b - a, deg, edge_type=edge_type,
                                num_edge_types=self.csr.num_edge_types,
-                               node_type=None if self.node_type_of is None else self.node_type_of(n_id))
+                               node_type=None if self.node_type_of is None else self.node_type_of(n_id),
+                               edge_attr=edge_attr)
             block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, rows, block, last)
             if out is None:
@@ -294,6 +304,8 @@ class Inference:
         model: Any = self.model
         fanouts = [-1] * self.num_layers if self.fanouts is None else list(self.fanouts)
         sampler = DistNeighborSampler(self.csr, self.bounds, fanouts, generator=self._generator(0))
+        if self.edge_attr is not None:   # batches carry the edges' features, as in training
+            sampler.with_edges, sampler.edge_attr = True, self.edge_attr
         attach = needs_degrees(model)
         convs = getattr(model, "convs", None)
         hooked = [layer for layer in keep if isinstance(convs, torch.nn.ModuleList) and layer + 1 < len(convs)]

@@ -23,7 +23,7 @@ from stages.meter import measure
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.model import needs_degrees
-from stages.train.plugins import make_model
+from stages.train.plugins import edge_dim_for, make_model, resolve_model
 from stages.train.rank_data import degree_path
 from stages.train.spec import check_world_size
 from stages.train.typed_data import typed_in_channels
@@ -51,11 +51,19 @@ def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArt
         features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
     model = make_model(params.model, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
                        out_channels=params.hidden if link else features.num_classes, num_layers=params.num_layers,
-                       dropout=params.dropout, heads=params.gat_heads, schema=partition.schema)
+                       dropout=params.dropout, heads=params.gat_heads, schema=partition.schema,
+                       edge_dim=model_edge_dim(partition, train))
     state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
                                                  map_location="cpu", weights_only=True))
     model.load_state_dict(submodule_state(state, ENCODER) if link else state)
     return model.eval(), tables
+
+
+def model_edge_dim(partition: PartitionArtifact, train: Manifest) -> int:
+    """The edge feature width the trained model takes (0: none), decided as the trainer decided it."""
+    params = train_params(train)
+    return edge_dim_for(resolve_model(params.model, typed=not partition.schema.is_homogeneous),
+                        partition.num_edge_features, params.edge_features)
 
 
 def hidden_layers_to_keep(num_layers: int, which: str) -> list[int]:
@@ -104,8 +112,9 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         del model, tables   # the run holds what it needs (a typed model's tables only until layer 0 is encoded)
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
+        edge_attr = torch.from_numpy(partition.edge_attr(rank)).float() if model_edge_dim(partition, trained) else None
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
-                           params.seed, node_type_of=node_type_of(partition))
+                           params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr)
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:

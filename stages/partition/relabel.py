@@ -98,6 +98,24 @@ def build_part_csr(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook,
     return PartCSR(part=p, start_gid=start_gid, indptr=part_indptr, indices=nbr_gid_out, num_edge_types=r)
 
 
+def part_edge_orig_pos(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, part: PartCSR) -> np.ndarray:
+    """int64 [e_p]: for each edge of ``part`` (``build_part_csr``'s output, in its order) its position in the orig
+    CSR ``indices``, so that ``edge_attr[orig_epos]`` lays the graph's edge attributes out like the part.
+
+    A part's row is its orig row re-sorted by gid: the orig positions of its rows, stably sorted by (row, neighbour
+    gid). One sort of the part's edges (rows are distinct neighbours, so the order is unique), paid only by graphs
+    with edge features; checked against the part's ``indices``, the one truth of the order."""
+    r = part.num_edge_types
+    lo, hi = part.start_gid, part.start_gid + part.num_nodes
+    _, orig_epos = gather_positions(indptr, _orig_rows(book.orig_of_gid[lo:hi], r))
+    rows = chunk_rows(part.indptr, 0, part.indptr.shape[0] - 1)
+    nbr_gid = book.gid_of_orig[indices[orig_epos]]
+    orig_epos = orig_epos[np.lexsort((nbr_gid, rows))]
+    if not np.array_equal(book.gid_of_orig[indices[orig_epos]], part.indices):
+        raise ValueError(f"part {part.part}'s CSR does not list its rows' edges sorted by gid")
+    return orig_epos
+
+
 def _orig_rows(orig_of_lid: np.ndarray, num_edge_types: int) -> np.ndarray:
     """The orig CSR rows of some nodes' (node, edge type) rows, in (node, edge type) order."""
     if num_edge_types == 1:

@@ -84,20 +84,24 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 def _write_parts(writer: StageWriter, graph: Graph, book: PartitionBook, progress: bool) -> dict[str, Any]:
     """Write every ``part-<p>.zarr``; returns the link prediction figures for the summary (none without edge
     splits, so a node graph's summary is as before)."""
-    from stages.partition.relabel import build_part_csr, part_edge_split_negatives, part_edge_splits
+    from stages.partition.relabel import build_part_csr, part_edge_orig_pos, part_edge_split_negatives, part_edge_splits
 
     link_sizes, neg_shapes = [], []
     for p in tqdm(range(book.num_partitions), desc="partition: write parts", disable=not progress, leave=False):
         splits = part_edge_splits(graph.edge_splits, book, p) if graph.edge_splits else None
         negatives = part_edge_split_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval, book,
                                               p) if graph.edge_split_negatives else None
-        write_part(writer, build_part_csr(graph.indptr, graph.indices, book, p, graph.schema.num_edge_types),
-                   edge_splits=splits, edge_split_negatives=negatives)
+        csr = build_part_csr(graph.indptr, graph.indices, book, p, graph.schema.num_edge_types)
+        edge_attr = None if graph.edge_attr is None else \
+            graph.edge_attr[part_edge_orig_pos(graph.indptr, graph.indices, book, csr)]
+        write_part(writer, csr, edge_splits=splits, edge_split_negatives=negatives, edge_attr=edge_attr)
         link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
         neg_shapes.append({k: list(v.shape) for k, v in (negatives or {}).items()})
     stats: dict[str, Any] = {}
     if graph.edge_splits:   # link prediction: each part's seed edges (those whose dst it owns)
         stats["link_edge_type"], stats["edge_split_sizes"] = graph.link_edge_type, link_sizes
+    if graph.edge_attr is not None:   # in the summary only then: node graphs' summaries as before
+        stats["num_edge_features"] = graph.num_edge_features
     if graph.edge_split_negatives:   # OGB's fixed evaluation negatives, with their dst owners
         stats["link_eval"], stats["edge_split_neg_shapes"] = graph.link_eval, neg_shapes
     return stats

@@ -9,12 +9,20 @@ each rank routes its frontier gids to their owners and gets back sampled neighbo
        owner: sample_typed(own csr, gid - start_gid)   (every edge type into the target)
     3. all_to_all_single  neighbour counts    owner -> requester   (one per target)
     4. all_to_all_single  neighbour codes     owner -> requester   (variable splits)
+    5. all_to_all_single  edge egids          owner -> requester   (only with ``with_edges``: the same splits)
+    6. all_to_all_single  edge feature rows   owner -> requester   (only with ``with_edges`` and ``edge_attr``)
+
+The owner of a sampled edge is the owner of its target (it stores the target's in-edges), which is the rank that
+sampled it: its features ride along with the answer (6.) instead of a second round trip of egids to their owners
+(a ``DistFeatures`` gather by ``e_id``: 3 more collectives, the ids sent back where they came from). Measured on a
+300 k-node graph (benchmarks/RESULTS.md, "Carrying edges"), that gather doubled the sampler's CPU time a batch.
 
 A neighbour's code is ``nbr_gid * R + edge_type`` (R edge types; with R = 1 the gid itself): a typed graph keeps
 these 4 collectives per hop instead of one set per edge type (28 per hop on ogbn-mag with its reverses).
 
-Every rank issues exactly these 4 collectives per hop, also with an empty frontier or an empty batch: collectives
-match by call order, so a rank that skipped one would hang the others (lockstep). Exchanges run on the CSR's
+Every rank issues exactly these collectives per hop (4, or 5-6 on every rank when the run needs edges), also with
+an empty frontier or an empty batch: collectives match by call order, so a rank that skipped one would hang the
+others (lockstep). Exchanges run on the CSR's
 device for nccl (CUDA) and on the CPU for gloo. Each owner draws from its own generator (seed it with
 ``seed + rank``): a run is reproducible for a fixed world size, seeds and ranks' call order.
 """
@@ -31,7 +39,7 @@ from torch import Tensor
 
 from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
 from stages.runtime.fanouts import Fanout
-from stages.runtime.sampler import LocalCSR, MultiHopSampler, repeat_positions, sample_typed, shuffled
+from stages.runtime.sampler import HopEdges, LocalCSR, MultiHopSampler, repeat_positions, sample_typed_edges, shuffled
 
 
 def _split_totals(count: Tensor, split: list[int]) -> list[int]:
@@ -52,7 +60,9 @@ class DistNeighborSampler(MultiHopSampler):
 
     def __init__(self, csr_local: LocalCSR, bounds: Tensor | np.ndarray | list[int], fanouts: Iterable[Fanout], *,
                  replace: bool = False, generator: torch.Generator | None = None,
-                 group: dist.ProcessGroup | None = None, node_map: str = "auto") -> None:
+                 group: dist.ProcessGroup | None = None, node_map: str = "auto",
+                 num_edges: int | None = None) -> None:
+        """``num_edges``: the whole graph's edge count, when known: egids then travel as int32 if they fit."""
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -72,8 +82,9 @@ class DistNeighborSampler(MultiHopSampler):
         self.num_edge_types = csr_local.num_edge_types
         # counts and codes travel as int32 when every code fits (N * R < 2^31): half the bytes of int64
         self._wire_dtype = torch.int32 if self.num_nodes * self.num_edge_types < 2**31 else torch.long
+        self._egid_wire_dtype = torch.int32 if num_edges is not None and num_edges < 2**31 else torch.long
 
-    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
         world = self.world_size
 
         def exchange(send: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
@@ -88,17 +99,26 @@ class DistNeighborSampler(MultiHopSampler):
         req_split, got_split = req_count.tolist(), got_count.tolist()
         got_gid = exchange(req_gid, req_split, got_split)
         # owner side: neighbours grouped by target, targets grouped by requesting rank
-        nbr_count, _, nbr_gid, nbr_type = sample_typed(self.csr, got_gid - self.csr.start_gid, fanout,
-                                                       replace=self.replace, generator=self.generator)
+        nbr_count, _, edge_idx, nbr_type = sample_typed_edges(self.csr, got_gid - self.csr.start_gid, fanout,
+                                                              replace=self.replace, generator=self.generator)
+        nbr_gid = self.csr.indices.index_select(0, edge_idx)
         nbr_code = nbr_gid if nbr_type is None else nbr_gid * self.num_edge_types + nbr_type
         # 3. neighbour counts per target, 4. neighbour codes (owner -> requester), in request order
         ans_count = exchange(nbr_count, got_split, req_split)
-        ans_code = exchange(nbr_code, _split_totals(nbr_count, got_split), _split_totals(ans_count, req_split))
+        send_split, recv_split = _split_totals(nbr_count, got_split), _split_totals(ans_count, req_split)
+        ans_code = exchange(nbr_code, send_split, recv_split)
         ans_row_pos = req_row_pos.index_select(0, repeat_positions(ans_count, ans_code.numel()))
+        ans_egid = ans_attr = None
+        if self.with_edges:   # 5. the edges' egids, 6. their feature rows, in the codes' order (owner -> requester)
+            ans_egid = all_to_all(edge_idx + self.csr.start_egid, send_split, recv_split, self.group,
+                                  self._comm_device, self._egid_wire_dtype)
+            if self.edge_attr is not None:
+                ans_attr = all_to_all(self.edge_attr.index_select(0, edge_idx), send_split, recv_split, self.group,
+                                      self._comm_device)
         if nbr_type is None:
-            return ans_row_pos, ans_code, None
-        return (ans_row_pos, torch.div(ans_code, self.num_edge_types, rounding_mode="floor"),
-                torch.remainder(ans_code, self.num_edge_types))
+            return HopEdges(ans_row_pos, ans_code, None, ans_egid, ans_attr)
+        return HopEdges(ans_row_pos, torch.div(ans_code, self.num_edge_types, rounding_mode="floor"),
+                        torch.remainder(ans_code, self.num_edge_types), ans_egid, ans_attr)
 
 
 def proportional_share(total: int, mine: int, everyone: int) -> int:

@@ -1,8 +1,10 @@
 """Uniform neighbour sampling over a CSR of incoming edges, with torch tensor ops only (same code on CPU and CUDA).
 
 ID spaces: ``gid`` global; ``lid = gid - csr.start_gid`` local to the CSR's partition; ``*_pos`` positions in a
-batch's ``n_id`` (``row_pos``: in the target array handed to ``sample_neighbors``). Not node ids: ``edge_idx``
-indexes the CSR's ``indices``, ``row_start = indptr[lid]``.
+batch's ``n_id`` (``row_pos``: in the target array handed to ``sample_neighbors``). Not node ids: ``edge_idx`` (an
+edge's **elid**) indexes the CSR's ``indices``, ``row_start = indptr[lid]``; ``egid = csr.start_egid + elid`` is
+the edge's global id (``storage.partition``), which batches carry as ``e_id`` when the sampler's ``with_edges``
+(and the edges' features as ``edge_attr`` when it holds its edges' rows, ``edge_attr``).
 
 Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanout ``k``:
 
@@ -28,58 +30,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
-from storage.partition import PartCSR
+from stages.runtime.weighted import sample_weighted_edges
 
-__all__ = ["LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
-           "sample_neighbors", "sample_neighbors_with_counts", "sample_typed", "shuffled", "stable_order"]
-
-
-@dataclass
-class LocalCSR:
-    """Incoming-edge CSR of the gids ``[start_gid, start_gid + num_nodes)`` as tensors on one device.
-
-    Rows are (node, edge type) pairs, row ``lid * R + e`` (``R = num_edge_types``, storage/graph.py):
-    ``indices[indptr[lid*R + e]:indptr[lid*R + e + 1]]`` are the gids of the sources of the type-e edges into
-    ``start_gid + lid``. With R = 1 a row is a node.
-    """
-
-    start_gid: int
-    indptr: Tensor   # int64 [num_nodes * R + 1], over (lid, edge type) rows
-    indices: Tensor  # int64 [num_edges], gids
-    num_edge_types: int = 1
-
-    @classmethod
-    def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
-                   device: torch.device | str = "cpu", num_edge_types: int = 1) -> LocalCSR:
-        # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
-        if (indptr.shape[0] - 1) % num_edge_types:
-            raise ValueError(f"{indptr.shape[0] - 1} CSR rows are not a whole number of nodes of "
-                             f"{num_edge_types} edge types")
-        return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
-                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device), int(num_edge_types))
-
-    @classmethod
-    def from_part(cls, part: PartCSR, device: torch.device | str = "cpu") -> LocalCSR:
-        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1) // self.num_edge_types
-
-    @property
-    def end_gid(self) -> int:
-        return self.start_gid + self.num_nodes
-
-    @property
-    def device(self) -> torch.device:
-        return self.indptr.device
+__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
+           "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts", "sample_typed",
+           "sample_typed_edges", "shuffled", "stable_order"]
 
 
 def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
@@ -121,9 +83,22 @@ def sample_neighbors(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, re
 def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
                                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``sample_neighbors`` plus ``count`` (neighbours per target), which the kernel has anyway."""
+    count, row_pos, edge_idx = sample_edges_with_counts(csr_local, target_lid, fanout, replace=replace,
+                                                        generator=generator)
+    return count, row_pos, csr_local.indices.index_select(0, edge_idx)
+
+
+def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
+                             generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel (module docstring): ``(count, row_pos, edge_idx)``, the sampled edges' elids in place of their
+    neighbours (``indices[edge_idx]``), the same draws. A CSR with ``edge_weight`` draws in proportion to it
+    (``stages.runtime.weighted``) instead."""
     check_fanout(fanout)
     device = csr_local.device
     target_lid = target_lid.to(device=device, dtype=torch.long)
+    if csr_local.edge_weight is not None and csr_local.weight_sum is not None:
+        return sample_weighted_edges(csr_local.indptr, csr_local.edge_weight, csr_local.weight_sum, target_lid,
+                                     fanout, replace=replace, generator=generator)
     # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
     row_start = csr_local.indptr.index_select(0, target_lid)
     deg = csr_local.indptr.index_select(0, target_lid + 1) - row_start
@@ -138,7 +113,7 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
         row_pos = repeat_positions(count, total)
         offset = _uniform_below(deg.index_select(0, row_pos),
                                 torch.rand(total, dtype=torch.float64, device=device, generator=generator))
-        return count, row_pos, csr_local.indices.index_select(0, row_start.index_select(0, row_pos) + offset)
+        return count, row_pos, row_start.index_select(0, row_pos) + offset
     row_pos, edge_idx = _expand_rows(count, row_start, total)
     if fanout != -1:
         big_row_pos = torch.nonzero(deg > fanout).squeeze(1)
@@ -147,43 +122,53 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
             out_ptr = torch.cumsum(count, 0) - count             # each row's first output slot
             slot_pos = out_ptr.index_select(0, big_row_pos) + torch.arange(fanout, device=device).unsqueeze(1)
             edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
-    return count, row_pos, csr_local.indices.index_select(0, edge_idx)
+    return count, row_pos, edge_idx
 
 
 def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, replace: bool = False,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``sample_typed_edges`` with each sampled edge's source gid in place of its elid: ``(count, row_pos, nbr_gid,
+    edge_type)``."""
+    count, row_pos, edge_idx, edge_type = sample_typed_edges(csr_local, target_lid, fanout, replace=replace,
+                                                             generator=generator)
+    return count, row_pos, csr_local.indices.index_select(0, edge_idx), edge_type
+
+
+def sample_typed_edges(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, replace: bool = False,
+                       generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``sample_neighbors_with_counts`` per (target, edge type) row: up to ``fanout`` in-neighbours of each type
     (``fanout`` one count per edge type: each type its own, 0 = none).
 
-    Returns ``(count, row_pos, nbr_gid, edge_type)``: neighbours per target (all types), and per sampled edge its
-    target's position in ``target_lid``, its source gid and its edge type (``None`` when R = 1: then this is
-    ``sample_neighbors_with_counts`` itself, same draws). Edges come grouped by target, then by edge type. Rows of
-    an edge type whose dst is another node type are empty and cost one ``indptr`` lookup each.
+    Returns ``(count, row_pos, edge_idx, edge_type)``: neighbours per target (all types), and per sampled edge its
+    target's position in ``target_lid``, its elid (``indices[edge_idx]`` is its source gid) and its edge type
+    (``None`` when R = 1: then this is ``sample_edges_with_counts`` itself, same draws). Edges come grouped by
+    target, then by edge type. Rows of an edge type whose dst is another node type are empty and cost one ``indptr``
+    lookup each.
     """
     num_types = csr_local.num_edge_types
     if isinstance(fanout, tuple):
         if len(fanout) != num_types:
             raise ValueError(f"{len(fanout)} fanouts for a graph of {num_types} edge types")
         if len(set(fanout)) > 1 or fanout[0] == 0:
-            count, row_pos, nbr_gid, edge_type = _sample_per_edge_type(csr_local, target_lid, fanout, replace,
-                                                                       generator)
-            return count, row_pos, nbr_gid, edge_type if num_types > 1 else None   # R = 1: no types, as below
+            count, row_pos, edge_idx, edge_type = _sample_per_edge_type(csr_local, target_lid, fanout, replace,
+                                                                        generator)
+            return count, row_pos, edge_idx, edge_type if num_types > 1 else None   # R = 1: no types, as below
         fanout = fanout[0]   # one count for every type: the draws of the scalar fanout
     if num_types == 1:
-        count, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid, fanout, replace=replace,
-                                                               generator=generator)
-        return count, row_pos, nbr_gid, None
+        count, row_pos, edge_idx = sample_edges_with_counts(csr_local, target_lid, fanout, replace=replace,
+                                                            generator=generator)
+        return count, row_pos, edge_idx, None
     target_lid = target_lid.to(device=csr_local.device, dtype=torch.long)
     row = (target_lid.unsqueeze(1) * num_types + torch.arange(num_types, device=target_lid.device)).view(-1)
-    count, rowrow_pos, nbr_gid = sample_neighbors_with_counts(csr_local, row, fanout, replace=replace,
-                                                              generator=generator)
-    return (count.view(-1, num_types).sum(1), torch.div(rowrow_pos, num_types, rounding_mode="floor"), nbr_gid,
+    count, rowrow_pos, edge_idx = sample_edges_with_counts(csr_local, row, fanout, replace=replace,
+                                                           generator=generator)
+    return (count.view(-1, num_types).sum(1), torch.div(rowrow_pos, num_types, rounding_mode="floor"), edge_idx,
             torch.remainder(rowrow_pos, num_types))
 
 
 def _sample_per_edge_type(csr_local: LocalCSR, target_lid: Tensor, fanout: tuple[int, ...], replace: bool,
                           generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``sample_typed`` with a count per edge type: the (target, e) rows of each type e with its own count, the
+    """``sample_typed_edges`` with a count per edge type: the (target, e) rows of each type e with its own count, the
     results merged into target-then-type order (one stable sort of the hop's edges by ``target * R + e``)."""
     num_types = csr_local.num_edge_types
     target_lid = target_lid.to(device=csr_local.device, dtype=torch.long)
@@ -192,11 +177,11 @@ def _sample_per_edge_type(csr_local: LocalCSR, target_lid: Tensor, fanout: tuple
     for e, f in enumerate(fanout):
         if f == 0:
             continue
-        c, row_pos, nbr_gid = sample_neighbors_with_counts(csr_local, target_lid * num_types + e, f,
-                                                           replace=replace, generator=generator)
+        c, row_pos, edge_idx = sample_edges_with_counts(csr_local, target_lid * num_types + e, f,
+                                                        replace=replace, generator=generator)
         count += c
         keys.append(row_pos * num_types + e)
-        nbrs.append(nbr_gid)
+        nbrs.append(edge_idx)
     if not keys:
         empty = target_lid.new_empty(0)
         return count, empty, empty, empty
@@ -251,8 +236,27 @@ def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, 
     return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
 
 
+@dataclass
+class HopEdges:
+    """One hop's sampled edges: ``nbr_gid[i] -> frontier[row_pos[i]]``, with their edge types (``None``: one edge
+    type), egids and feature rows (``None`` unless the sampler's ``with_edges`` and ``edge_attr``)."""
+
+    row_pos: Tensor
+    nbr_gid: Tensor
+    edge_type: Tensor | None = None
+    egid: Tensor | None = None
+    edge_attr: Tensor | None = None
+
+
 class MultiHopSampler(ABC):
-    """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled."""
+    """Hop loop shared by the single and distributed samplers; subclasses say how one hop is sampled.
+
+    ``with_edges``: batches also carry ``e_id`` (the sampled edges' egids, aligned with ``edge_index``), and with
+    ``edge_attr`` (float [e_p, D]: the features of the CSR's own edges, by elid) their features as ``edge_attr``;
+    off by default, and then no edge id or row is computed or exchanged."""
+
+    with_edges: bool = False
+    edge_attr: Tensor | None = None
 
     def __init__(self, num_nodes: int, fanouts: Iterable[Fanout], device: torch.device, *, replace: bool,
                  generator: torch.Generator | None, node_map: str) -> None:
@@ -264,9 +268,9 @@ class MultiHopSampler(ABC):
         self._node_map: NodeMap = make_node_map(self.num_nodes, self.device, node_map)
 
     @abstractmethod
-    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(row_pos, nbr_gid, edge_type)`` for the frontier, ``row_pos`` indexing ``frontier_gid``;
-        ``edge_type`` is ``None`` on a graph of one edge type."""
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
+        """The frontier's sampled edges, ``row_pos`` indexing ``frontier_gid``; ``edge_type`` is ``None`` on a graph
+        of one edge type, ``egid`` unless ``with_edges``."""
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch.
@@ -275,7 +279,9 @@ class MultiHopSampler(ABC):
         batch-local positions (row 0 = source/neighbour, row 1 = target), ``batch_size``, ``num_sampled_nodes``
         ([batch_size, new nodes of hop 1, ...]) and ``num_sampled_edges`` (per hop), ``num_nodes``; on a graph
         of several edge types also ``edge_type`` [E] (int64, the schema's edge type ids), as PyG's
-        ``to_homogeneous`` lays a typed graph out (``stages.runtime.typed_batch`` makes a ``HeteroData`` of it).
+        ``to_homogeneous`` lays a typed graph out (``stages.runtime.typed_batch`` makes a ``HeteroData`` of it);
+        with ``with_edges`` also ``e_id`` [E] (int64 egids, aligned with ``edge_index``) and, when the sampler holds
+        ``edge_attr``, ``edge_attr`` [E, D] (the sampled edges' rows).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
         if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
@@ -284,15 +290,20 @@ class MultiHopSampler(ABC):
         nodes = self._node_map
         nodes.start(seed_gid)
         batch_size = seed_gid.numel()
-        n_id_parts, hop_edges, hop_types = [seed_gid], [], []
+        n_id_parts, hop_edges, hop_types, hop_egids, hop_attrs = [seed_gid], [], [], [], []
         num_sampled_nodes, num_sampled_edges = [batch_size], []
         frontier_gid, frontier_start_pos = seed_gid, 0
         # every hop runs even when the frontier is empty: the distributed subclass must stay in lockstep
         for fanout in self.fanouts:
-            row_pos, nbr_gid, edge_type = self._sample_hop(frontier_gid, fanout)
+            hop = self._sample_hop(frontier_gid, fanout)
+            row_pos, nbr_gid = hop.row_pos, hop.nbr_gid
             nbr_pos, new_gid = nodes.add(nbr_gid)
-            if edge_type is not None:
-                hop_types.append(edge_type)
+            if hop.edge_type is not None:
+                hop_types.append(hop.edge_type)
+            if hop.egid is not None:
+                hop_egids.append(hop.egid)
+            if hop.edge_attr is not None:
+                hop_attrs.append(hop.edge_attr)
             hop_edges.append((nbr_pos, row_pos, frontier_start_pos))   # the frontier is a contiguous run of n_id
             n_id_parts.append(new_gid)
             num_sampled_edges.append(int(nbr_gid.numel()))
@@ -313,6 +324,10 @@ class MultiHopSampler(ABC):
                      num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges)
         if hop_types:
             batch.edge_type = torch.cat(hop_types)
+        if self.with_edges:
+            batch.e_id = torch.cat(hop_egids).to(torch.long) if hop_egids else edge_index.new_empty(0)
+            if self.edge_attr is not None:
+                batch.edge_attr = torch.cat(hop_attrs)
         return batch
 
     __call__ = sample
@@ -334,10 +349,13 @@ class NeighborSampler(MultiHopSampler):
                          node_map=node_map)
         self.csr = csr
 
-    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> tuple[Tensor, Tensor, Tensor | None]:
-        _, row_pos, nbr_gid, edge_type = sample_typed(self.csr, frontier_gid - self.csr.start_gid, fanout,
-                                                      replace=self.replace, generator=self.generator)
-        return row_pos, nbr_gid, edge_type
+    def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
+        _, row_pos, edge_idx, edge_type = sample_typed_edges(self.csr, frontier_gid - self.csr.start_gid, fanout,
+                                                             replace=self.replace, generator=self.generator)
+        with_attr = self.with_edges and self.edge_attr is not None
+        return HopEdges(row_pos, self.csr.indices.index_select(0, edge_idx), edge_type,
+                        edge_idx + self.csr.start_egid if self.with_edges else None,
+                        self.edge_attr.index_select(0, edge_idx) if with_attr and self.edge_attr is not None else None)
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

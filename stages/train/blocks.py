@@ -125,7 +125,7 @@ class BatchGraph:
 
     def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None,
                  dst_start: int = 0, edge_type: Tensor | None = None, num_edge_types: int = 1,
-                 node_type: Tensor | None = None) -> None:
+                 node_type: Tensor | None = None, edge_attr: Tensor | None = None) -> None:
         src_pos, dst_pos = edge_index[0], edge_index[1]
         # the single-partition sampler emits edges grouped by target; the distributed one groups each hop's
         # answers by owner rank, so its targets need a (stable) sort; typed edges are sorted by (target, edge
@@ -142,6 +142,9 @@ class BatchGraph:
         self.dst_start = dst_start
         self.edge_index, self.edge_type, self.num_edge_types = edge_index, edge_type, num_edge_types
         self.node_type = node_type   # a typed graph's node type of each source position (HGT's per-type maps)
+        # [E, D] aligned with ``edge_index`` (the batch's order, not the CSR's sorted one): what PyG's edge-aware
+        # convs take beside ``edge_index``; a CSR consumer would permute it by the sort above
+        self.edge_attr = edge_attr
         self._key_pos = key_pos
 
     @cached_property
@@ -243,6 +246,11 @@ class Block:
         return SparseAdj(crow[:rows + 1], g.col[:self.num_edges], values[:self.num_edges], self.num_src, rows)
 
     @property
+    def edge_attr(self) -> Tensor | None:
+        """``[num_edges, D]`` features of the ``edge_index`` columns, when the batch carries them."""
+        return None if self.graph.edge_attr is None else self.graph.edge_attr[:self.num_edges]
+
+    @property
     def edge_type(self) -> Tensor | None:
         """The edge type of each ``edge_index`` column (typed batches)."""
         return None if self.graph.edge_type is None else self.graph.edge_type[:self.num_edges]
@@ -273,10 +281,12 @@ def make_blocks(batch: Data, num_layers: int) -> list[Block]:
     edges = [0, *itertools.accumulate(batch.num_sampled_edges)]
     deg = getattr(batch, "deg", None)
     edge_type = getattr(batch, "edge_type", None)
+    edge_attr = getattr(batch, "edge_attr", None)
     graph = BatchGraph(batch.edge_index[:, :edges[num_layers]], nodes[num_layers + 1], nodes[num_layers], deg,
                        edge_type=None if edge_type is None else edge_type[:edges[num_layers]],
                        num_edge_types=int(getattr(batch, "num_relations", 1)),
-                       node_type=getattr(batch, "node_type", None))
+                       node_type=getattr(batch, "node_type", None),
+                       edge_attr=None if edge_attr is None else edge_attr[:edges[num_layers]])
     blocks = []
     for layer in range(num_layers):
         k = num_layers - layer                      # this layer's messages come from within k hops

@@ -42,11 +42,17 @@ class NodeLoader:
         # the batches' collectives (sampling, the epoch's batch count) on the data's group: a prefetching
         # producer's own (``stages.train.prefetch``)
         self.group = data.group
-        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group)
+        num_edges = None if data.edge_bounds is None else int(data.edge_bounds[-1])
+        self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group,
+                                           num_edges=num_edges)
+        self.edges = data.edges
         self.degrees = data.degrees
         # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
         # as the attachment is a collective
         self.attach_degrees = False
+        # set when the model takes edge features (``stages.train.plugins.edge_dim_for``): batches then carry
+        # ``e_id`` and ``edge_attr``; the same on every rank (two more exchanges a hop in the sampler)
+        self.attach_edges = False
         self.features = data.features                        # rows in the store's dtype, on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
         self.epoch_items = epoch_items
@@ -56,8 +62,14 @@ class NodeLoader:
 
     def sample(self, seed_gid: Tensor) -> Data:
         """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
-        ``batch.deg`` when ``attach_degrees``; a typed graph's with its node and edge types (``set_types``;
-        ``edge_type`` per edge comes from the sampler). A collective."""
+        ``batch.deg`` when ``attach_degrees``, ``batch.e_id`` and ``batch.edge_attr`` when ``attach_edges``; a typed
+        graph's with its node and edge types (``set_types``; ``edge_type`` per edge comes from the sampler). A
+        collective."""
+        if self.attach_edges and self.sampler.edge_attr is None:
+            if self.edges is None:
+                raise ValueError("this rank's graph has no edge features (RankData.edges)")
+            self.sampler.edge_attr = self.edges.own_attr.to(self.sampler.device)   # they ride with the answers
+        self.sampler.with_edges = self.attach_edges
         batch = self.sampler.sample(seed_gid)
         if isinstance(self.features, TypedRows):
             set_types(batch, self.features.index.locate(batch.n_id)[0], self.sampler.num_edge_types)

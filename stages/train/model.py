@@ -9,7 +9,9 @@ with the block protocol:
   and returns the rows of the last block's targets, the seeds. Layer l computes only the nodes the next layer
   needs (docs/design.md §5). A module with ``needs_degrees`` true gets ``batch.deg`` (true in-degree + 1 of every
   ``n_id`` position, attached by the loader) through ``Block.deg``.
-- any other ``nn.Module`` is called as a plain PyG model, ``model(x, edge_index)`` on the whole sampled batch.
+- any other ``nn.Module`` is called as a plain PyG model, ``model(x, edge_index)`` on the whole sampled batch, or
+  ``model(x, edge_index, edge_attr=...)`` when the batch carries edge features (an edge-aware model,
+  ``stages.train.plugins.edge_dim_for``).
 
 GCN in blocks (``BlockGCN``) normalises with the true graph degrees when the batch carries them: with fanout -1 it
 is GCN on the whole graph; with sampling each row is an unbiased estimate of the full-neighbourhood sum, each
@@ -129,7 +131,19 @@ class BlockGAT(_BlockForward, GAT):
     source i to target i for i < min(num_src, num_dst): here targets are a prefix of the sources, so that is each
     target's own loop, as on the whole batch (``tests/test_blocks.py`` checks outputs and gradients). The layer
     transforms the target rows twice (as sources and as targets), +25 % of layer 0's GEMM rows on a products batch.
+
+    Built with ``edge_dim`` (a graph with edge features) its convs score attention with the edges' features too
+    (``Block.edge_attr``); the added self loop gets the mean of its target's in-edges' features (GATConv's
+    ``fill_value``), which a block has in full, so the block step still equals the whole batch's.
     """
+
+    def block_step(self, conv: Any, h: Tensor, block: Block, scale: float) -> Tensor:
+        if block.edge_attr is None:
+            return super().block_step(conv, h, block, scale)
+        if scale != 1.0:
+            h = h * scale
+        return conv((h[:block.num_src], block.dst_rows(h)), block.edge_index, edge_attr=block.edge_attr,
+                    size=block.size)
 
 
 def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
@@ -195,6 +209,8 @@ def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Da
         elif getattr(_unwrapped(model), "needs_node_types", False):   # a typed body (inference's whole-model path)
             out = model(x, batch.edge_index, getattr(batch, "edge_type", None),
                         node_type=batch.node_type)[:batch.batch_size]
+        elif getattr(batch, "edge_attr", None) is not None:   # an edge-aware model (plugins.edge_dim_for)
+            out = model(x, batch.edge_index, edge_attr=batch.edge_attr)[:batch.batch_size]
         else:
             out = model(x, batch.edge_index)[:batch.batch_size]
     return out.float() if precision == "bfloat16" else out

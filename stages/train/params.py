@@ -91,6 +91,12 @@ class Params(StageParams):
     precision: Precision = Field("float32", description="the model's matrix products: bfloat16 autocasts them "
                                                         "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
                                                         "accuracy on the default graph); weights stay float32")
+    edge_features: bool = Field(True, description="use the graph's edge features when it has them and the model "
+                                                   "takes them (gat, or a plug-in factory with an edge_dim "
+                                                   "parameter); false: ignore them")
+    edge_weight: int | None = Field(None, ge=0, description="sample in-neighbours with probability proportional to "
+                                    "this column of the graph's edge features (values >= 0; an edge of weight 0 is "
+                                    "never sampled); null: uniformly")
     gat_heads: int = Field(4, ge=1, description="attention heads of gat, rgat and hgt (hidden must be a "
                                                    "multiple)")
     seed: Seed = Field(0, description="weights, shuffling, sampling and dropout streams")
@@ -150,6 +156,9 @@ class Params(StageParams):
         if self.lr_schedule != "step":
             del out["lr_step_epochs"], out["lr_gamma"]
         out["loss"] = self.resolved_loss   # auto and its built-in are one artifact (node keys as before auto)
+        for field, default in (("edge_features", True), ("edge_weight", None)):
+            if out[field] == default:   # keys as before edge features existed
+                del out[field]
         if self.task == "node":   # the link settings do not touch a node model (and node keys stay as they were)
             for field in LINK_FIELDS:
                 del out[field]

@@ -99,15 +99,33 @@ def resolve_model(ref: str, typed: bool) -> str:
     return "rgcn" if typed else "sage"
 
 
+EDGE_AWARE_BUILTINS = ("gat",)   # built-ins that take edge features (GATConv's edge_dim: in the attention scores)
+
+
+def edge_dim_for(ref: str, num_edge_features: int, enabled: bool = True) -> int:
+    """The edge feature width model ``ref`` (resolved) gets, 0 for none: the graph's D when ``enabled`` and the model
+    takes edge features: gat, or a plug-in factory that declares an ``edge_dim`` parameter; other built-ins ignore
+    them. A model with edge_dim > 0 runs on batches that carry ``edge_attr``."""
+    if not enabled or not num_edge_features:
+        return 0
+    if ref in MODELS:
+        return num_edge_features if ref in EDGE_AWARE_BUILTINS else 0
+    return num_edge_features if takes_parameter(load(ref, "model"), "edge_dim") else 0
+
+
 def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | Mapping[str, int | None],
                hidden: int, out_channels: int, num_layers: int, dropout: float, heads: int,
-               schema: GraphSchema | None = None) -> torch.nn.Module:
+               schema: GraphSchema | None = None, edge_dim: int = 0) -> torch.nn.Module:
     """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``.
 
     On a typed graph ``in_channels`` maps each node type to its feature width (None: a learnt embedding): the model
     is ``stages.train.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
     built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get the graph's ``schema``; a plug-in
-    that declares ``metadata`` gets PyG's ``(node types, edge types)`` and runs on per-type dicts, ``HeteroBody``)."""
+    that declares ``metadata`` gets PyG's ``(node types, edge types)`` and runs on per-type dicts, ``HeteroBody``).
+
+    ``edge_dim`` (``edge_dim_for``): gat gets it (when > 0); a plug-in that declares ``edge_dim`` always does (0: no
+    edge features, then it is called without ``edge_attr``), and is called ``model(x, edge_index,
+    edge_attr=...)`` on batches that carry them."""
     import torch
 
     from stages.train.model import build_model
@@ -118,10 +136,13 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
                              "out_channels": out_channels, "num_layers": num_layers, "dropout": dropout}
     typed_plugin = False
     if ref in MODELS:
-        model = build_model(ref, **sizes, heads=heads, schema=schema, **model_kwargs)
+        edges = {"edge_dim": edge_dim} if edge_dim else {}
+        model = build_model(ref, **sizes, heads=heads, schema=schema, **edges, **model_kwargs)
     else:
         factory = load(ref, "model")
         typed_plugin = takes_metadata(factory)
+        if takes_parameter(factory, "edge_dim"):
+            sizes["edge_dim"] = edge_dim
         if typed_plugin:
             if not typed or schema is None:
                 raise InputError(f"model {ref} takes metadata (a typed plug-in, HeteroData dicts): it needs a typed "
@@ -147,8 +168,13 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
 
 def takes_metadata(factory: Callable[..., Any]) -> bool:
     """Whether a plug-in factory declares a ``metadata`` parameter: a typed plug-in (``examples/hetero_model.py``)."""
+    return takes_parameter(factory, "metadata")
+
+
+def takes_parameter(factory: Callable[..., Any], name: str) -> bool:
+    """Whether a plug-in factory declares parameter ``name`` (``metadata``: typed; ``edge_dim``: edge-aware)."""
     try:
-        return "metadata" in inspect.signature(factory).parameters
+        return name in inspect.signature(factory).parameters
     except (TypeError, ValueError):   # no signature to read (a builtin): a plain factory
         return False
 

@@ -5,13 +5,15 @@ the device cache its cache policy picks (policy ``stages.train.cache_policy``, m
 labels and its split nodes. ``RankData.open`` is the only place a rank reads artifacts (through the typed
 handles of ``storage``; ``cache_gids`` reads the cache plan through the same handles).
 
-ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``.
+ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``; edges: ``egid``
+global, ``elid = egid - edge_bounds[rank]`` a position in this rank's CSR ``indices`` (``storage.partition``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
 from stages.train.typed_data import RowSources, open_typed_rows
-from storage import ArtifactStore
+from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.hotness import HotnessArtifact
@@ -49,6 +51,27 @@ class LinkEdges:
             return None
         return cls({s: torch.from_numpy(partition.edge_split(rank, s)).to(device) for s in SPLITS},
                    partition.schema.edge_type_id(EdgeType.from_key(key)))
+
+
+class EdgeData:
+    """A graph's edge features as a rank holds them: its own edges' rows (the edges into its nodes), read on first
+    use, so a run whose model ignores them does not hold them. A sampled edge's row travels from the rank that
+    sampled it, its owner (``stages.runtime.dist_sampler``, exchange 6)."""
+
+    def __init__(self, partition: PartitionArtifact, rank: int) -> None:
+        self.partition, self.rank = partition, rank
+        self.num_features = partition.num_edge_features
+
+    @cached_property
+    def own_attr(self) -> Tensor:
+        """float32 [e_p, D]: this rank's edges' rows, by elid (CPU). In RAM, D float32 per edge (64 MB for 2 M edges
+        of 8 features), and not cached on a device: edges rarely repeat across batches the way hub nodes do."""
+        return torch.from_numpy(self.partition.edge_attr(self.rank)).to(torch.float32)
+
+    @classmethod
+    def open(cls, partition: PartitionArtifact, rank: int) -> EdgeData | None:
+        """None when the graph has no edge features."""
+        return cls(partition, rank) if partition.num_edge_features else None
 
 
 @dataclass
@@ -74,6 +97,8 @@ class RankData:
     # the process group of the batches' collectives (sampling, rows, degrees, negatives): a prefetching producer
     # thread's own (``stages.train.prefetch``); None: the default group
     group: dist.ProcessGroup | None = None
+    edge_bounds: np.ndarray | None = None   # int64 [world + 1]: partition p owns egids [edge_bounds[p], ...[p + 1])
+    edges: EdgeData | None = None           # the graph's edge features (None: it has none)
 
     @property
     def lo(self) -> int:
@@ -99,7 +124,11 @@ class RankData:
         bounds = partition.bounds()
         check_world_size(world, int(bounds.shape[0]) - 1)
         lo = int(bounds[rank])
-        csr = LocalCSR.from_part(partition.csr(rank), device)
+        edge_bounds = partition.edge_bounds()
+        csr = LocalCSR.from_part(partition.csr(rank), device, start_egid=int(edge_bounds[rank]))
+        edges = EdgeData.open(partition, rank)
+        if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
+            csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
@@ -110,7 +139,20 @@ class RankData:
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
-                   schema=partition.schema, link=LinkEdges.open(partition, rank, device), group=group)
+                   schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
+                   edges=edges, group=group)
+
+
+def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
+    """``csr`` sampling in proportion to ``weight`` (its edges' ``edge_weight`` column; the owner of an edge samples
+    it, so no weight travels); one error line when a weight is negative or not finite."""
+    try:
+        return csr.with_edge_weight(weight)
+    except ValueError:
+        bad = int(torch.nonzero(~torch.isfinite(weight) | (weight < 0))[0, 0])
+        raise InputError(f"edge_weight={column}: edge feature column {column} holds {float(weight[bad])} (edge "
+                         f"egid {csr.start_egid + bad}); sampling weights must be finite and >= 0: pick another "
+                         f"column or fix the edge features") from None
 
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,

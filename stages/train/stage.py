@@ -64,6 +64,7 @@ class _Job:
         graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
         if self.params.task == "link" and partition_artifact.link_edge_type is None:
             raise InputError(LINK_NEEDS_SPLIT)
+        check_edge_weight(self.params.edge_weight, partition_artifact.num_edge_features)
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
         self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})
@@ -95,6 +96,17 @@ class _Job:
 
     def remove_checkpoints(self) -> None:
         _remove_checkpoints(self.ckpt_dir, self.cluster)
+
+
+def check_edge_weight(column: int | None, num_edge_features: int) -> None:
+    """``edge_weight`` must name a column of the graph's edge features (before any rank starts)."""
+    if column is None or column < num_edge_features:
+        return
+    if not num_edge_features:
+        raise InputError(f"edge_weight={column} names an edge feature column, but this graph has no edge features: "
+                         f"set edge_weight=null, or download a graph with edge features")
+    raise InputError(f"edge_weight={column} is out of range: the graph has {num_edge_features} edge feature columns "
+                     f"(0..{num_edge_features - 1})")
 
 
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,

@@ -34,7 +34,7 @@ from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
 from stages.train.params import LINK_NEEDS_SPLIT, Params
-from stages.train.plugins import make_decoder, make_loss, make_model, resolve_model
+from stages.train.plugins import edge_dim_for, make_decoder, make_loss, make_model, resolve_model
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
@@ -107,17 +107,21 @@ class Trainer:
         self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
         link = params.task == "link"   # the model's outputs are then embeddings, hidden wide, for the decoder
         self.out_channels = params.hidden if link else data.num_classes
+        # the edge features' width the model takes (0: none, and batches carry no edges)
+        self.edge_dim = edge_dim_for(self.model_kind, 0 if data.edges is None else data.edges.num_features,
+                                     params.edge_features)
         self.encoder = make_model(self.model_kind, params.model_kwargs,
                                   in_channels=data.in_channels if data.in_channels is not None else data.num_features,
                                   hidden=params.hidden, out_channels=self.out_channels,
                                   num_layers=params.num_layers, dropout=params.dropout, heads=params.gat_heads,
-                                  schema=data.schema)
+                                  schema=data.schema, edge_dim=self.edge_dim)
         self.model = (LinkModel(self.encoder, make_decoder(params.decoder, params.hidden, params.dropout),
                                 params.precision) if link else self.encoder).to(data.device)
         # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)
         self.embeddings = data.features.embeddings if isinstance(data.features, TypedRows) else {}
         self.whole_batch = not is_block_model(self.encoder)
         self.loader.attach_degrees = needs_degrees(self.encoder)   # GCN's true degrees travel with each batch
+        self.loader.attach_edges = self.edge_dim > 0               # so do the edges' ids and features then
         if self.whole_batch and self.rank == 0:
             print(f"model {self.model_kind} does not follow the block protocol (stages.train.model): each batch runs "
                   f"whole, every layer over every sampled node", flush=True)

@@ -1,0 +1,76 @@
+"""A partition's CSR of incoming edges as tensors on one device: what the samplers (``stages.runtime.sampler``,
+``stages.runtime.dist_sampler``) and layer-wise inference read.
+
+ID spaces: ``gid`` global, ``lid = gid - start_gid`` local; ``elid`` a position in ``indices``, ``egid = start_egid
++ elid`` the edge's global id (``storage.partition``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from stages.runtime.weighted import weight_running_sum
+from storage.partition import PartCSR
+
+__all__ = ["LocalCSR"]
+
+
+@dataclass
+class LocalCSR:
+    """Incoming-edge CSR of the gids ``[start_gid, start_gid + num_nodes)`` as tensors on one device.
+
+    Rows are (node, edge type) pairs, row ``lid * R + e`` (``R = num_edge_types``, storage/graph.py):
+    ``indices[indptr[lid*R + e]:indptr[lid*R + e + 1]]`` are the gids of the sources of the type-e edges into
+    ``start_gid + lid``. With R = 1 a row is a node.
+    """
+
+    start_gid: int
+    indptr: Tensor   # int64 [num_nodes * R + 1], over (lid, edge type) rows
+    indices: Tensor  # int64 [num_edges], gids
+    num_edge_types: int = 1
+    start_egid: int = 0   # the egid of elid 0: the edges of the parts before this one
+    # weighted sampling (``stages.runtime.weighted``): float [num_edges] by elid, non-negative, and its running sum;
+    # None: the uniform kernel
+    edge_weight: Tensor | None = None
+    weight_sum: Tensor | None = None
+
+    def with_edge_weight(self, edge_weight: Tensor) -> LocalCSR:
+        """This CSR sampling in-edges in proportion to ``edge_weight`` (float [num_edges] by elid, finite and
+        non-negative: ValueError otherwise)."""
+        weight = edge_weight.to(device=self.device, dtype=torch.float64)
+        if weight.shape != self.indices.shape or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
+            raise ValueError(f"edge weights must be {self.indices.numel()} finite values >= 0 (one per edge)")
+        return dataclasses.replace(self, edge_weight=weight, weight_sum=weight_running_sum(weight))
+
+    @classmethod
+    def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
+                   device: torch.device | str = "cpu", num_edge_types: int = 1, start_egid: int = 0) -> LocalCSR:
+        # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
+        if (indptr.shape[0] - 1) % num_edge_types:
+            raise ValueError(f"{indptr.shape[0] - 1} CSR rows are not a whole number of nodes of "
+                             f"{num_edge_types} edge types")
+        return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
+                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device), int(num_edge_types),
+                   int(start_egid))
+
+    @classmethod
+    def from_part(cls, part: PartCSR, device: torch.device | str = "cpu", start_egid: int = 0) -> LocalCSR:
+        """``start_egid``: ``PartitionArtifact.edge_bounds()[part.part]`` (needed for batches with ``e_id``)."""
+        return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types, start_egid)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1) // self.num_edge_types
+
+    @property
+    def end_gid(self) -> int:
+        return self.start_gid + self.num_nodes
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device

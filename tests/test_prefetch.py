@@ -163,14 +163,19 @@ LINK = {"dataset": "synthetic-link", "task": "link", "num_nodes": 2000, "avg_deg
         "num_classes": 8, "download.seed": 1, "link_split": (0.6, 0.1, 0.3)}
 TYPED = {"dataset": "synthetic-hetero", "num_nodes": 3000, "avg_degree": 8.0, "num_features": 16, "num_classes": 4,
          "seed": 1, "split": (0.3, 0.1, 0.6)}
+# the other rooms of [7/7] through the producer too: edge rows riding with the sampler's answers, weighted
+# sampling, int8 rows decoded after the producer's exchange
+EDGES_INT8 = {"dataset": "synthetic", "num_nodes": 3000, "avg_degree": 8.0, "num_features": 16, "num_classes": 4,
+              "download.seed": 1, "split": (0.3, 0.1, 0.6), "num_edge_features": 2, "features.dtype": "int8"}
 RUNS = {"node-gcn": (NODE, {"model": "gcn"}),
+        "edges-int8-gat": (EDGES_INT8, {"model": "gat", "gat_heads": 2, "edge_weight": 0}),
         "link-filtered": (LINK, {"task": "link", "filter_negatives": True, "num_negatives": 2,
                                  "eval_negatives": 20, "edges_per_epoch": 2000, "eval_edges": 400}),
         "typed-embeddings": (TYPED, {"model": "rgcn"})}
 
 
 def upstream(root, graph: dict[str, Any]) -> dict[str, str]:
-    if graph.get("task") == "link":
+    if "download.seed" in graph:   # in the config's own names, beyond the download stage's
         values = {k: v for k, v in graph.items()}
         _, manifests = build_without_prefect({**values, "artifacts": root, "num_partitions": WORLD_SIZE,
                                               "fanouts": (5, 5), "batch_size": 64, "until": "hotness"})

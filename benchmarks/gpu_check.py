@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,7 +211,8 @@ def main() -> int:
     ap.add_argument("--download-wheels", action="store_true", help="fetch the GPU machines' missing wheels to .whl/")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--scale", choices=sorted(SCALES), default="products")
-    ap.add_argument("--dtypes", default="float32,float16,int8", help="train step: the stored feature dtypes")
+    ap.add_argument("--dtypes", default="float32,float16,int8,float8_e4m3",
+                    help="train step: the stored feature dtypes")
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "work" / "gpu"), help="cached graphs and artifacts")
     ap.add_argument("--step-timeout-s", type=float, default=1800)
     ap.add_argument("--allow-cpu", action="store_true", help="run the steps on the CPU (checks this command)")
@@ -229,6 +231,11 @@ def main() -> int:
     has_cuda, what = cuda_status()
     print(f"gpu-check: {what}", flush=True)
     summary: dict[str, object] = {"cuda": has_cuda, "what": what, "scale": args.scale, "steps": {}}
+    if not has_cuda and shutil.which("nvidia-smi") and not args.allow_cpu:
+        # a GPU machine whose chosen python has a CPU-only torch (the project's venv pins one): not a clean skip
+        print(f"error: this machine has a GPU (nvidia-smi) but {sys.executable} cannot use it ({what}); run with "
+              f"GPU_PYTHON=python3, a python whose torch is a CUDA build", file=sys.stderr)
+        return 2
     if not has_cuda and not args.allow_cpu:
         print("gpu-check: no GPU on this machine: nothing to run (skipped)", flush=True)
         summary["status"] = "skipped"

@@ -80,6 +80,7 @@ def test_prefetch_trains_on_the_same_batches_bit_for_bit(one_torch_thread):
     assert not producers_alive(), "each pass's producer ends with the pass"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetch_on_cuda_side_streams_gives_the_same_batches():
     assert_same_run(run_epochs(1, device="cuda"), run_epochs(0, device="cuda"))

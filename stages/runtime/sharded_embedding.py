@@ -67,7 +67,10 @@ class ShardedEmbedding:
         self.weight = torch.nn.Parameter(init_rows(self.lo, owners.hi, dim, seed, node_type).to(self.device))
         self.optimizer = torch.optim.SparseAdam([self.weight], lr=lr)
         self.grad_scale = 1.0 / self.world_size   # DDP averages the dense gradients over ranks: the same here
+        # each group its own exchange device: under prefetch on a GPU the gathers' group is gloo (host memory) while
+        # the steps' default group is NCCL (device memory)
         self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")
+        self._step_comm_device = comm_device(step_group) if self.distributed else torch.device("cpu")
         self._wire_dtype = torch.int32 if int(self.bounds[-1]) < 2**31 else torch.long
         # since the last step: each gathered leaf, its own rows' lids, its routing
         self._pending: list[tuple[Tensor, Tensor, Requests]] = []
@@ -76,9 +79,6 @@ class ShardedEmbedding:
     def dim(self) -> int:
         return int(self.weight.shape[1])
 
-    def _exchange_rows(self, rows: Tensor, send_split: list[int], recv_split: list[int],
-                       group: dist.ProcessGroup | None) -> Tensor:
-        return all_to_all(rows, send_split, recv_split, group, self._comm_device)
 
     def gather(self, tgid: Tensor) -> Tensor:
         """``[len(tgid), dim]`` rows (any owner; may repeat). Under grad mode a leaf whose gradient ``step`` sends
@@ -92,8 +92,8 @@ class ShardedEmbedding:
         out.index_copy_(0, route.local_pos, weight.index_select(0, local_row))
         if self.world_size > 1:
             answer = weight.index_select(0, route.got_id - self.lo)
-            out.index_copy_(0, route.req_pos, self._exchange_rows(answer, route.got_split, route.req_split,
-                                                                     self.group))
+            out.index_copy_(0, route.req_pos, all_to_all(answer, route.got_split, route.req_split, self.group,
+                                                         self._comm_device))
         if torch.is_grad_enabled():
             out.requires_grad_(True)
             self._pending.append((out, local_row, route))
@@ -109,8 +109,8 @@ class ShardedEmbedding:
             grads.append(grad.index_select(0, route.local_pos))
             if self.world_size > 1:
                 rows.append(route.got_id - self.lo)
-                grads.append(self._exchange_rows(grad.index_select(0, route.req_pos), route.req_split,
-                                                 route.got_split, self.step_group))
+                grads.append(all_to_all(grad.index_select(0, route.req_pos), route.req_split, route.got_split,
+                                        self.step_group, self._step_comm_device))
         self._pending.clear()
         if not rows:
             return 0

@@ -47,11 +47,17 @@ class UvaRows:
         if host.dim() != 2 or not host.is_contiguous():
             raise UvaUnavailableError("zero-copy gathers need contiguous [rows, columns] host rows")
         self.host = host   # keeps the memory alive as long as the view
+        if device.index is None:   # "cuda" alone: the current device, by index, to compare the view's with
+            device = torch.device("cuda", torch.cuda.current_device())
         row_bytes = host.shape[1] * host.element_size()
         try:
             flat = torch.as_tensor(_HostPointer(host.data_ptr(), host.numel() * host.element_size()), device=device)
         except (RuntimeError, TypeError, ValueError) as err:
             raise UvaUnavailableError(f"the CUDA driver refused a device view of the pinned rows ({err})") from err
+        # as_tensor copies instead of viewing when it places the pointer on another device: that would be a silent
+        # copy of the whole store into device memory, not a zero-copy view
+        if flat.device != device or flat.data_ptr() != host.data_ptr():
+            raise UvaUnavailableError(f"the pinned rows map to {flat.device}, not {device}: no in-place view")
         # bytes, reinterpreted in the rows' dtype: any storage dtype (bfloat16, float8) without a typestr of its own
         self.rows = flat.view(host.shape[0], row_bytes).view(host.dtype)
 

@@ -6,7 +6,10 @@ CSR's ``indices``, ``row_pos`` positions in the target array.
 
 - with replacement: every draw picks edge e of its row with probability ``w_e / sum of the row's w``: inverse CDF,
   ``searchsorted`` on the running sum of the weights over the CSR (float64; a zero-weight edge is an empty
-  interval, never picked), ``fanout`` draws per row of positive total weight;
+  interval, never picked), ``fanout`` draws per row of positive total weight. One table for the whole CSR costs
+  precision: an edge lighter than ~2^-52 of the running sum before it (1e8 unit weights: below ~2e-8) is never
+  drawn, and rounding at a row's end can pick its last edge even at weight 0; the default, without replacement,
+  has neither limit;
 - without replacement (Efraimidis and Spirakis, 2006): each edge of positive weight gets the key ``Exp(1) / w_e``
   and a row keeps its ``fanout`` smallest keys: the same law as drawing one edge at a time with probability
   proportional to its weight among those not drawn yet (a 1-edge sample is exactly proportional to the weights).

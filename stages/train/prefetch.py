@@ -127,11 +127,17 @@ class PrefetchStream(BatchStream):
         self._asked = 0          # batches the caller has asked for: those before the last one are done with
         self._stopping = False
         self._cuda = device.type == "cuda"
+        # the producer thread starts on device 0: name the caller's device by index ("cuda" alone has none)
+        self._device_index: int | None = None
+        if self._cuda:
+            self._device_index = device.index if device.index is not None else torch.cuda.current_device()
         self._side = torch.cuda.Stream(device) if self._cuda else None
+        if self._side is not None:   # what the caller queued before the pass (a cache build, restored embedding
+            self._side.wait_stream(torch.cuda.current_stream(device))   # rows) is done before the producer reads it
         self._released: torch.cuda.Event | None = None   # CUDA: recorded on the caller's stream when it asks
-        # the producer computes as the caller's thread does: same grad mode (a learnt embedding's gathered rows are
-        # leaves that require grad only in training) and the same intra-op threads
-        self._grad, self._threads = torch.is_grad_enabled(), torch.get_num_threads()
+        # the producer computes in the caller's grad mode (a learnt embedding's gathered rows are leaves that require
+        # grad only in training); grad mode is per thread, the intra-op thread count is the process's
+        self._grad = torch.is_grad_enabled()
         self._thread = threading.Thread(target=self._produce, name="gnnpipe-prefetch", daemon=True)
         self._started = False
 
@@ -174,10 +180,9 @@ class PrefetchStream(BatchStream):
     # ---- the producer's side ----------------------------------------------------------------------------------
     def _produce(self) -> None:
         torch.set_grad_enabled(self._grad)
-        torch.set_num_threads(self._threads)
         try:
             if self._cuda:
-                torch.cuda.set_device(self.device)
+                torch.cuda.set_device(self._device_index)
                 with torch.cuda.stream(self._side):
                     self._produce_all()
             else:

@@ -64,8 +64,10 @@ class EdgeData:
 
     @cached_property
     def own_attr(self) -> Tensor:
-        """float32 [e_p, D]: this rank's edges' rows, by elid (CPU). In RAM, D float32 per edge (64 MB for 2 M edges
-        of 8 features), and not cached on a device: edges rarely repeat across batches the way hub nodes do."""
+        """float32 [e_p, D]: this rank's edges' rows, by elid (CPU; 64 MB for 2 M edges of 8 features). The loader
+        moves them to the sampler's device, beside the CSR whose ``indices`` already take 8 bytes an edge there: the
+        owner selects the rows of the edges it sampled where it sampled them. No cache of remote edges' rows: they
+        ride with the sampler's answers, and edges rarely repeat across batches the way hub nodes do."""
         return torch.from_numpy(self.partition.edge_attr(self.rank)).to(torch.float32)
 
     @classmethod

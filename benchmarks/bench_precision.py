@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -42,7 +42,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages.features.normalize import normalize_rows  # noqa: E402 - after the repo is on sys.path
+from stages.choices import FeatureDtype  # noqa: E402 - after the repo is on sys.path
+from stages.features.normalize import normalize_rows  # noqa: E402
 from stages.runtime.feature_codec import FeatureCodec  # noqa: E402
 from stages.runtime.feature_store import open_part_store  # noqa: E402
 from storage import ArtifactStore, Manifest  # noqa: E402
@@ -54,7 +55,7 @@ from tests._train_pipeline import build_without_prefect  # noqa: E402
 from tests.test_citeseer import CITESEER, citeseer_config  # noqa: E402
 from tests.test_feature_dtypes import write_files  # noqa: E402
 
-DTYPES = ("float32", "float16", "bfloat16", "int8", "float8_e4m3")
+DTYPES = tuple(d for d in get_args(FeatureDtype) if d != "auto")   # auto is float32 for these float rows
 PARTS = 2
 SYNTHETIC: dict[str, Any] = {"dataset": "synthetic", "fanouts": (10, 5), "hidden": 64, "batch_size": 1024,
                              "epochs": 20, "lr": 0.01, "threads_per_rank": 1, "cache_budget_bytes": 1 << 20}
@@ -104,7 +105,7 @@ def decode_cost(threads: int, store_rows: int = 1_200_000, batch_rows: int = 654
     lid = torch.from_numpy(rng.integers(0, store_rows, batch_rows))
     out = []
     for dtype in DTYPES:
-        codec = fit_codec(x, dtype, "none")   # type: ignore[arg-type]
+        codec = fit_codec(x, dtype, "none")
         codes = codec.held(encode_rows(x, codec, np.arange(store_rows)))
         times = {"gather": float("inf"), "gather_decode": float("inf")}
         for _ in range(repeat):

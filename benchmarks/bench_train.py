@@ -29,13 +29,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages.choices import CACHE_POLICIES  # noqa: E402 - after the repo is on sys.path
+from stages.choices import CACHE_POLICIES, Device, HostGather  # noqa: E402 - after the repo is on sys.path
 
 
 def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args) -> dict:
@@ -211,8 +212,8 @@ def main() -> None:
     ap.add_argument("--cache-ratio", type=float, default=0.2, help="hotness plan budget (of a partition's rows)")
     ap.add_argument("--parts", type=int, default=2, help="partitions = ranks (1: one GPU, no remote rows)")
     ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="the ranks' device")
-    ap.add_argument("--host-gather", choices=["copy", "uva"], default="copy", help="CUDA: own host rows' path")
+    ap.add_argument("--device", choices=get_args(Device), default="auto", help="the ranks' device")
+    ap.add_argument("--host-gather", choices=get_args(HostGather), default="copy", help="CUDA: own host rows' path")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")

@@ -55,7 +55,8 @@ class FeatureScheme:
         return np.dtype(CODE_DTYPES.get(self.storage_dtype, self.storage_dtype))
 
 
-# storage dtypes that numpy and Zarr 3 lack, and the integer dtype of the same width that holds their bits
+# storage dtypes that numpy and Zarr 3 lack, and the integer dtype of the same width that holds their bits (the one
+# declaration: stages.runtime.feature_codec derives its torch dtypes from it)
 CODE_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
 
 

@@ -17,13 +17,22 @@ from stages.choices import FeatureDtype, FeatureNorm
 from stages.download.canonical import first_non_finite
 from stages.features.dtypes import storage_dtype, to_storage
 from stages.features.normalize import normalize_rows, normalized_dtype
-from stages.runtime.feature_codec import E4M3_MAX, INT8_CODE_MAX, FeatureCodec, numpy_view
+from stages.runtime.feature_codec import (
+    E4M3_MAX,
+    INT8_CODE_MAX,
+    QUANTISED_STORAGE,
+    FeatureCodec,
+    numpy_dtype_of,
+    numpy_view,
+    torch_dtype_of,
+)
 from storage.errors import InputError
 
 FIT_BLOCK_ROWS = 1 << 16
-# the choices that are not a numpy dtype: what each stores
-QUANTISED: dict[str, tuple[str, torch.dtype]] = {"bfloat16": ("cast", torch.bfloat16), "int8": ("int8", torch.int8),
-                                                 "float8_e4m3": ("float8_e4m3", torch.float8_e4m3fn)}
+# the choices that are not a numpy dtype: (scheme, storage dtype) each stores; the quantising ones are named as their
+# scheme (FeatureCodec's QUANTISED_STORAGE)
+QUANTISED: dict[str, tuple[str, torch.dtype]] = {
+    "bfloat16": ("cast", torch.bfloat16), **{scheme: (scheme, dtype) for scheme, dtype in QUANTISED_STORAGE.items()}}
 
 
 def column_ranges(x: np.ndarray, normalize: FeatureNorm) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +52,7 @@ def fit_codec(x: np.ndarray, requested: FeatureDtype, normalize: FeatureNorm) ->
     """The codec a type's whole ``x`` [N, F] is stored with (module docstring)."""
     if requested not in QUANTISED:
         stored = storage_dtype(normalized_dtype(x.dtype, normalize), requested)
-        return FeatureCodec.cast(torch.from_numpy(np.empty(0, dtype=stored)).dtype)
+        return FeatureCodec.cast(torch_dtype_of(stored))
     scheme, storage = QUANTISED[requested]
     if scheme == "cast":
         return FeatureCodec.cast(storage)
@@ -76,7 +85,7 @@ def encode_rows(rows: np.ndarray, codec: FeatureCodec, orig_id: np.ndarray) -> n
     """A partition's rows of a type (orig ids ``orig_id``, already normalised) as the codes Zarr stores; a value
     beyond the storage dtype's range is refused in one line naming its node and column (``to_storage``)."""
     if codec.scheme == "cast" and codec.storage != torch.bfloat16:
-        return to_storage(rows, torch.empty(0, dtype=codec.storage).numpy().dtype, orig_id)
+        return to_storage(rows, numpy_dtype_of(codec.storage), orig_id)
     x32 = to_storage(rows, np.dtype(np.float32), orig_id)   # float64 beyond float32's range is refused here
     codes = codec.encode(torch.from_numpy(x32))
     if codes.dtype == torch.bfloat16:   # bfloat16's largest value is 3.39e38, float32's 3.40e38

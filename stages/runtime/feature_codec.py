@@ -30,15 +30,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from storage.features import FeatureScheme
+from storage.features import CODE_DTYPES, FeatureScheme
 
 INT8_CODE_MAX = 127   # symmetric codes [-127, 127]: 254 steps, and 0 is the column's midpoint
 E4M3_MAX = 448.0      # torch.float8_e4m3fn's largest finite value (e4m3fn has no Inf; the encoder clamps to it)
-# the dtypes whose bits numpy and Zarr carry in a same-width integer dtype
-_BITS_AS = {torch.bfloat16: torch.uint16, torch.float8_e4m3fn: torch.uint8}
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                   "bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8,
                   "float8_e4m3fn": torch.float8_e4m3fn}
+# the dtypes whose bits numpy and Zarr carry in a same-width integer dtype: storage.features.CODE_DTYPES (the
+# declaration, by name, as storage imports no torch) as torch dtypes
+_BITS_AS = {STORAGE_DTYPES[name]: getattr(torch, bits) for name, bits in CODE_DTYPES.items()}
+# the storage dtype each quantising scheme codes into (a ``cast`` stores the rows' own dtype)
+QUANTISED_STORAGE = {"int8": torch.int8, "float8_e4m3": torch.float8_e4m3fn}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -47,6 +50,16 @@ def torch_dtype(name: str) -> torch.dtype:
         return STORAGE_DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown feature storage dtype {name!r}; known: {sorted(STORAGE_DTYPES)}") from None
+
+
+def torch_dtype_of(dtype: np.dtype | type) -> torch.dtype:
+    """The torch dtype of a numpy dtype (one numpy has: not bfloat16 or float8, which Zarr holds as their bits)."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def numpy_dtype_of(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype that numpy has (``torch_dtype_of`` reversed)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ class FeatureCodec:
             raise ValueError(f"unknown feature scheme {self.scheme!r}")
         if need != (self.scale is not None, self.offset is not None):
             raise ValueError(f"scheme {self.scheme} needs scale={need[0]}, offset={need[1]}")
-        want = {"int8": torch.int8, "float8_e4m3": torch.float8_e4m3fn}.get(self.scheme, self.storage)
+        want = QUANTISED_STORAGE.get(self.scheme, self.storage)
         if self.storage != want:
             raise ValueError(f"scheme {self.scheme} stores {want}, not {self.storage}")
 
@@ -101,7 +114,7 @@ class FeatureCodec:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.storage).element_size()
+        return self.storage.itemsize
 
     def to(self, device: torch.device | str) -> FeatureCodec:
         """The codec with its per-column tensors on ``device`` (where rows are decoded)."""

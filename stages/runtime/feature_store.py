@@ -27,7 +27,7 @@ import torch
 import zarr
 from torch import Tensor
 
-from stages.runtime.feature_codec import FeatureCodec, numpy_view
+from stages.runtime.feature_codec import FeatureCodec, numpy_view, torch_dtype_of
 from storage.errors import ArtifactError
 from storage.features import FeaturesArtifact
 from storage.zarr_io import read_into
@@ -51,7 +51,7 @@ class FeatureStore(ABC):
 
     @property
     def row_bytes(self) -> int:
-        return self.num_features * torch.empty((), dtype=self.dtype).element_size()
+        return self.num_features * self.dtype.itemsize
 
     @abstractmethod
     def gather(self, lid: Tensor, out: Tensor | None = None) -> Tensor:
@@ -124,7 +124,7 @@ def _codec_for(x: zarr.Array, codec: FeatureCodec | None) -> FeatureCodec:
         if x.attrs.get("scheme", "cast") != "cast" or x.attrs.get("storage_dtype", x.dtype.name) != x.dtype.name:
             raise ValueError(f"{x.path} holds {x.attrs['scheme']} codes of {x.attrs['storage_dtype']}: open it with "
                              "its codec (open_part_store)")
-        return FeatureCodec.cast(torch.from_numpy(np.empty(0, dtype=x.dtype)).dtype)
+        return FeatureCodec.cast(torch_dtype_of(x.dtype))
     return codec
 
 

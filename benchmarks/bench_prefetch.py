@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _graph_args import download_params  # benchmarks/ is on sys.path when run as a script
+from _train_bench import build_upstream, run_ranks  # benchmarks/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -107,43 +107,14 @@ def rank_main(args: argparse.Namespace) -> None:
     os._exit(0)   # as the train worker: skip the process-group teardown
 
 
-def build(args: argparse.Namespace) -> dict:
-    from stages.download import stage as download
-    from stages.features import stage as features
-    from stages.hotness import stage as hotness
-    from stages.partition import stage as partition
-    from storage import ArtifactStore
-
-    store = ArtifactStore(args.root)
-    dl = download.run(store, download.Params(**download_params(args)), {})
-    pt = partition.run(store, partition.Params(num_partitions=args.ranks), {"download": dl})
-    ft = features.run(store, features.Params(), {"download": dl, "partition": pt})
-    ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size),
-                     {"partition": pt, "features": ft})
-    return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
-
-
 def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
-    import tempfile
-
-    from stages.train.launcher import launch
     from stages.train.params import Params
-    from stages.train.spec import TrainSpec
 
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=1,
                     threads_per_rank=args.threads_per_rank, device=args.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
-                         features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
-                         params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
-        spec.save(Path(tmp, "spec.json"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-               "--max-restarts=0", str(Path(__file__).resolve()), "--rank-worker", "--spec",
-               str(Path(tmp, "spec.json")), "--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
-               "--rounds", str(args.rounds), "--depths", args.depths, "--off-cpu-ms", str(args.off_cpu_ms)]
-        launch(str(Path(tmp, "spec.json")), args.ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
-               timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
-        return json.loads(Path(tmp, "bench.json").read_text())
+    return run_ranks(__file__, args, manifests, params, args.ranks,
+                     ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup), "--rounds",
+                      str(args.rounds), "--depths", args.depths, "--off-cpu-ms", str(args.off_cpu_ms)])
 
 
 def main() -> None:
@@ -176,7 +147,7 @@ def main() -> None:
     if args.rank_worker:
         rank_main(args)
         return
-    manifests = build(args)
+    manifests = build_upstream(args, args.ranks)
     result = {"nodes": manifests["download"].summary["num_nodes"],
               "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "max_batches": args.max_batches,

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import get_args
 
-from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
+from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
+from _train_bench import build_upstream, run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -164,43 +165,13 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
             "sampled_edges_per_s": round(timing["sampled_edges"] / timing["wall_s"])}
 
 
-def build(args: argparse.Namespace) -> dict:
-    from stages.download import stage as download
-    from stages.features import stage as features
-    from stages.hotness import stage as hotness
-    from stages.partition import stage as partition
-    from storage import ArtifactStore
-
-    store = ArtifactStore(args.root)
-    dl = download.run(store, download.Params(**download_params(args)), {})
-    pt = partition.run(store, partition.Params(num_partitions=args.parts), {"download": dl})
-    ft = features.run(store, features.Params(dtype=args.feature_dtype), {"download": dl, "partition": pt})
-    ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                           cache_ratio=args.cache_ratio), {"partition": pt, "features": ft})
-    return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
-
-
 def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
-    import tempfile
-
-    from stages.train.launcher import launch
     from stages.train.params import Params
-    from stages.train.spec import TrainSpec
 
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = TrainSpec(artifacts=args.root, key="bench", partition_key=manifests["partition"].key,
-                         features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
-                         params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp)
-        spec.save(Path(tmp, "spec.json"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.parts}",
-               "--max-restarts=0",
-               str(Path(__file__).resolve()), "--rank-worker", "--spec", str(Path(tmp, "spec.json")),
-               "--max-batches", str(args.max_batches), "--warmup", str(args.warmup)]
-        launch(str(Path(tmp, "spec.json")), args.parts, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
-               timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
-        return json.loads(Path(tmp, "bench.json").read_text())
+    return run_ranks(__file__, args, manifests, params, args.parts,
+                     ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup)])
 
 
 def main() -> None:
@@ -228,7 +199,7 @@ def main() -> None:
         rank_main(args)
         return
     start = time.perf_counter()
-    manifests = build(args)
+    manifests = build_upstream(args, args.parts, feature_dtype=args.feature_dtype, cache_ratio=args.cache_ratio)
     result = {"nodes": manifests["download"].summary["num_nodes"],
               "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),

@@ -15,17 +15,11 @@ from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, wor
 from tests._sampler_graphs import NUM_NODES, power_law_graph
 from tests._spawn import spawn_ranks
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+# tiny models: one torch thread each (tests/conftest.py's one_torch_thread)
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 PYG = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT}
 SIZES = {"in_channels": 5, "hidden": 8, "out_channels": 3, "dropout": 0.5}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def messy_graph(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -102,16 +102,6 @@ def _accuracy(model: torch.nn.Module, forward: object, g: Graph, epochs: int) ->
         return float((forward()[valid].argmax(1) == y[valid]).float().mean())
 
 
-@pytest.fixture
-def one_torch_thread() -> object:
-    """Tiny models: OpenMP threads only add overhead, and on a busy 2-core machine spinning threads made this
-    test ~10x slower (20 s instead of 2 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # in torch_geometric
 def test_gnn_beats_mlp_and_chance_but_not_perfect(one_torch_thread: object) -> None:
     """The generator's purpose: features help, neighbours help a lot more, and nothing gets near 100 %."""

@@ -29,14 +29,6 @@ from tests.test_train_units import community_graph
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
-@pytest.fixture
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def producers_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "gnnpipe-prefetch" and t.is_alive()]
 

@@ -17,14 +17,6 @@ from storage.train import list_checkpoints
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
-@pytest.fixture
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def community_graph(n: int = 600, classes: int = 3, seed: int = 0):
     """Nodes link mostly within their class; features are a weak class signal: neighbours help."""
     rng = np.random.default_rng(seed)

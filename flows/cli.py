@@ -19,11 +19,14 @@ from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, int
 from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
 from flows.env import configure_prefect_env
 from flows.load import load_config
+from flows.locks import tidy
 from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError, InputError
 from storage.inventory import ORIGIN_ENV, mark_used
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+NO_WAIT = typer.Option(False, "--no-wait", help="fail at once if another live run is building a stage this run needs, "
+                                                "instead of waiting for it (the `wait` parameter)")
 
 
 def _run(cfg: PipelineConfig) -> None:
@@ -38,6 +41,8 @@ def _run(cfg: PipelineConfig) -> None:
         # this box's 10-14 s flow path (benchmarks/RESULTS.md), for nothing
         for name, res in cached.items():
             mark_used(store, name, res["key"])   # `gnnpipe status`'s "last used"
+            for path in tidy(store.root, name, res["key"]):
+                typer.echo(f"note: {name}: removed {path}, left by an earlier attempt at this build", err=True)
         _print_results(store, cached)
         typer.echo("note: every stage is cached, so nothing ran and no Prefect flow run was recorded; with a server "
                    "up (`make server-up`, or PREFECT_API_URL set) runs are recorded there", err=True)
@@ -82,20 +87,21 @@ def run(config: Path | None = typer.Option(None, "--config", "-c", help="YAML/TO
         until: str | None = typer.Option(None, help=f"last stage to run ({', '.join(ORDER)})"),
         force: list[str] = typer.Option([], "--force", "-f", help="rerun this stage even if cached (repeatable)"),
         set_: list[str] = typer.Option([], "--set", "-s", help="parameter override key=value (repeatable)"),
-        artifacts: str | None = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)")
-        ) -> None:
+        artifacts: str | None = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)"),
+        no_wait: bool = NO_WAIT) -> None:
     """Run the pipeline; stages whose inputs did not change are taken from the cache."""
-    _run(load_config(config, set_, until=until, force=force, artifacts=artifacts))
+    _run(load_config(config, set_, until=until, force=force, artifacts=artifacts, wait=False if no_wait else None))
 
 
 @app.command()
 def stage(name: str = typer.Argument(..., help=f"one of {', '.join(ORDER)}"),
           config: Path | None = typer.Option(None, "--config", "-c"),
           set_: list[str] = typer.Option([], "--set", "-s"),
-          artifacts: str | None = typer.Option(None, envvar="ARTIFACTS")) -> None:
+          artifacts: str | None = typer.Option(None, envvar="ARTIFACTS"),
+          no_wait: bool = NO_WAIT) -> None:
     """Rerun one stage, taking its upstream from the cache."""
     _check_stage(name)
-    _run(load_config(config, set_, until=name, force=[name], artifacts=artifacts))
+    _run(load_config(config, set_, until=name, force=[name], artifacts=artifacts, wait=False if no_wait else None))
 
 
 @app.command()

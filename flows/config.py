@@ -1,7 +1,8 @@
 """The pipeline's configuration, derived from the stages' own ``Params`` (each parameter is declared once, there).
 
-A config is one section per stage (``download``, ``partition``, ``features``, ``hotness``, ``train``), each that
-stage's Params, plus ``artifacts``, ``until`` and ``force``. Values reach a field by any of these names:
+A config is one section per stage (``download``, ``partition``, ``features``, ``hotness``, ``train``, ``infer``),
+each that stage's Params, plus ``artifacts``, ``until``, ``force`` and ``wait``. Values reach a field by any of
+these names:
 
 - nested: ``{"train": {"epochs": 3}}`` (YAML/TOML sections) or dotted: ``train.epochs=3``;
 - qualified flat: ``train_epochs=3`` (``<stage>_<field>``; any field);
@@ -44,7 +45,7 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       "num_negatives": ("hotness", "train"), "edges_per_epoch": ("hotness", "train")}
 # a short name two stages declare, given to the stage a user means by it
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
-CONTROL = ("artifacts", "until", "force")
+CONTROL = ("artifacts", "until", "force", "wait")
 
 
 class PipelineConfig(BaseModel):
@@ -55,6 +56,8 @@ class PipelineConfig(BaseModel):
     artifacts: str = Field("./artifacts", description="artifact root: a path or an fsspec URL (s3://...)")
     until: str = Field(ORDER[-1], description=f"last stage to run ({', '.join(ORDER)})")
     force: tuple[str, ...] = Field((), description="stages to rerun even if cached (or all)")
+    wait: bool = Field(True, description="wait for a stage that another live run is building, saying which run "
+                                         "(false, `--no-wait`: fail at once naming it)")
     download: download_stage.Params = Field(default_factory=download_stage.Params)
     partition: partition_stage.Params = Field(default_factory=partition_stage.Params)
     features: features_stage.Params = Field(default_factory=features_stage.Params)
@@ -262,7 +265,8 @@ def artifact_key(module: Stage, params: StageParams, upstream_keys: Mapping[str,
 
 def flow_parameters(cfg: PipelineConfig) -> dict[str, Any]:
     """``cfg`` as the flow's keyword arguments (``flow_names``); JSON-able, as Prefect stores them."""
-    out: dict[str, Any] = {"artifacts": cfg.artifacts, "until": cfg.until, "force": list(cfg.force)}
+    out: dict[str, Any] = {"artifacts": cfg.artifacts, "until": cfg.until, "force": list(cfg.force),
+                           "wait": cfg.wait}
     dumped = {stage: cfg.stage_params(stage).model_dump(mode="json") for stage in ORDER}
     for name in flow_names():
         stage, field = name.targets[0]

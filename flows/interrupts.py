@@ -34,6 +34,8 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
+        # (stage, who holds its lock) when the run was waiting for another run's build (flows.locks)
+        self.waiting_for: tuple[str, str] | None = None
         self.name = signal.Signals(signum).name
         super().__init__(f"{self.name} received")
 
@@ -134,4 +136,8 @@ def message(exc: Interrupted, stage: str | None) -> str:
                 f"command to resume training (finished stages are cached)")
     if stage is not None:
         return f"{head} during stage {stage}; rerun the same command to continue (finished stages are cached)"
+    if exc.waiting_for is not None:
+        waited, holder = exc.waiting_for
+        return (f"{head} while waiting for stage {waited}, which another run is building ({holder}); rerun the "
+                f"same command to continue (finished stages are cached)")
     return f"{head} (no stage was running); rerun the same command to continue (finished stages are cached)"

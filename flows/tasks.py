@@ -15,23 +15,21 @@ stage's lock; the flow then labels it ``Cached`` like a cache hit (Prefect's own
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from prefect import Task, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import CachePolicy
-from prefect.locking.filesystem import FileSystemLockManager
 from prefect.transactions import IsolationLevel
 from pydantic import BaseModel
 
 from flows.config import STAGES, artifact_key
+from flows.locks import StageLockManager
 from flows.quiet import note_user_error
+from flows.records import locks_dir, prefect_dir, task_key
 from stages.protocol import Stage
-from storage import ArtifactStore, GnnpipeError, Manifest
+from storage import ArtifactStore, GnnpipeError, Manifest, leftovers
 
 
 @dataclass
@@ -39,30 +37,18 @@ class StageKey(CachePolicy):
     """``<stage>-<artifact key>-<result format>``: the store's content address of what the task would build."""
 
     stage: str = ""
-    # the format of the task's persisted result: records of another format (a Manifest before StageOutcome) are
-    # not found, and the task then takes its artifact from the store instead of failing to read them
-    RESULT_FORMAT = "outcome1"
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str:
         module = STAGES[self.stage]
-        key = artifact_key(module, module.Params(**inputs["params"]), inputs["upstream"])
-        return f"{self.stage}-{key}-{self.RESULT_FORMAT}"
+        return task_key(self.stage, artifact_key(module, module.Params(**inputs["params"]), inputs["upstream"]))
 
 
-def prefect_dir(root: str) -> Path:
-    """Where Prefect's cache records, results and locks live: beside the artifacts when they are local."""
-    store = ArtifactStore(root)
-    if store.is_local:
-        return Path(store.base) / ".prefect"
-    digest = hashlib.sha256(root.encode()).hexdigest()[:12]
-    return Path(os.environ.get("PREFECT_HOME", ".prefect")) / "gnnpipe-cache" / digest
-
-
-def cache_policy(stage: str, root: str) -> CachePolicy:
-    base = prefect_dir(root)
-    return StageKey(stage=stage).configure(key_storage=base / "cache-keys",
-                                           lock_manager=FileSystemLockManager(lock_files_directory=base / "locks"),
+def cache_policy(stage: str, root: str, *, wait: bool = True) -> CachePolicy:
+    """The stage's key, its cache records, and its lock (``flows.locks``: one run builds a key at a time; a lock
+    whose holder died is taken over). ``wait``: queue behind a live holder, or fail at once."""
+    return StageKey(stage=stage).configure(key_storage=prefect_dir(root) / "cache-keys",
+                                           lock_manager=StageLockManager(locks_dir(root), wait=wait),
                                            isolation_level=IsolationLevel.SERIALIZABLE)
 
 
@@ -81,8 +67,12 @@ def _stage_task(module: Stage) -> Task[..., StageOutcome]:
         store = ArtifactStore(root)
         manifests = {name: store.load(name, key) for name, key in upstream.items()}
         typed = module.Params(**params)
-        # looked up here, under the stage's lock (cache_policy): what a concurrent run finished meanwhile counts
-        before = None if force else store.find(module.NAME, artifact_key(module, typed, upstream))
+        key = artifact_key(module, typed, upstream)
+        # under the stage's lock (cache_policy), so no live run is building this key: what a killed attempt left
+        # can go, and what a concurrent run finished meanwhile counts
+        for path in leftovers.remove_unfinished(store, module.NAME, key):
+            get_run_logger().info("%s: removed %s, left by an attempt that was killed", module.NAME, path)
+        before = None if force else store.find(module.NAME, key)
         try:
             manifest = module.run(store, typed, manifests, force=force)
         except GnnpipeError as err:

@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 
 import pytest
 
-from flows.config import DEFAULTS, ORDER, SHARED, STAGES, flat_names, flow_names, flow_parameters, make_config
+from flows.config import CONTROL, DEFAULTS, ORDER, SHARED, STAGES, flat_names, flow_names, flow_parameters, make_config
 from flows.load import load_config
 from flows.params_doc import README_BEGIN, README_END, parameter_table
 from storage import InputError
@@ -113,7 +113,7 @@ def test_the_flow_signature_and_deployment_schema_list_every_flow_name():
 
     from flows.pipeline import pipeline
 
-    expected = ["artifacts", "until", "force", *(n.name for n in flow_names())]
+    expected = [*CONTROL, *(n.name for n in flow_names())]
     assert list(inspect.signature(pipeline).parameters) == expected
     schema = parameter_schema(pipeline)
     assert set(schema.properties) == set(expected)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
+import shutil
 from pathlib import Path
 
 import typer
 
+from flows import locks
 from flows.config import ORDER, STAGES, PipelineConfig, stage_keys
 from flows.load import load_config
+from flows.records import locks_dir, prefect_dir
 from stages.params import as_typed
-from storage import ArtifactStore, InputError, Manifest
+from storage import ArtifactStore, InputError, Manifest, leftovers
 from storage import inventory as inv
 from storage.train import checkpoint_dirs, job_checkpoints, remove_checkpoints
 
@@ -240,21 +243,30 @@ def _remove_stage(store: ArtifactStore, name: str) -> list[str]:
     inv.remove_used(store, name)
     if name == "train":
         lines += [f"removed {path} (train checkpoints)" for path in remove_checkpoints(store)]
+    lines += [f"removed {path} (left by a killed run)" for path in leftovers.remove_jobs(store, name)]
     return lines
 
 
 def _remove_cache_records(store: ArtifactStore, name: str | None) -> list[str]:
-    """Prefect's cache records (``flows.tasks.prefect_dir``, ``<stage>-<key>`` files) of the removed builds."""
-    base = Path(store.base) / ".prefect"
-    if not store.is_local or not base.exists():
+    """Prefect's cache records (``flows.records.prefect_dir``, ``<stage>-<key>`` files) of the removed builds, and
+    the stage locks whose holder is dead; a live run's lock stays, named."""
+    base = prefect_dir(store.root)
+    if not base.exists():
         return []
-    if name is None:
-        store.remove(".prefect")
+    stale, live = locks.remove_stale(locks_dir(store.root), name)
+    lines = [f"kept the lock of a run still building {path.name.split('-', 1)[0]}: {holder.describe()}"
+             for path, holder in live]
+    if name is None and not live:
+        shutil.rmtree(base)
         return [f"removed {base} (Prefect cache records)"]
-    records = list((base / "cache-keys").glob(f"{name}-*"))
+    records = list((base / "cache-keys").glob(f"{name or ''}*-*"))
     for path in records:
         path.unlink(missing_ok=True)
-    return [f"removed {_plural(len(records), 'Prefect cache record')} of {name}"] if records else []
+    if records:
+        lines.append(f"removed {_plural(len(records), 'Prefect cache record')}" + (f" of {name}" if name else ""))
+    if stale:
+        lines.append(f"removed {_plural(stale, 'stale lock')} (their runs were killed)")
+    return lines
 
 
 def clean(stage_name: str | None = typer.Option(None, "--stage", help="remove only this stage's builds"),

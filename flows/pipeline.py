@@ -25,9 +25,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact  #
 from prefect.runtime import deployment, flow_run  # noqa: E402
 from prefect.states import State  # noqa: E402
 
+from flows import crashed  # noqa: E402
 from flows.config import STAGES, PipelineConfig, artifact_key, flow_signature_defaults, make_config  # noqa: E402
+from flows.locks import tidy  # noqa: E402
 from flows.quiet import note_user_error  # noqa: E402
-from flows.tasks import TASKS, StageOutcome, cache_policy, prefect_dir  # noqa: E402
+from flows.records import prefect_dir, remove_failure_records  # noqa: E402
+from flows.tasks import TASKS, StageOutcome, cache_policy  # noqa: E402
 from storage import ArtifactStore, GnnpipeError, Manifest  # noqa: E402
 from storage.inventory import ORIGIN_ENV, building_for, mark_used  # noqa: E402
 
@@ -66,18 +69,22 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         logger.info("%s: inputs %s → key %s (%s)", name, upstream or "-", key,
                     "forced" if forced else "artifact present" if valid else "to build")
         task = TASKS[name].with_options(
-            cache_policy=cache_policy(name, cfg.artifacts),
+            cache_policy=cache_policy(name, cfg.artifacts, wait=cfg.wait),
             result_storage=prefect_dir(cfg.artifacts) / "results",
             refresh_cache=forced or not valid,
         )
         # return_state=True returns the State (Prefect's overloads type the result instead)
         state = cast("State[StageOutcome]", task(root=store.root, params=params.model_dump(mode="json"),
                                                  upstream=upstream, force=forced, return_state=True))
+        if not state.is_completed():   # its exception's record is never read: leave nothing of a failure behind
+            remove_failure_records(cfg.artifacts)
         outcome: StageOutcome = state.result()
         manifest = outcome.manifest
         keys[name] = manifest.key
         mark_used(store, name, manifest.key)   # `gnnpipe status`'s "last used"
         label = stage_label(state.name, outcome)
+        for path in tidy(store.root, name, manifest.key):
+            logger.info("%s: removed %s, left by an earlier attempt at this build", name, path)
         headline = _publish(store, name, manifest)
         logger.info("%s [%s] %s: %s", name, label, manifest.key, headline)
         results[name] = {"state": label, "key": manifest.key, "uri": store.url(name, manifest.key),
@@ -87,7 +94,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
 
 def _pipeline(**parameters: Any) -> dict[str, Any]:
     try:
-        with building_for(_origin()):
+        with crashed.tracked_run(), building_for(_origin()):
             return run_pipeline(make_config(parameters))
     except GnnpipeError as err:   # raised in the flow itself (a bad deployment parameter, a corrupted manifest)
         note_user_error(err)

@@ -13,6 +13,7 @@ prefix and the manifest is published last: an artifact without a manifest does n
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -211,6 +212,7 @@ class ArtifactStore:
                 self._publish_local(work, final, stage, key, replace)
         except BaseException as err:
             self._remove_quietly(work if self.is_local else final)
+            self._prune_empty(stage)
             if (failure := write_failure(err, stage, self.root)) is not None:
                 raise failure from None
             raise
@@ -236,6 +238,13 @@ class ArtifactStore:
             self._remove(path)
         except OSError as err:
             _log.warning("could not remove %s after a failed write: %s", path, err)
+
+    def _prune_empty(self, stage: str) -> None:
+        """Remove ``<root>/<stage>/`` after a failed first build of the stage: an empty stage directory would make a
+        root look as if it held something of that stage (``gnnpipe status``)."""
+        if self.is_local:
+            with contextlib.suppress(OSError):   # not empty (other builds, a concurrent run's work), or gone
+                os.rmdir(self._path(stage))
 
     def build(self, stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest],
               body: Callable[[StageWriter], None], *, force: bool = False) -> Manifest:

@@ -187,7 +187,10 @@ def test_malformed_files_dataset_fails_cleanly(prefect_server: str, tmp_path: Pa
     assert proc.returncode == 2, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "edge_index.npy" in last
-    assert not (artifacts / "download").exists() or list((artifacts / "download").iterdir()) == []
+    # nothing of the failure is left: no empty stage directory, no record of the task's exception
+    assert not (artifacts / "download").exists()
+    assert list((artifacts / ".prefect" / "cache-keys").iterdir()) == []
+    assert list((artifacts / ".prefect" / "results").iterdir()) == []
     # one line, not Prefect's four repeats with two tracebacks (116 lines before [3/7]); those go to errors.log
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and output.count("edge_index.npy") == 1, output

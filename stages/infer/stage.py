@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from storage.infer import (
     export_orig_order,
     write_metrics,
 )
+from storage.leftovers import infer_job_dir
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
 from storage.store import stage_key
@@ -173,9 +174,11 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
 
     num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions
     key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
-    with tempfile.TemporaryDirectory(prefix=f"gnnpipe-infer-{key}-") as job:
-        results = Path(job, "result")
-        results.mkdir()
+    job = infer_job_dir(store, key)   # beside the artifacts: the next attempt removes what a killed one left
+    shutil.rmtree(job, ignore_errors=True)
+    try:
+        results = job / "result"
+        results.mkdir(parents=True)
         spec = InferSpec(artifacts=store.root, key=key, partition_key=upstream["partition"].key,
                          features_key=upstream["features"].key, train_key=upstream["train"].key,
                          params=params.model_dump(mode="json"), out_url=writer.url, result_dir=str(results))
@@ -189,6 +192,8 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
         except GnnpipeError as err:
             raise _as_inference_error(err, params.job_timeout_s) from None
         ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
     return ranks
 
 

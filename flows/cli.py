@@ -15,13 +15,13 @@ from typing import Any
 
 import typer
 
-from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, interrupts
+from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, cli_verify, interrupts
 from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
 from flows.env import configure_prefect_env
 from flows.load import load_config
 from flows.locks import tidy
 from flows.params_doc import parameter_table
-from storage import ArtifactStore, GnnpipeError, InputError
+from storage import ArtifactStore, GnnpipeError
 from storage.inventory import ORIGIN_ENV, mark_used
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -77,11 +77,6 @@ def _print_results(store: ArtifactStore, results: dict[str, dict[str, Any]]) -> 
         typer.echo("\n" + report.markdown)
 
 
-def _check_stage(name: str) -> None:
-    if name not in ORDER:
-        raise InputError(f"unknown stage '{name}'; choose one of {', '.join(ORDER)}")
-
-
 @app.command()
 def run(config: Path | None = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters"),
         until: str | None = typer.Option(None, help=f"last stage to run ({', '.join(ORDER)})"),
@@ -100,7 +95,7 @@ def stage(name: str = typer.Argument(..., help=f"one of {', '.join(ORDER)}"),
           artifacts: str | None = typer.Option(None, envvar="ARTIFACTS"),
           no_wait: bool = NO_WAIT) -> None:
     """Rerun one stage, taking its upstream from the cache."""
-    _check_stage(name)
+    cli_store.check_stage(name)
     _run(load_config(config, set_, until=name, force=[name], artifacts=artifacts, wait=False if no_wait else None))
 
 
@@ -112,6 +107,7 @@ def params(markdown: bool = typer.Option(False, "--markdown", help="the README's
 
 cli_ops.register(app)
 cli_store.register(app)
+cli_verify.register(app)
 cli_train.register(app)
 cli_export.register(app)
 cli_score.register(app)

@@ -29,12 +29,12 @@ SETS = typer.Option([], "--set", "-s", help="parameter override key=value (repea
 ARTIFACTS = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)")
 
 
-def _check_stage(name: str) -> None:
+def check_stage(name: str) -> None:
     if name not in ORDER:
         raise InputError(f"unknown stage '{name}'; choose one of {', '.join(ORDER)}")
 
 
-def _open(artifacts: str | None) -> tuple[ArtifactStore, bool]:
+def open_root(artifacts: str | None) -> tuple[ArtifactStore, bool]:
     """The store of ``artifacts`` (or the default root) and whether it exists; a file there is an error."""
     store = ArtifactStore(load_config(None, [], artifacts=artifacts).artifacts)
     return store, inv.check_root(store)
@@ -158,7 +158,7 @@ def config_status(store: ArtifactStore, cfg: PipelineConfig) -> list[str]:
 def status(config: Path | None = CONFIG, set_: list[str] = SETS, artifacts: str | None = ARTIFACTS) -> None:
     """What the artifact root holds; with --config/--set, whether that config's stages are cached or missing."""
     if config is None and not set_:
-        store, exists = _open(artifacts)
+        store, exists = open_root(artifacts)
         if not exists:
             typer.echo(f"artifact root {store.root} does not exist: nothing built yet (`gnnpipe run` builds the "
                        f"pipeline)")
@@ -182,10 +182,14 @@ def _by_prefix(store: ArtifactStore, name: str, prefix: str) -> str:
     raise InputError(f"{prefix} names {len(keys)} {name} builds ({', '.join(keys)}); give more of the key")
 
 
+def cli_args(config: Path | None, set_: list[str], artifacts: str | None) -> list[str]:
+    """A command's --config/--set/--artifacts as a later command takes them."""
+    args = ["--config", str(config)] if config else []
+    return args + [a for s in set_ for a in ("--set", s)] + (["--artifacts", artifacts] if artifacts else [])
+
+
 def _run_command(name: str, config: Path | None, set_: list[str], artifacts: str | None) -> str:
-    args = ["gnnpipe", "run", "--until", name] + (["--config", str(config)] if config else [])
-    args += [a for s in set_ for a in ("--set", s)] + (["--artifacts", artifacts] if artifacts else [])
-    return shlex.join(args)
+    return shlex.join(["gnnpipe", "run", "--until", name, *cli_args(config, set_, artifacts)])
 
 
 def _default_choice(store: ArtifactStore, name: str, key: str) -> str:
@@ -214,7 +218,7 @@ def find_build(name: str, key: str | None, config: Path | None, set_: list[str],
                artifacts: str | None) -> tuple[ArtifactStore, Manifest]:
     """The build of stage ``name`` that ``gnnpipe show`` picks (``gnnpipe export`` too): KEY or its prefix, the
     config's, or the stage's only build; an InputError saying how to build or pick it otherwise."""
-    _check_stage(name)
+    check_stage(name)
     if key is not None and (config is not None or set_):
         raise InputError("pass a build's KEY or a --config/--set, not both")
     cfg = load_config(config, set_, artifacts=artifacts)
@@ -273,8 +277,8 @@ def clean(stage_name: str | None = typer.Option(None, "--stage", help="remove on
           artifacts: str | None = ARTIFACTS) -> None:
     """Delete builds (all, or one stage's; train's with its checkpoints) and the cache records that point at them."""
     if stage_name is not None:
-        _check_stage(stage_name)
-    store, exists = _open(artifacts)
+        check_stage(stage_name)
+    store, exists = open_root(artifacts)
     if not exists:
         typer.echo(f"nothing to remove: {store.root} does not exist")
         return

@@ -29,8 +29,9 @@ from typing import Any, ClassVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from storage.checksums import digests
 from storage.errors import ArtifactError, InputError
 from storage.write_errors import write_failure
 
@@ -43,8 +44,8 @@ class Manifest(BaseModel):
     """A stage's manifest, ``<root>/<stage>/<key>/manifest.json``: what was built, from what, and which files.
 
     Unknown fields are ignored (a manifest written by a newer gnnpipe still loads, and is never taken for a
-    corrupted one and rebuilt over); every field below is required but ``origin``, which manifests written before
-    it existed lack.
+    corrupted one and rebuilt over); every field below is required but ``origin`` and ``digests``, which manifests
+    written before they existed lack. Neither enters the key (``stage_key``): adding them rebuilt nothing.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -62,6 +63,8 @@ class Manifest(BaseModel):
     uri: str                        # the artifact directory when it was written
     build_id: str                   # tells two builds of the same key apart (tests, audits)
     origin: str = ""                # how the run that built it was invoked (storage.inventory.current_origin)
+    # path -> "crc32c:<hex>" of every file but the Zarr chunks, which carry their own (storage.checksums)
+    digests: dict[str, str] = Field(default_factory=dict)
 
 
 def _canonical(obj: Any) -> str:
@@ -114,6 +117,11 @@ class ArtifactStore:
     # ---- reading ---------------------------------------------------------------------------------------
     def load(self, stage: str, key: str) -> Manifest:
         """The validated manifest of ``stage/key``; raises :class:`ArtifactError` naming the bad file."""
+        return self.check_files(self.read_manifest(stage, key))
+
+    def read_manifest(self, stage: str, key: str) -> Manifest:
+        """The parsed manifest of ``stage/key``, its files not checked (``storage.verify`` checks them itself);
+        raises :class:`ArtifactError` if it is missing or unreadable."""
         path = self._path(stage, key, MANIFEST)
         if not self.fs.exists(path):
             raise ArtifactError(f"artifact {stage}/{key} is missing ({self.url(stage, key, MANIFEST)} not found); "
@@ -124,7 +132,7 @@ class ArtifactStore:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ArtifactError(f"corrupted manifest {self.url(stage, key, MANIFEST)} ({err}); "
                                 f"delete {self.url(stage, key)} or rerun with --force {stage}") from None
-        return self.validate(data, stage, key)
+        return _parse(data, stage, key, self)
 
     def find(self, stage: str, key: str) -> Manifest | None:
         """The manifest if ``stage/key`` exists and is valid, else None."""
@@ -133,23 +141,29 @@ class ArtifactStore:
         except ArtifactError:
             return None
 
-    def validate(self, data: Any, stage: str | None = None, key: str | None = None) -> Manifest:
-        """Parse a manifest's JSON and check that every file it lists exists with its recorded size; returns the
-        parsed manifest."""
-        manifest = _parse(data, stage, key, self)
+    def check_files(self, manifest: Manifest) -> Manifest:
+        """``manifest`` if every file it lists exists with its recorded size, else an ArtifactError naming one."""
         stage, key = manifest.stage, manifest.key
-        sizes = self._sizes(stage, key)
-        for rel, size in manifest.files.items():
-            got = sizes.get(rel)
-            if got is None:
-                raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is "
-                                    f"missing; rerun with --force {stage}")
-            if got != size:
-                raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} "
-                                    f"bytes, manifest says {size}; rerun with --force {stage}")
-        return manifest
+        if (problem := self.size_problem(manifest)) is None:
+            return manifest
+        rel, got = problem
+        if got is None:
+            raise ArtifactError(f"artifact {stage}/{key} is incomplete: {self.url(stage, key, rel)} is "
+                                f"missing; rerun with --force {stage}")
+        raise ArtifactError(f"artifact {stage}/{key} is corrupted: {self.url(stage, key, rel)} has {got} "
+                            f"bytes, manifest says {manifest.files[rel]}; rerun with --force {stage}")
 
-    def _sizes(self, stage: str, key: str) -> dict[str, int]:
+    def size_problem(self, manifest: Manifest) -> tuple[str, int | None] | None:
+        """The first file ``manifest`` lists that is missing (None) or not of its recorded size (its size), else
+        None."""
+        sizes = self.file_sizes(manifest.stage, manifest.key)
+        for rel, size in manifest.files.items():
+            if (got := sizes.get(rel)) != size:
+                return rel, got
+        return None
+
+    def file_sizes(self, stage: str, key: str) -> dict[str, int]:
+        """Every file under ``<root>/<stage>/<key>/`` (relative path -> bytes), from one listing."""
         base = self._path(stage, key)
         try:
             listing = self.fs.find(base, detail=True)
@@ -352,6 +366,9 @@ class StageWriter:
             "uri": self.store.url(self.stage, self.key),
             "build_id": uuid.uuid4().hex,
             "origin": os.environ.get("GNNPIPE_ORIGIN", ""),   # who built it: storage.inventory.current_origin
+            # re-read once here (from the page cache: the build just wrote them) so `gnnpipe verify` can tell a
+            # flipped byte from an intact file; Zarr chunks, the bulk of the bytes, are skipped (own crc32c)
+            "digests": digests(self.store.fs, self._work, files),
         }
         # What is written is exactly what load() parses back: a manifest the model rejects fails the build here.
         text = json.dumps(data, indent=2, sort_keys=True, default=str)

@@ -30,15 +30,16 @@ BloscCname = Literal["lz4", "lz4hc", "blosclz", "snappy", "zlib", "zstd"]
 _ARTIFACT = re.compile(r"/([A-Za-z_][\w-]*)/([0-9a-f]{16})(?=/|$)")
 
 
-def rerun_hint(where: object) -> str:
+def rerun_hint(where: object, args: str = "the run's --config/--set") -> str:
     """What to do about a damaged file at ``where`` (a URL, path or Zarr store under the artifact root): rebuild the
-    artifact that holds it, the stage and command named."""
+    artifact that holds it, the stage and command named. ``args``: which --config/--set to run it with, when the
+    caller knows more than "the run's" (``gnnpipe verify`` names those that built it)."""
     found = _ARTIFACT.findall(str(where))
     if not found:
         return "rerun, with --force <stage>, the stage whose artifact holds it"
     stage = found[-1][0]
     return (f"rerun the {stage} stage to rebuild it: `gnnpipe run --force {stage}` (or `gnnpipe stage {stage}`) "
-            f"with the run's --config/--set")
+            f"with {args}")
 
 
 def _store(url: str) -> Any:
@@ -53,6 +54,14 @@ def open_group(url: str, mode: Mode = "r") -> zarr.Group:
         return zarr.open_group(_store(url), mode=mode, zarr_format=3)
     except FileNotFoundError:
         raise ArtifactError(f"Zarr group {url} not found; {rerun_hint(url)}") from None
+
+
+def open_array_at(url: str) -> zarr.Array:
+    """The array whose directory is ``url``, for reading."""
+    try:
+        return zarr.open_array(_store(url), mode="r", zarr_format=3)
+    except FileNotFoundError:
+        raise ArtifactError(f"Zarr array {url} not found; {rerun_hint(url)}") from None
 
 
 def open_array(group: zarr.Group, name: str) -> zarr.Array:

@@ -130,8 +130,11 @@ def test_manifest_is_typed_and_its_json_keeps_its_keys(tmp_path: Path):
     m = store.build("s", 1, {"a": 1}, {}, _body)
     on_disk = json.loads((tmp_path / "s" / m.key / "manifest.json").read_text())
     assert set(on_disk) == {"stage", "version", "key", "params", "upstream", "created", "files", "bytes", "summary",
-                            "libraries", "uri", "build_id", "origin"}
+                            "libraries", "uri", "build_id", "origin", "digests"}
     assert m.model_dump() == on_disk and m.bytes == sum(m.files.values())
+    # every file but the Zarr chunks has a crc32c (the chunks carry their own, in the codec)
+    assert sorted(m.digests) == sorted(f for f in m.files if "/c/" not in f) and "arr.zarr/x/zarr.json" in m.digests
+    assert all(d.startswith("crc32c:") for d in m.digests.values())
     with pytest.raises(ValidationError):
         m.key = "other"   # frozen
     down = store.build("t", 1, {}, {"s": m}, _body)

@@ -168,7 +168,7 @@ def load_dataset(params: Params, *, download_dir: str, progress: bool) -> Graph:
     if params.dataset in ("synthetic", "synthetic-link"):
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
                                    params.seed, split=params.split, progress=progress,
-                                   num_edge_features=params.num_edge_features)
+                                   num_edge_features=params.num_edge_features, name=params.dataset)
     else:
         from stages.download.ogb_source import load_ogb
 

@@ -21,7 +21,7 @@ from flows.env import configure_prefect_env
 from flows.load import load_config
 from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError, InputError
-from storage.inventory import ORIGIN_ENV, mark_used
+from storage.inventory import claim_origin, mark_used
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -114,7 +114,7 @@ cli_score.register(app)
 def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the builds this command makes record how it was invoked (`gnnpipe status`); a value the user set wins
-    os.environ.setdefault(ORIGIN_ENV, shlex.join(["gnnpipe", *sys.argv[1:]]))
+    claim_origin(shlex.join(["gnnpipe", *sys.argv[1:]]))
     interrupts.install()
     try:
         app()

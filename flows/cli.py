@@ -15,14 +15,14 @@ from typing import Any
 
 import typer
 
-from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, cli_verify, interrupts
+from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, cli_verify, interrupts, terminal
 from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
 from flows.env import configure_prefect_env
 from flows.load import load_config
 from flows.locks import tidy
 from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError
-from storage.inventory import ORIGIN_ENV, mark_used
+from storage.inventory import claim_origin, mark_used
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 NO_WAIT = typer.Option(False, "--no-wait", help="fail at once if another live run is building a stage this run needs, "
@@ -116,16 +116,19 @@ cli_score.register(app)
 def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the builds this command makes record how it was invoked (`gnnpipe status`); a value the user set wins
-    os.environ.setdefault(ORIGIN_ENV, shlex.join(["gnnpipe", *sys.argv[1:]]))
+    claim_origin(shlex.join(["gnnpipe", *sys.argv[1:]]))
     interrupts.install()
-    try:
-        app()
-    except GnnpipeError as err:   # every command's user errors, and those raised while typer parses
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(2)
-    except interrupts.Interrupted as exc:   # SIGINT or SIGTERM, after every process of the run was stopped
-        typer.echo(interrupts.message(exc, interrupts.interrupted_stage(exc)), err=True)
-        sys.exit(exc.exit_code)
+    with terminal.track_stderr():   # the last line starts a line of its own, whatever a progress bar left
+        try:
+            app()
+        except GnnpipeError as err:   # every command's user errors, and those raised while typer parses
+            terminal.start_line()
+            typer.echo(f"error: {err}", err=True)
+            sys.exit(2)
+        except interrupts.Interrupted as exc:   # SIGINT or SIGTERM, after every process of the run was stopped
+            terminal.start_line()
+            typer.echo(interrupts.message(exc, interrupts.interrupted_stage(exc)), err=True)
+            sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,21 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = tomllib.loads(text)
         else:
             data = yaml.safe_load(text) or {}
-    except (yaml.YAMLError, ValueError) as err:   # tomllib.TOMLDecodeError is a ValueError
+    except yaml.MarkedYAMLError as err:
+        raise InputError(f"cannot parse {path}, {_yaml_problem(err)}") from None
+    except (yaml.YAMLError, ValueError) as err:   # tomllib's message ends "(at line L, column C)"
         raise InputError(f"cannot parse {path}: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} must hold a mapping of parameter: value")
     return data
+
+
+def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
+    """``line L, column C: <problem> (<context> at line ...)``: yaml's own first line is often only the context
+    ("while parsing a flow sequence"), and its marks are on lines of their own with 0-based numbers inside."""
+    mark = err.problem_mark or err.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+    what = err.problem or err.context or "invalid YAML"
+    if err.context and err.problem and err.context_mark is not None:
+        what += f" ({err.context} started at line {err.context_mark.line + 1}, column {err.context_mark.column + 1})"
+    return f"{where}: {what}"

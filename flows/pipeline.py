@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import inspect
-import os
 from typing import Any, cast
 
 from flows.env import configure_prefect_env
@@ -32,7 +31,7 @@ from flows.quiet import note_user_error  # noqa: E402
 from flows.records import prefect_dir, remove_failure_records  # noqa: E402
 from flows.tasks import TASKS, StageOutcome, cache_policy  # noqa: E402
 from storage import ArtifactStore, GnnpipeError, Manifest  # noqa: E402
-from storage.inventory import ORIGIN_ENV, building_for, mark_used  # noqa: E402
+from storage.inventory import building_for, mark_used, own_origin  # noqa: E402
 
 
 def _publish(store: ArtifactStore, name: str, manifest: Manifest) -> str:
@@ -102,9 +101,11 @@ def _pipeline(**parameters: Any) -> dict[str, Any]:
 
 
 def _origin() -> str:
-    """Who runs this flow, recorded in the manifests it builds: the CLI's command line, else the flow run."""
-    if os.environ.get(ORIGIN_ENV):
-        return os.environ[ORIGIN_ENV]
+    """Who runs this flow, recorded in the manifests it builds: the command line of the CLI that runs it in this
+    process, else the flow run (and its deployment). Not an inherited ``ORIGIN_ENV``: a deployment's flow runs in
+    a child of the worker, whose environment holds ``gnnpipe worker up`` (``storage.inventory.claim_origin``)."""
+    if origin := own_origin():
+        return origin
     run = f"flow run {flow_run.name}"
     return f"deployment {flow_run.flow_name}/{deployment.name}, {run}" if deployment.name else run
 

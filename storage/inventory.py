@@ -4,9 +4,10 @@ Two records beside the content-addressed builds, neither part of any build (a bu
 the files the manifest lists; these records can never make one look incomplete, see ``storage.store``):
 
 - ``Manifest.origin``: how the run that built it was invoked, taken from the ``GNNPIPE_ORIGIN`` environment
-  variable when the manifest is written. The CLI sets it before a run; the flow sets it from its flow run when
-  started by a deployment (``building_for``). Environment, not a parameter: it reaches Prefect tasks and the
-  processes they start without touching a stage's signature, and it never enters a key.
+  variable when the manifest is written. The CLI sets it before a run (``claim_origin``); the flow sets it from
+  its flow run when started by a deployment (``building_for``), whatever the worker's environment holds.
+  Environment, not a parameter: it reaches Prefect tasks and the processes they start without touching a stage's
+  signature, and it never enters a key.
 - ``<root>/.last-used/<stage>/<key>``: ``{"at": ISO time, "by": origin}``, rewritten by ``mark_used`` each time a
   run builds a stage or takes it from the cache. Outside the stage directories, so that listing a stage, publishing
   a build and removing one never meet it. A best-effort record: failing to write it never fails a run.
@@ -26,12 +27,29 @@ from storage.errors import ArtifactError, InputError
 from storage.store import MANIFEST, ArtifactStore, Manifest
 
 ORIGIN_ENV = "GNNPIPE_ORIGIN"
+ORIGIN_PID_ENV = "GNNPIPE_ORIGIN_PID"   # the process ORIGIN_ENV was claimed for (claim_origin)
 USED_DIR = ".last-used"
 TMP_PREFIX = ".tmp-"   # storage.store.ArtifactStore.writing's work directories
 
 
 def current_origin() -> str:
     """How the running pipeline was invoked (``""`` when nobody said)."""
+    return os.environ.get(ORIGIN_ENV, "")
+
+
+def claim_origin(command: str) -> None:
+    """This process runs ``command``: its builds record it (a value already in ``ORIGIN_ENV``, the user's, wins).
+    The claim names this process's id, because the environment is inherited by processes that are not running
+    ``command``: a Prefect process worker started by ``gnnpipe worker up`` runs each deployment's flow in a child
+    that would otherwise record ``gnnpipe worker up`` (``own_origin``)."""
+    os.environ.setdefault(ORIGIN_ENV, command)
+    os.environ[ORIGIN_PID_ENV] = str(os.getpid())
+
+
+def own_origin() -> str:
+    """``ORIGIN_ENV`` if it was claimed for this very process (``claim_origin``), else ``""``."""
+    if os.environ.get(ORIGIN_PID_ENV) != str(os.getpid()):
+        return ""
     return os.environ.get(ORIGIN_ENV, "")
 
 

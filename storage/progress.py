@@ -48,3 +48,11 @@ class progress(tqdm):  # noqa: N801 - used like tqdm
         if not self.disable and time.monotonic() - self._started >= LOG_FINAL_AFTER_S:
             self._log()
         super().close()
+
+
+def close_all() -> None:
+    """Close every bar still open (each blanks its line: ``leave=False``). A stage that raises inside a bar's loop
+    leaves it open for as long as the traceback holds its frame, and the CLI's ``error:`` line must not follow it
+    (``flows.terminal``)."""
+    for bar in list(tqdm._instances):   # tqdm's registry of live bars, shared by every subclass
+        bar.close()

@@ -67,7 +67,11 @@ def test_config_files_and_set_agree(tmp_path: Path):
     ("bogus_key: 1\n", [], "invalid parameter bogus_key: unknown name; `gnnpipe params` lists every parameter"),
     ("num_partitions: many\n", [], "invalid parameter num_partitions='many': Input should be a valid integer, "
                                     "unable to parse string as an integer; expected an integer >= 1"),
-    ("num_partitions: [1\n", [], "cannot parse"),
+    # the file, line and column where yaml stopped (its own first line can be "while parsing a flow sequence")
+    ("num_partitions: [1\n", [], "cannot parse .*c.yaml, line 2, column 1: expected ',' or ']', but got "
+                                  "'<stream end>'"),
+    ("epochs: 2\nmodel: sage: gcn\n", [], "cannot parse .*c.yaml, line 2, column 12: mapping values are not "
+                                          "allowed here"),
     ("- a\n- b\n", [], "must hold a mapping"),
     ("", ["fanouts=[]"], "fanouts is empty"),
     ("", ["fanouts=[10, -2]"], "invalid parameter fanouts=10,-2: invalid fanout -2"),
@@ -85,6 +89,13 @@ def test_config_errors_are_one_line(tmp_path: Path, content: str, set_: list[str
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]  # exactly one line
     assert proc.stderr.startswith("error: ")
+
+
+def test_a_broken_toml_file_names_line_and_column(tmp_path: Path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("epochs = 3\nmodel = \n")
+    with pytest.raises(InputError, match=r"cannot parse .*c.toml: Invalid value \(at line 2, column 9\)$"):
+        load_config(cfg, [])
 
 
 def test_unknown_stage_and_missing_config(tmp_path: Path):

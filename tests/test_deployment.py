@@ -47,8 +47,11 @@ def latest_task_states(url: str) -> dict[str, str]:
 def services(tmp_path: Path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    # PYTHONPATH: the gnnpipe script (and the worker's flow runs) import this checkout, not the one the venv's
+    # editable install points at
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_PORT=str(port),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1")
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     gnnpipe = [str(BIN / "gnnpipe")]
 
     def cli(*args: str, timeout: float = 180) -> str:
@@ -85,6 +88,8 @@ def test_deployment_run_completes_then_caches(services, tmp_path: Path):
     assert run_deployment() == {"download": "Completed", "partition": "Completed", "features": "Completed"}
     manifest = json.loads(next((artifacts / "partition").glob("*/manifest.json")).read_text())
     assert manifest["params"]["num_partitions"] == 3
+    # the flow run, not the worker's command line inherited through its environment (`gnnpipe worker up`)
+    assert manifest["origin"].startswith("deployment gnnpipe/default, flow run "), manifest["origin"]
     keys = {a["key"] for a in api(url, "/artifacts/filter", {})}
     assert {"gnnpipe-download", "gnnpipe-partition-report", "gnnpipe-features"} <= keys
     assert run_deployment() == {"download": "Cached", "partition": "Cached", "features": "Cached"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,3 +186,22 @@ def test_broken_csr_dataset(tmp_path: Path, case: str) -> None:
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist; pass the directory holding edge_index.npy"):
         load_files(str(tmp_path / "nope"))
+
+
+STRAY = ("warning: y.npy: classes 3-9 have no labelled node; num_classes=11 because the largest label is 10 (fix a "
+         "stray label, or set num_classes in meta.json to keep empty classes)")
+
+
+def test_a_stray_label_warns_of_the_classes_it_leaves_empty(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Label 10 among 0-2 makes 11 classes (as documented); one line says which are empty, and why."""
+    d = write_dataset(tmp_path / "d")
+    np.save(d / "y.npy", np.array([0, 1, 2, 1, 0, 10]))
+    with caplog.at_level(logging.INFO, logger="gnnpipe.download"):
+        g = load_files(str(d))
+    assert g.num_classes == 11
+    assert [r.getMessage() for r in caplog.records if "labelled node" in r.getMessage()] == [STRAY]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gnnpipe.download"):
+        load_files(str(write_dataset(tmp_path / "dense")))   # classes 0-2 all present
+        load_files(str(write_dataset(tmp_path / "meant", meta={"num_classes": 11})))   # said on purpose
+    assert not [r for r in caplog.records if "labelled node" in r.getMessage()]

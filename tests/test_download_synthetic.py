@@ -148,3 +148,14 @@ def test_parameter_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(InputError, match=match) as err:
         generate_synthetic(**params)
     assert "\n" not in str(err.value)
+
+
+def test_synthetic_link_is_reported_as_itself(tmp_path) -> None:
+    """Its download headline said ``synthetic:``, the generator's name, not the dataset's."""
+    from stages.download import stage as download
+    from storage import ArtifactStore
+
+    params = download.Params(dataset="synthetic-link", task="link", num_nodes=2000, avg_degree=8.0, num_features=4)
+    manifest = download.run(ArtifactStore(tmp_path), params, {}, progress=False)
+    assert download.report(manifest).headline.startswith("synthetic-link: 2,000 nodes, ")
+    assert manifest.summary["source"] == "synthetic-link(seed=0)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,37 @@ def test_malformed_files_dataset_fails_cleanly(prefect_server: str, tmp_path: Pa
     # one line, not Prefect's four repeats with two tracebacks (116 lines before [3/7]); those go to errors.log
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and output.count("edge_index.npy") == 1, output
+
+
+def _flow_run_logs(api_url: str) -> list[str]:
+    """The messages the server holds for the latest flow run (Prefect's log, as its UI shows it)."""
+    def post(path: str, body: dict[str, Any]) -> Any:
+        req = urllib.request.Request(f"{api_url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.load(resp)
+
+    [run] = post("/flow_runs/filter", {"sort": "EXPECTED_START_TIME_DESC", "limit": 1})
+    return [log["message"] for log in post("/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}})]
+
+
+def test_a_stray_label_warns_on_the_terminal_and_in_the_prefect_log(prefect_server: str, tmp_path: Path):
+    import numpy as np
+
+    data = tmp_path / "mygraph"
+    data.mkdir()
+    np.save(data / "edge_index.npy", np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]))
+    np.save(data / "x.npy", np.zeros((6, 3), dtype=np.float32))
+    np.save(data / "y.npy", np.array([0, 1, 2, 1, 0, 10]))   # a stray 10 among classes 0-2
+    for name, ids in (("train_idx", [0, 1, 2]), ("valid_idx", [3]), ("test_idx", [4, 5])):
+        np.save(data / f"{name}.npy", np.array(ids))
+    proc = _cli(["run", "--until", "download", "--artifacts", str(tmp_path / "art"), "--set", "dataset=files",
+                 "--set", f"path={data}"], api_url=prefect_server)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = "warning: y.npy: classes 3-9 have no labelled node; num_classes=11 because the largest label is 10"
+    assert len([line for line in proc.stderr.splitlines() if said in line]) == 1, proc.stderr
+    assert "11 classes" in proc.stdout
+    assert len([m for m in _flow_run_logs(prefect_server) if m.startswith(said)]) == 1
 
 
 def test_whole_pipeline_ends_with_a_trained_model(prefect_server: str, tiny: dict[str, Any]):

@@ -166,14 +166,41 @@ def test_the_cli_on_a_full_tmpfs_prints_one_error_line_and_exits_2(tmp_path: Pat
         root = small / "art"
         sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={json.dumps(v)}")]
         proc = subprocess.run([*GNNPIPE, "run", "--until", "download", "--artifacts", str(root), *sets], cwd=REPO,
-                              env=cli_env(), capture_output=True, text=True, timeout=300)
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert errors == [f"error: download stage: cannot write to {root}: {ENOSPC_LINE}"], proc.stderr[-3000:]
+                              env=cli_env(), capture_output=True, timeout=300)
+        # bytes, split at newlines only: text mode would turn a progress bar's \r into line ends, and hide an
+        # error line glued to what a bar left on its line
+        stderr = proc.stderr.decode()
+        errors = [line for line in stderr.split("\n") if "error:" in line]
+        assert errors == [f"error: download stage: cannot write to {root}: {ENOSPC_LINE}"], stderr[-3000:]
         assert proc.returncode == 2
         # the ~200 lines of zarr's OSError traceback are gone (Prefect's own logging of the failed task and flow is
         # filtered separately: item 3, tests/test_flow.py)
-        assert "OSError" not in proc.stderr and "zarr" not in proc.stderr, proc.stderr[-3000:]
+        assert "OSError" not in stderr and "zarr" not in stderr, stderr[-3000:]
         assert leftovers(root, "download") == []
+
+
+def test_the_error_line_is_its_own_line_after_a_bar_left_open(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]):
+    """A stage that fails inside a progress bar's loop (a chunked write on a full disk) leaves the bar open, its
+    line ended by no newline: the error line was glued to it."""
+    from flows import cli
+    from storage.progress import progress
+
+    def fails_mid_bar(cfg: object) -> None:
+        bar = progress(total=8, desc="write x", disable=False, mininterval=0)
+        bar.update(3)
+        raise write_failure(OSError(errno.ENOSPC, "No space left on device"), "download", "/data/art") or \
+            AssertionError("not a refused write")
+
+    monkeypatch.setattr(cli, "_run", fails_mid_bar)
+    monkeypatch.setattr(sys, "argv", ["gnnpipe", "run", "--artifacts", "/data/art"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "write x:  38%" in err, err
+    assert err.endswith(f"\nerror: download stage: cannot write to /data/art: {ENOSPC_LINE}\n"), repr(err)
+    bar_line = err.split("\n")[0]   # every redraw of the bar, then its blanking
+    assert bar_line.endswith("\r") and bar_line.split("\r")[-2].strip() == "", "the bar is cleared, not left drawn"
 
 
 def test_the_launcher_repeats_a_rank_s_error_line_when_its_error_file_could_not_be_written(tmp_path: Path):

@@ -8,6 +8,7 @@ resumes from.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -139,6 +140,26 @@ def test_status_shows_origin_last_use_and_checkpoints(tmp_path: Path, monkeypatc
     assert row[unused.key][header.index("LAST USED"):].startswith("- ") and row[unused.key].endswith("  -")
     train = _stage_table(out, "train")
     assert "resumes" in train[0] and train[1].split()[:4] == ["0123456789abcdef", "3", "epochs", "done,"]
+
+
+def test_a_deployment_run_records_its_deployment_not_the_worker_command(monkeypatch: pytest.MonkeyPatch):
+    """A process worker runs a deployment's flow in a child that inherits the worker's environment, whose
+    GNNPIPE_ORIGIN was `gnnpipe worker up`: the builds recorded that command instead of the flow run."""
+    from types import SimpleNamespace
+
+    from flows import pipeline
+
+    monkeypatch.setattr(pipeline, "flow_run", SimpleNamespace(name="brisk-otter", flow_name="gnnpipe"))
+    monkeypatch.setattr(pipeline, "deployment", SimpleNamespace(name="default"))
+    monkeypatch.setenv(inv.ORIGIN_ENV, "gnnpipe worker up")            # claimed by the worker's process,
+    monkeypatch.setenv(inv.ORIGIN_PID_ENV, str(os.getpid() + 1))         # not this one
+    assert pipeline._origin() == "deployment gnnpipe/default, flow run brisk-otter"
+    monkeypatch.delenv(inv.ORIGIN_ENV)
+    inv.claim_origin("gnnpipe run --set epochs=5")   # the CLI runs the flow in its own process
+    assert pipeline._origin() == "gnnpipe run --set epochs=5"
+    monkeypatch.setattr(pipeline, "deployment", SimpleNamespace(name=None))
+    monkeypatch.delenv(inv.ORIGIN_PID_ENV)   # a flow called from Python, without the CLI
+    assert pipeline._origin() == "flow run brisk-otter"
 
 
 def test_last_use_record_never_touches_a_build(tmp_path: Path):

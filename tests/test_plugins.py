@@ -6,9 +6,12 @@ The end-to-end runs (the example trained through the pipeline, a NaN loss failin
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,13 +20,14 @@ import torch
 from flows.config import make_config, stage_keys
 from stages.train.params import Params
 from stages.train.plugin_code import plugin_files, source_digest
+from stages.train.plugin_names import Lookup, look_up
 from stages.train.plugins import make_loss, make_model
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.spec import code_digest
 from stages.train.tasks import NodeClassification
 from storage import InputError
 from tests._spawn import spawn_ranks
-from tests.conftest import REPO
+from tests.conftest import GNNPIPE, REPO, TINY, cli_env
 
 EXAMPLE = REPO / "examples" / "custom_model.py"
 SIZES = {"in_channels": 8, "hidden": 16, "out_channels": 3, "num_layers": 2, "dropout": 0.0, "heads": 4}
@@ -45,6 +49,12 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("model", "no_such_pkg.models:build", "module no_such_pkg.models not found on the Python path"),
     ("loss", "mse", "invalid parameter loss='mse': unknown loss; expected auto, cross_entropy, bce, or an import path"),
     ("loss", "examples.nothing_here:f", "module examples.nothing_here not found"),
+    # the module is there, the name is not (or is no function): said now, not after four stages inside rank 0
+    ("model", "examples.custom_model:nosuch", "invalid parameter model='examples.custom_model:nosuch': module "
+                                              "examples.custom_model has no attribute 'nosuch' ("),
+    ("loss", "examples.custom_model:nosuch", "module examples.custom_model has no attribute 'nosuch' ("),
+    ("decoder", "examples.link_decoder:nosuch", "module examples.link_decoder has no attribute 'nosuch' ("),
+    ("loss", "tests._plugins:NOT_CALLABLE", "tests._plugins:NOT_CALLABLE is not callable"),
 ])
 def test_a_bad_plugin_name_is_one_input_error_at_config_time(field: str, value: str, message: str):
     with pytest.raises(InputError) as err:
@@ -56,8 +66,50 @@ def test_builtins_and_import_paths_validate_without_importing_them():
     sys.modules.pop("examples.custom_model", None)
     params = Params(model="examples.custom_model:build", loss="examples.custom_model:smoothed_cross_entropy",
                     model_kwargs={"aggr": "max"})
-    assert "examples.custom_model" not in sys.modules, "validation finds the module, it does not run it"
+    with pytest.raises(InputError, match="has no attribute 'nosuch'"):
+        Params(model="examples.custom_model:nosuch")
+    assert "examples.custom_model" not in sys.modules, "validation reads the module's source, it does not run it"
     assert params.model_kwargs == {"aggr": "max"} and Params(model="gcn").model == "gcn"
+
+
+def test_what_the_source_cannot_tell_is_imported(user_dir: Path):
+    (user_dir / "plugs.py").write_text(
+        "import functools\nfrom os.path import join\n\nif join:\n    def build(**sizes):\n        return None\n"
+        "else:\n    build = None\nloss = lambda a, b: a\nWIDTH = 3\nmade = functools.partial(join, 'a')\n"
+        "ROWS: int = 4\n")
+    (user_dir / "starry.py").write_text("from os.path import *\n")
+    assert look_up(user_dir / "plugs.py", "loss") is Lookup.CALLABLE
+    assert look_up(user_dir / "plugs.py", "WIDTH") is look_up(user_dir / "plugs.py", "ROWS") is Lookup.NOT_CALLABLE
+    assert look_up(user_dir / "plugs.py", "nosuch") is Lookup.MISSING
+    for name in ("build", "made", "join"):   # if/else, a call's result, an import
+        assert look_up(user_dir / "plugs.py", name) is Lookup.UNKNOWN
+    assert look_up(user_dir / "starry.py", "nosuch") is Lookup.UNKNOWN
+    assert Params(loss="plugs:loss").loss == "plugs:loss" and "plugs" not in sys.modules
+    assert Params(model="plugs:made").model == "plugs:made" and "plugs" in sys.modules   # imported to know
+    assert Params(loss="starry:join").loss == "starry:join"
+    with pytest.raises(InputError, match="module starry has no attribute 'nosuch'"):
+        Params(model="starry:nosuch")
+    with pytest.raises(InputError, match="plugs:WIDTH is not callable: a model is a function or a class"):
+        Params(model="plugs:WIDTH")
+    sys.modules.pop("plugs", None)
+    sys.modules.pop("starry", None)
+
+
+@pytest.mark.parametrize("field, value", [("model", "examples.custom_model:nosuch"),
+                                          ("loss", "examples.custom_model:nosuch"),
+                                          ("decoder", "examples.link_decoder:nosuch")])
+def test_the_cli_refuses_a_missing_plugin_attribute_before_any_stage(tmp_path: Path, field: str, value: str):
+    """Before, the config check found the module only: the run failed after four stages (14 s), inside rank 0."""
+    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    started = time.monotonic()
+    proc = subprocess.run([*GNNPIPE, "run", "--artifacts", str(tmp_path / "art"), *sets, "--set", f"{field}={value}"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [f"error: invalid parameter {field}='{value}': module {value.split(':')[0]} "
+                                        f"has no attribute 'nosuch' ({proc.stderr.split(' (', 1)[1].strip()}"]
+    assert not (tmp_path / "art").exists(), "no stage ran"
+    assert elapsed < 30, f"{elapsed:.1f} s: the check is the CLI's start-up, no server and no stage"
 
 
 def test_plugin_code_is_in_the_key_and_an_edit_retrains(user_dir: Path):
@@ -120,7 +172,7 @@ def test_a_factory_gets_the_sizes_and_model_kwargs():
         make_model("examples.custom_model:build", {"colour": "red"}, **SIZES)
     with pytest.raises(InputError, match=r"model tests._plugins:not_a_model returned a str, not a torch.nn.Module"):
         make_model("tests._plugins:not_a_model", {}, **SIZES)
-    with pytest.raises(InputError, match=r"module examples.custom_model \(.*custom_model.py\) has no 'nope'"):
+    with pytest.raises(InputError, match=r"module examples.custom_model has no attribute 'nope' \(.*custom_model.py\)"):
         make_model("examples.custom_model:nope", {}, **SIZES)
 
 

@@ -12,11 +12,19 @@ import hashlib
 import numpy as np
 import pytest
 
+from stages.download import stage as download
 from stages.download.canonical import Relation, typed_csr_incoming
-from stages.download.synthetic_hetero import CITES, HAS_TOPIC, WRITES, generate_synthetic_hetero, type_counts
+from stages.download.synthetic_hetero import (
+    CITES,
+    HAS_TOPIC,
+    MAG_NODES,
+    WRITES,
+    generate_synthetic_hetero,
+    type_counts,
+)
 from stages.download.typed import TypedSource, build_graph
 from stages.hotness import stage as hotness
-from storage import InputError
+from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS, Graph, GraphArtifact
 from storage.partition import PartitionArtifact
@@ -118,6 +126,18 @@ def test_synthetic_hetero_is_mag_like(mag_like: Graph) -> None:
     assert cites.max() > 10 * cites.mean()
     assert _digest(g) == _digest(generate_synthetic_hetero(20_000, 20.0, 32, 8, 0))
     assert _digest(g) != _digest(generate_synthetic_hetero(20_000, 20.0, 32, 8, 1))
+
+
+def test_synthetic_hetero_has_exactly_num_nodes(tmp_path) -> None:
+    """Each type's share was rounded on its own: num_nodes=5000 reported 5,001 nodes."""
+    for n in (100, 1000, 3000, 5000, 12_345, 1_939_743):
+        assert sum(type_counts(n, 4).values()) == n, n
+    assert type_counts(1_939_743, 349) == MAG_NODES, "ogbn-mag's own counts at its size"
+    assert type_counts(20_000, 8) == {"paper": 7593, "author": 11699, "institution": 90, "field_of_study": 618}
+    params = download.Params(dataset="synthetic-hetero", num_nodes=5000, num_classes=4, num_features=4)
+    assert params.key_params()["type_counts"] == type_counts(5000, 4), "builds under the old rule are not found"
+    manifest = download.run(ArtifactStore(tmp_path), params, {}, progress=False)
+    assert download.report(manifest).headline.startswith("synthetic-hetero: 5,000 nodes, ")
 
 
 def test_synthetic_hetero_labels_need_the_typed_neighbourhood(mag_like: Graph) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from stages.download.canonical import check_classes, check_finite, csr_with_edge_attr, to_csr_incoming
+from stages.run_log import stage_log
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 
@@ -202,11 +203,31 @@ def _num_classes(meta: dict[str, Any], y: np.ndarray) -> int:
     top = int(y.max(initial=-1))
     if top < 0:
         raise InputError("y.npy has no labelled node (all -1); label at least the training nodes")
+    if "num_classes" not in meta:
+        _note_empty_classes(y, top)
     num_classes = meta.get("num_classes", top + 1)
     if top >= num_classes:
         raise InputError(f"y.npy has label {top} but meta.json says num_classes={num_classes}; labels must be in "
                          f"[0, {num_classes - 1}], so raise num_classes or fix y")
     return int(num_classes)
+
+
+def _note_empty_classes(y: np.ndarray, top: int) -> None:
+    """One warning line when ``num_classes = max(y) + 1`` leaves classes without a labelled node: a stray label (10
+    among classes 0-2) silently makes 11 classes, 8 of them empty, and the model still predicts them. Not an error:
+    unused class ids can be deliberate (meta.json's num_classes then says so and silences this)."""
+    present = np.unique(y[y >= 0])   # not a bincount: a stray label of 10**9 must not allocate 8 GB to be found
+    bounds = np.concatenate([[-1], present])
+    gaps = np.flatnonzero(np.diff(bounds) > 1)
+    if not gaps.size:
+        return
+    spans = [(int(bounds[i]) + 1, int(bounds[i + 1]) - 1) for i in gaps]
+    shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:5]) + (", ..." if len(spans) > 5 else "")
+    empty = sum(b - a + 1 for a, b in spans)
+    stage_log("download")(f"warning: y.npy: class{'es' if empty > 1 else ''} {shown} "
+                          f"{'have' if empty > 1 else 'has'} no labelled node; num_classes={top + 1} because the "
+                          f"largest label is {top} (fix a stray label, or set num_classes in meta.json to keep "
+                          f"empty classes)")
 
 
 def _read_split(directory: str, name: str, num_nodes: int, y: np.ndarray) -> np.ndarray:

@@ -66,13 +66,14 @@ TOP_UP_ROUNDS = 3
 
 def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int, seed: int,
                        split: tuple[float, float, float] = (0.08, 0.02, 0.90), progress: bool = False,
-                       num_edge_features: int = 0) -> Graph:
+                       num_edge_features: int = 0, name: str = "synthetic") -> Graph:
     """Generate the graph described in the module docstring (undirected, stored symmetrised).
 
     ``avg_degree`` counts directed edges per node after symmetrisation (``num_edges / num_nodes``); it is
     approximate because self-loops and repeated pairs are dropped. Deterministic for a given ``seed``; topology,
     labels, features and split come from separate random streams, so e.g. changing ``num_features`` keeps the
     same graph and labels. ``num_edge_features`` > 0: edge attributes (module docstring) from a sixth stream.
+    ``name``: the dataset the graph is reported as (``synthetic-link`` draws the same graph).
     """
     check_synthetic(num_nodes, avg_degree, num_features, num_classes, split)
     # spawned children depend on their index only: the sixth (edge attributes) leaves the other five as they were
@@ -104,7 +105,7 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     if num_edge_features:
         indptr, indices, edge_attr = _same_label_edges(rng_edge_attr, indptr, indices, y, num_edge_features)
     return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
-                             directed=False, name="synthetic", source=f"synthetic(seed={seed})", edge_attr=edge_attr)
+                             directed=False, name=name, source=f"{name}(seed={seed})", edge_attr=edge_attr)
 
 
 def _same_label_edges(rng: np.random.Generator, indptr: np.ndarray, indices: np.ndarray, y: np.ndarray,

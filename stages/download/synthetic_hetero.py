@@ -83,10 +83,23 @@ def generate_synthetic_hetero(num_nodes: int, avg_degree: float, num_features: i
 
 
 def type_counts(num_nodes: int, num_classes: int) -> dict[str, int]:
-    """ogbn-mag's shares of ``num_nodes``; at least ``num_classes`` papers and one node of every other type."""
+    """ogbn-mag's shares of ``num_nodes``, summing to exactly ``num_nodes``; at least ``num_classes`` papers and one
+    node of every other type.
+
+    Largest remainder: each type gets its share rounded down, the nodes left over go one each to the largest
+    remainders (rounding each share on its own gave 5,001 nodes for 5,000). Integer arithmetic, so no float ties. A
+    type below its minimum is topped up from the largest type (authors)."""
     total = sum(MAG_NODES.values())
-    counts = {t: max(1, round(num_nodes * n / total)) for t, n in MAG_NODES.items()}
-    counts["paper"] = max(counts["paper"], num_classes)
+    shares = {t: divmod(num_nodes * n, total) for t, n in MAG_NODES.items()}
+    counts = {t: q for t, (q, _) in shares.items()}
+    left = num_nodes - sum(counts.values())
+    for t in sorted(shares, key=lambda t: shares[t][1], reverse=True)[:left]:   # stable: ties in MAG_NODES order
+        counts[t] += 1
+    for t in counts:
+        short = (num_classes if t == "paper" else 1) - counts[t]
+        if short > 0:
+            counts[max(counts, key=lambda u: counts[u])] -= short
+            counts[t] += short
     return counts
 
 

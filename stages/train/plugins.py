@@ -6,7 +6,8 @@ from the checkout; the stage hands them the same path (``rank_pythonpath``), so 
 
 The plug-in's code is part of the train artifact's key (``stages.train.plugin_code``).
 
-Torch-free at import: ``Params`` validates with ``check_ref`` in milliseconds (the module is found, not imported).
+Torch-free at import: ``Params`` validates with ``check_ref`` in milliseconds (the module is found and its source
+read for the name, not imported).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.choices import DECODERS, LOSSES, MODELS
+from stages.train.plugin_names import Lookup, defined_names, look_up
 from storage.errors import InputError
 
 if TYPE_CHECKING:
@@ -66,29 +68,51 @@ def module_origin(module: str) -> Path | None:
 
 
 def check_ref(value: str, builtins: Sequence[str], what: str) -> str:
-    """``value`` if it is a built-in name or an import path whose module is found; else ValueError (one line, which
-    the Params turn into ``invalid parameter ...``)."""
+    """``value`` if it is a built-in name or an import path whose module is found and defines a callable of that
+    name; else ValueError (one line, which the Params turn into ``invalid parameter ...``). The module is read, not
+    imported, where its source says enough (``stages.train.plugin_names``)."""
     if value in builtins:
         return value
     if not is_import_path(value):
         raise ValueError(f"unknown {what}")
-    module = value.split(":")[0]
-    if module_origin(module) is None:
+    module, _, attr = value.partition(":")
+    origin = module_origin(module)
+    if origin is None:
         raise ValueError(f"module {module} not found on the Python path, in the current directory or in the "
                          f"gnnpipe checkout (set PYTHONPATH, or run gnnpipe from the directory that holds it)")
+    try:
+        found = look_up(origin, attr)
+    except (SyntaxError, UnicodeDecodeError) as err:   # importing it would fail the same way, later
+        raise ValueError(f"module {module} ({origin}) does not parse: {err}") from None
+    if found is Lookup.UNKNOWN:   # the source cannot tell: import it after all (seconds, the user's code runs)
+        found = Lookup.CALLABLE if callable(_import(value)) else Lookup.NOT_CALLABLE
+    if found is Lookup.MISSING:
+        defined = defined_names(origin)
+        listed = f" defines {', '.join(defined[:8])}{', ...' if len(defined) > 8 else ''}" if defined else ""
+        raise ValueError(f"module {module} has no attribute {attr!r} ({origin}{listed})")
+    if found is Lookup.NOT_CALLABLE:
+        raise ValueError(f"{module}:{attr} is not callable: a {what} is a function or a class")
     return value
 
 
 def load(ref: str, what: str) -> Any:
     """The object import path ``ref`` names; a failing import is one InputError line."""
+    try:
+        return _import(ref)
+    except ValueError as err:
+        raise InputError(f"{what} {ref}: {err}") from None
+
+
+def _import(ref: str) -> Any:
+    """The object ``ref`` names, importing its module; ValueError saying what failed."""
     module_name, _, attr = ref.partition(":")
     _on_path()
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - the user's module: whatever it raises, say it on one line
-        raise InputError(f"{what} {ref}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+        raise ValueError(f"importing {module_name} failed: {type(err).__name__}: {err}") from None
     if not hasattr(module, attr):
-        raise InputError(f"{what} {ref}: module {module_name} ({module.__file__}) has no {attr!r}")
+        raise ValueError(f"module {module_name} has no attribute {attr!r} ({module.__file__})")
     return getattr(module, attr)
 
 

@@ -243,3 +243,18 @@ def test_show_of_a_stage_not_built_names_the_command(real):
     assert line.startswith("error: train ") and "is missing" in line
     assert line.endswith(f"rerun the pipeline to build it: gnnpipe run --until train --set epochs=3 --artifacts "
                          f"{root}")
+
+
+def test_a_cached_run_removes_what_a_killed_attempt_left(tmp_path: Path):
+    """A killed run's work directory (and, for train, a failed forced rebuild's checkpoints) beside a valid build is
+    removed by the next run that finds the build, even one that computes nothing (``flows.locks.tidy``)."""
+    root = str(tmp_path / "art")
+    _, manifests = build_without_prefect({**TINY, "artifacts": root, "until": "partition"})
+    work = Path(root) / "partition" / f".tmp-{manifests['partition'].key}-0badc0de"
+    work.mkdir()
+    (work / "half-written").write_bytes(b"x")
+    proc = gnnpipe("run", "--until", "partition", "--artifacts", root,
+                   *[a for k, v in TINY.items() for a in ("--set", f"{k}={v}")])
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: partition: removed {work}, left by an earlier attempt at this build" in proc.stderr
+    assert not work.exists() and (Path(root) / "partition" / manifests["partition"].key).is_dir()

@@ -82,6 +82,12 @@ class _Heartbeat(threading.Thread):
                 cls._instance.start()
             return cls._instance
 
+    @classmethod
+    def forget(cls, manager: StageLockManager, key: str) -> None:
+        """Stop renewing ``key`` (without starting a heartbeat thread where none runs)."""
+        if cls._instance is not None:
+            cls._instance.discard(manager, key)
+
     def add(self, manager: StageLockManager, key: str, token: str) -> None:
         with self.mutex:
             self.held[(str(manager.directory), key)] = (manager, token)
@@ -191,7 +197,7 @@ class StageLockManager:
     def release_lock(self, key: str, holder: str) -> None:
         """Remove ``holder``'s lock. A lock that is gone (``gnnpipe clean``) or now another's (taken over while
         this host looked dead) is left as it is."""
-        _Heartbeat.get().discard(self, key)
+        _Heartbeat.forget(self, key)
         with self._guarded():
             current = self.read(key)
             if current is not None and current.get("holder") == holder:

@@ -45,10 +45,11 @@ def _job_pids(lines: list[str]) -> list[int]:
     raise AssertionError(f"the job never printed its pids: {lines}")
 
 
-def _wait_for(lines: list[str], text: str, timeout_s: float = 60) -> None:
+def _wait_for(lines: list[str], line: str, timeout_s: float = 60) -> None:
+    """Until ``line`` is one of ``lines`` (whole: the launcher's own first line quotes the job's code)."""
     deadline = time.monotonic() + timeout_s
-    while not any(text in line for line in lines):
-        assert time.monotonic() < deadline, f"no {text!r} in {lines}"
+    while line not in lines:
+        assert time.monotonic() < deadline, f"no {line!r} in {lines}"
         time.sleep(0.05)
 
 
@@ -79,7 +80,7 @@ def sigint_raises():
 def test_keyboard_interrupt_kills_the_whole_process_group(tmp_path: Path, sigint_raises):
     lines: list[str] = []
     # interrupt once the job runs (a cancelled Prefect task or Ctrl-C lands in the same place)
-    watcher = threading.Thread(target=lambda: (_wait_for(lines, "job ready"), _thread.interrupt_main()),
+    watcher = threading.Thread(target=lambda: (_wait_for(lines, "[torchrun] job ready"), _thread.interrupt_main()),
                                daemon=True)
     watcher.start()
     with pytest.raises(KeyboardInterrupt):

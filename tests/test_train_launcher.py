@@ -41,6 +41,18 @@ def _alive(pid: int, marker: str = "time.sleep(600)") -> bool:
         return False
 
 
+def _states(pids: list[int]) -> dict[int, str]:
+    """What each pid is now, for a failure message."""
+    states = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            states[pid] = f"{proc.status()} {proc.cmdline()[:2]} ppid {proc.ppid()} pgid {os.getpgid(pid)}"
+        except (psutil.Error, OSError) as err:
+            states[pid] = repr(err)
+    return states
+
+
 def _job_pids(lines: list[str]) -> list[int]:
     for line in lines:
         if m := re.match(r"\[rank 0\] pids (\d+) (\d+)", line):
@@ -133,10 +145,14 @@ def test_torchrun_command_runs_one_rank_per_partition_without_restarts():
     assert cmd[-4:] == ["-m", "stages.train.worker", "--spec", "/tmp/spec.json"]
 
 
-# A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does.
+# A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does. It names its pids only
+# once the worker runs: Popen returns when execve closes the close-on-exec fds, before the kernel has set the new
+# argv, and on a loaded box _alive() then saw an empty cmdline (1 run in 30 failed so, beside CPU burners).
 TORCHRUN_LIKE_JOB = r"""
 import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                         stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
 def stop(signum, frame):
     child.terminate()
     child.wait()
@@ -182,7 +198,7 @@ def test_job_stops_when_the_launching_process_is_killed(tmp_path: Path):
     try:
         lines = _read_until(flow.stdout, "[torchrun] job ready")
         pids = _job_pids(lines)
-        assert all(_alive(pid) for pid in pids)
+        assert all(_alive(pid) for pid in pids), (_states(pids), lines)
     finally:
         flow.kill()
         flow.wait()
@@ -218,7 +234,8 @@ def test_job_outlives_the_thread_that_started_it_but_not_the_process():
         lines = _read_until(launcher.stdout, "thread exited")
         pids = _job_pids(lines)
         time.sleep(1)   # the parent-death signal came at once (the job was gone within ~0.1 s of the thread's exit)
-        assert all(_alive(pid) for pid in pids), "the job was stopped when the thread that started it exited"
+        assert all(_alive(pid) for pid in pids), ("the job was stopped when the thread that started it exited",
+                                                  _states(pids), lines)
     finally:
         launcher.kill()
         launcher.wait()

@@ -5,10 +5,10 @@ server-up``) started, found by its PID and URL files in ``$PREFECT_HOME/run``; e
 
 Why not Prefect's own temporary server: it runs in gnnpipe's process group, so Ctrl-C, ``timeout``, ``docker stop``
 or Slurm, which signal the whole group, kill it first, and Prefect's shutdown then retries the dead API for 90-120 s.
-Ours runs in its own session (the group signal does not reach it), on a free port, with Linux's parent-death signal
-set (a SIGKILLed gnnpipe does not leave it behind), and is stopped (SIGTERM to its group, then SIGKILL) when the run
-ends, however it ends. Its start is overlapped with importing Prefect in this process (seconds each on a 2-core box:
-the numbers are in benchmarks/RESULTS.md).
+Ours runs in its own session (the group signal does not reach it), on a free port, under a lifeline supervisor (a
+SIGKILLed gnnpipe does not leave it behind, whichever thread started it: stages/train/lifeline.py), and is stopped
+(SIGTERM to its group, then SIGKILL) when the run ends, however it ends. Its start is overlapped with importing
+Prefect in this process (seconds each on a 2-core box: the numbers are in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -76,15 +76,16 @@ class TemporaryServer:
         self._out: IO[bytes] | None = None
 
     def start(self) -> None:
-        from stages.train.launcher import with_parent_death_signal  # SIGTERM to the server if gnnpipe dies
+        from stages.train.lifeline import supervised  # SIGTERM to the server if gnnpipe dies
 
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(self.log, "ab")  # closed in stop()
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_API_PORT": str(self.port)}
         env.pop("PREFECT_API_URL", None)
-        self.proc = subprocess.Popen(with_parent_death_signal(_server_command(self.port)), stdin=subprocess.DEVNULL,
-                                     stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        cmd, lifeline = supervised(_server_command(self.port), _STOP_GRACE_S)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, pass_fds=lifeline)
 
     def wait(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:
         assert self.proc is not None

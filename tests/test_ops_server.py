@@ -30,6 +30,7 @@ from tests.conftest import GNNPIPE, REPO, TINY, cli_env
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium")
+IN_CI = os.environ.get("CI") == "true"   # .ci/run sets it and installs chromium: there the UI test must run
 NO_API = "Can't connect to Server API"
 
 
@@ -133,10 +134,11 @@ def page_text(url: str, out: Path) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom.stdout))
 
 
-@pytest.mark.skipif(CHROMIUM is None,
+@pytest.mark.skipif(CHROMIUM is None and not IN_CI,
                     reason="no `chromium` on PATH to render the UI (Debian: apt-get install chromium)")
 def test_ui_pages_show_the_run_and_the_train_report(server: tuple[Path, int], recorded_run: dict[str, Any],
                                                     tmp_path: Path):
+    assert CHROMIUM is not None, "CI=true but no `chromium` on PATH: .ci/run installs it (apt-get, as root)"
     _, port = server
     base = f"http://127.0.0.1:{port}"
     run_page = page_text(f"{base}/runs/flow-run/{recorded_run['id']}", tmp_path / "flow-run.png")

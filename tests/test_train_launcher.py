@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import os
 import re
 import signal
 import subprocess
@@ -10,11 +11,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
 
-from stages.train.launcher import RankFailure, TrainingError, failure_message, launch, torchrun_command
+from stages.train.launcher import REPO, RankFailure, TrainingError, failure_message, launch, torchrun_command
+from stages.train.lifeline import SCRIPT, supervised
 from storage.errors import InputError
 
 # A job whose child ignores SIGTERM (only SIGKILL ends it): prints both pids, then hangs like a stuck rank.
@@ -38,6 +41,18 @@ def _alive(pid: int, marker: str = "time.sleep(600)") -> bool:
         return False
 
 
+def _states(pids: list[int]) -> dict[int, str]:
+    """What each pid is now, for a failure message."""
+    states = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            states[pid] = f"{proc.status()} {proc.cmdline()[:2]} ppid {proc.ppid()} pgid {os.getpgid(pid)}"
+        except (psutil.Error, OSError) as err:
+            states[pid] = repr(err)
+    return states
+
+
 def _job_pids(lines: list[str]) -> list[int]:
     for line in lines:
         if m := re.match(r"\[rank 0\] pids (\d+) (\d+)", line):
@@ -45,10 +60,11 @@ def _job_pids(lines: list[str]) -> list[int]:
     raise AssertionError(f"the job never printed its pids: {lines}")
 
 
-def _wait_for(lines: list[str], text: str, timeout_s: float = 60) -> None:
+def _wait_for(lines: list[str], line: str, timeout_s: float = 60) -> None:
+    """Until ``line`` is one of ``lines`` (whole: the launcher's own first line quotes the job's code)."""
     deadline = time.monotonic() + timeout_s
-    while not any(text in line for line in lines):
-        assert time.monotonic() < deadline, f"no {text!r} in {lines}"
+    while line not in lines:
+        assert time.monotonic() < deadline, f"no {line!r} in {lines}"
         time.sleep(0.05)
 
 
@@ -79,7 +95,7 @@ def sigint_raises():
 def test_keyboard_interrupt_kills_the_whole_process_group(tmp_path: Path, sigint_raises):
     lines: list[str] = []
     # interrupt once the job runs (a cancelled Prefect task or Ctrl-C lands in the same place)
-    watcher = threading.Thread(target=lambda: (_wait_for(lines, "job ready"), _thread.interrupt_main()),
+    watcher = threading.Thread(target=lambda: (_wait_for(lines, "[torchrun] job ready"), _thread.interrupt_main()),
                                daemon=True)
     watcher.start()
     with pytest.raises(KeyboardInterrupt):
@@ -129,10 +145,14 @@ def test_torchrun_command_runs_one_rank_per_partition_without_restarts():
     assert cmd[-4:] == ["-m", "stages.train.worker", "--spec", "/tmp/spec.json"]
 
 
-# A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does.
+# A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does. It names its pids only
+# once the worker runs: Popen returns when execve closes the close-on-exec fds, before the kernel has set the new
+# argv, and on a loaded box _alive() then saw an empty cmdline (1 run in 30 failed so, beside CPU burners).
 TORCHRUN_LIKE_JOB = r"""
 import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                         stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
 def stop(signum, frame):
     child.terminate()
     child.wait()
@@ -151,27 +171,120 @@ launch("unused", 1, result_dir=sys.argv[1], log=lambda line: print(line, flush=T
 """
 
 
-def test_job_stops_when_the_launching_process_is_killed(tmp_path: Path):
-    """SIGKILL leaves the launcher no chance to clean up: the parent-death signal must reach the job."""
-    from stages.train.launcher import REPO
+def _read_until(stream: IO[str], text: str) -> list[str]:
+    lines = []
+    for line in stream:
+        lines.append(line.rstrip("\n"))
+        if line.strip() == text:
+            return lines
+    raise AssertionError(f"no {text!r} in {lines}")
 
-    flow = subprocess.Popen([sys.executable, "-c", FLOW_PROCESS, str(tmp_path), TORCHRUN_LIKE_JOB], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        for line in flow.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.strip() == "[torchrun] job ready":
-                break
-        pids = _job_pids(lines)
-        assert all(_alive(pid) for pid in pids)
-    finally:
-        flow.kill()
-        flow.wait()
-    deadline = time.monotonic() + 30
+
+def _orphans_after(pids: list[int], timeout_s: float = 30) -> list[int]:
+    """The pids still alive ``timeout_s`` after their launcher died; SIGKILLed, so a failing run leaves none."""
+    deadline = time.monotonic() + timeout_s
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     orphans = [pid for pid in pids if _alive(pid)]
-    for pid in orphans:   # a failing run must not leave them behind either
+    for pid in orphans:
         psutil.Process(pid).kill()
-    assert not orphans, lines
+    return orphans
+
+
+def test_job_stops_when_the_launching_process_is_killed(tmp_path: Path):
+    """SIGKILL leaves the launcher no chance to clean up: the job's supervisor must stop it."""
+    flow = subprocess.Popen([sys.executable, "-c", FLOW_PROCESS, str(tmp_path), TORCHRUN_LIKE_JOB], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        lines = _read_until(flow.stdout, "[torchrun] job ready")
+        pids = _job_pids(lines)
+        assert all(_alive(pid) for pid in pids), (_states(pids), lines)
+    finally:
+        flow.kill()
+        flow.wait()
+    assert not _orphans_after(pids), lines
+
+
+# Starts the job from a thread that exits once the job runs, while the process lives on (as a Prefect task thread
+# may): the job's output is echoed, and its pipe kept open, so that only the thread's exit changes.
+THREAD_LAUNCHER = r"""
+import subprocess, sys, threading, time
+from stages.train.lifeline import supervised
+jobs = []
+def start():
+    cmd, fds = supervised([sys.executable, "-c", sys.argv[1]], 5)
+    jobs.append(subprocess.Popen(cmd, pass_fds=fds, start_new_session=True, stdout=subprocess.PIPE, text=True))
+    for line in jobs[0].stdout:
+        print(line, end="", flush=True)
+        if line.strip() == "job ready":
+            break
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()
+print("thread exited", flush=True)
+time.sleep(600)
+"""
+
+
+def test_job_outlives_the_thread_that_started_it_but_not_the_process():
+    """Linux's parent-death signal fired when the forking *thread* exited: the job must depend on the process."""
+    launcher = subprocess.Popen([sys.executable, "-c", THREAD_LAUNCHER, TORCHRUN_LIKE_JOB], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        lines = _read_until(launcher.stdout, "thread exited")
+        pids = _job_pids(lines)
+        time.sleep(1)   # the parent-death signal came at once (the job was gone within ~0.1 s of the thread's exit)
+        assert all(_alive(pid) for pid in pids), ("the job was stopped when the thread that started it exited",
+                                                  _states(pids), lines)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert not _orphans_after(pids), lines
+
+
+def _supervise(code: str, grace_s: float = 5) -> subprocess.Popen[str]:
+    cmd, fds = supervised([sys.executable, "-c", code], grace_s)
+    return subprocess.Popen(cmd, pass_fds=fds, start_new_session=True, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize(("code", "returncode"), [
+    ("import sys; print('job says hi', flush=True); sys.exit(3)", 3),
+    ("import os, signal; print('job says hi', flush=True); os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+])
+def test_supervisor_exits_as_the_job_did(code: str, returncode: int):
+    """``launch`` reads the status as torchrun's own: a negative one means torchrun got a signal from outside."""
+    job = _supervise(code)
+    out, _ = job.communicate(timeout=60)
+    assert (out, job.returncode) == ("job says hi\n", returncode)
+
+
+def test_supervisor_waits_for_the_job_to_stop_on_the_groups_sigterm():
+    """The group's SIGTERM reaches the supervisor too: it must not exit (and ``launch`` stop waiting) first."""
+    job = _supervise("import signal, sys, time\n"
+                     "def stop(signum, frame):\n"
+                     "    time.sleep(0.5)\n"
+                     "    print('stopped', flush=True)\n"
+                     "    sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, stop)\n"
+                     "print('job ready', flush=True)\n"
+                     "time.sleep(600)\n")
+    assert job.stdout is not None and job.stdout.readline() == "job ready\n"
+    os.killpg(job.pid, signal.SIGTERM)
+    out, _ = job.communicate(timeout=60)
+    assert (out, job.returncode) == ("stopped\n", 0)
+
+
+def test_job_never_starts_when_the_launcher_is_already_gone():
+    read_end, write_end = os.pipe()
+    os.close(write_end)   # what the supervisor finds when the launcher died between fork and its start
+    job = subprocess.run([sys.executable, "-I", "-S", SCRIPT, str(read_end), "1", "--", sys.executable, "-c",
+                          "print('started')"], pass_fds=(read_end,), capture_output=True, text=True, timeout=60)
+    os.close(read_end)
+    assert (job.returncode, job.stdout) == (1, "")
+    assert "launching process is gone" in job.stderr
+
+
+def test_job_killed_by_a_signal_is_reported_as_such(tmp_path: Path):
+    with pytest.raises(TrainingError, match="torchrun received SIGKILL from outside"):
+        launch("unused", 1, result_dir=str(tmp_path), log=lambda line: None, timeout_s=60,
+               command=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])

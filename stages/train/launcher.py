@@ -8,9 +8,9 @@ others; ranks blocked in a collective with a vanished peer also fail by themselv
 connection, and every collective has a timeout).
 
 If the launching process itself dies without running any cleanup (SIGKILL, or a SIGTERM while the stage runs
-outside the main thread, where Python cannot turn it into an exception), Linux's parent-death signal still reaches
-torchrun (``PR_SET_PDEATHSIG``, set by a tiny exec wrapper rather than an unsafe ``preexec_fn``), and torchrun
-stops its ranks on SIGTERM.
+outside the main thread, where Python cannot turn it into an exception), the job's supervisor sees its lifeline
+close and stops the group the same way (``lifeline.py``: it depends on the process dying, not on which of its
+threads started the job, as Linux's parent-death signal did).
 
 Lines are handed to ``log`` as they come: ranks prefix their own (``[rank r]``), anything else is torchrun's.
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from stages.train.cluster import Cluster
+from stages.train.lifeline import supervised
 from storage.errors import GnnpipeError, InputError
 from storage.train import error_paths
 
@@ -61,20 +62,6 @@ def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = 
     placement = (cluster or Cluster()).torchrun_args(world_size)
     return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5",
             "-m", module, "--spec", spec_path]
-
-
-# Runs in the child before exec'ing the job: SIGTERM when the launcher's thread dies (PR_SET_PDEATHSIG = 1), and
-# give up at once if the launcher is already gone. The setting survives execv.
-_PDEATHSIG_EXEC = ("import ctypes, os, signal, sys\n"
-                   "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
-                   "sys.exit(1) if os.getppid() != int(sys.argv[1]) else os.execv(sys.argv[2], sys.argv[2:])\n")
-
-
-def with_parent_death_signal(cmd: list[str]) -> list[str]:
-    """``cmd`` run so that it gets SIGTERM if this process dies first (Linux; unchanged elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return cmd
-    return [sys.executable, "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -236,11 +223,12 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
     ``command`` replaces the torchrun command line (tests of the teardown use a stand-in).
     """
     job = command or torchrun_command(spec_path, world_size, cluster)
-    cmd = with_parent_death_signal(job)
+    cmd, lifeline = supervised(job, grace_s)   # stopped even if this process is SIGKILLed
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            errors="replace", cwd=str(REPO), env=child_env, start_new_session=True)
+                            errors="replace", cwd=str(REPO), env=child_env, start_new_session=True,
+                            pass_fds=lifeline)
     log(f"[launcher] pid {proc.pid} (process group {proc.pid}): {shlex.join(job)}")
     reader = _Reader(proc.stdout, log)
     reader.start()

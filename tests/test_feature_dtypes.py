@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +161,7 @@ def test_files_with_nan_or_inf_are_refused_at_download_leaving_nothing(tmp_path:
         download.run(store, download.Params(dataset="files", path=str(d)), {}, progress=False)
     assert str(err.value) == (f"x.npy in {d} has {kind} at row {at[0]}, column {at[1]} (the first non-finite value); "
                               "features must be finite: replace or impute them (e.g. numpy.nan_to_num) and save again")
-    assert not os.listdir(tmp_path / "art" / "download"), "no artifact, not even a half-written one"
+    assert not (tmp_path / "art" / "download").exists(), "no artifact, not even a half-written one"
 
 
 def test_other_sources_name_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,7 +172,7 @@ def test_other_sources_name_the_dataset(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(InputError, match=r"^the features \(x\) of dataset synthetic has NaN at row 17, column 3 "
                                          r"\(the first non-finite value\)"):
         download.run(store, download.Params(num_nodes=500), {}, progress=False)
-    assert not os.listdir(tmp_path / "art" / "download")
+    assert not (tmp_path / "art" / "download").exists()
 
 
 @pytest.mark.parametrize(("dtype", "requested", "value", "limit"), [
@@ -189,4 +188,4 @@ def test_a_cast_that_overflows_is_refused_naming_the_node(tmp_path: Path, source
         build(tmp_path / "art", d, until="features", dtype=requested)
     assert str(err.value) == (f"x has {x[NAN_AT].item()} at row {NAN_AT[0]}, column {NAN_AT[1]}, beyond the range "
                               f"of {limit}; set features.dtype=float32")
-    assert not os.listdir(tmp_path / "art" / "features")
+    assert not (tmp_path / "art" / "features").exists()

@@ -22,7 +22,7 @@ def test_decoders_score_pairs_symmetrically():
     assert torch.allclose(mlp(h_u, h_v), mlp(h_v, h_u))   # the Hadamard product is symmetric
     mlp(h_u, h_v).sum().backward()
     assert all(p.grad is not None for p in mlp.parameters())
-    with pytest.raises(InputError, match="has no 'cosine'"):
+    with pytest.raises(InputError, match="has no attribute 'cosine'"):
         make_decoder("stages.train.link_decoders:cosine", 8, 0.0)
 
 

@@ -10,7 +10,8 @@ from typing import Literal, get_args
 
 Dataset = Literal["synthetic", "synthetic-hetero", "synthetic-link", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M",
                   "ogbn-mag", "ogbl-collab", "ogbl-citation2", "files"]
-PartitionMethod = Literal["metis", "random"]
+# kaminpar: parallel shared-memory multilevel (stages/partition/kaminpar_runner.py), METIS's cut in far less memory
+PartitionMethod = Literal["metis", "kaminpar", "random"]
 Compressor = Literal["lz4", "zstd"]
 # the features stage's storage dtype; auto: float32, except float16 and 1-byte bool/int kept
 # (stages/features/dtypes.py); int8 and float8_e4m3 quantise per column, bfloat16 rounds (stages/features/schemes.py)

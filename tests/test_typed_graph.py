@@ -165,7 +165,7 @@ def test_synthetic_hetero_labels_need_the_typed_neighbourhood(mag_like: Graph) -
     assert by_fields > by_features + 0.15, (by_fields, by_features)
 
 
-@pytest.fixture(scope="module", params=["metis", "random"])
+@pytest.fixture(scope="module", params=["metis", "kaminpar", "random"])
 def typed_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     # 400 nodes: 2 institutions for 3 parts, so a part owns no node of that type
     store, m = build_without_prefect({"artifacts": str(tmp_path_factory.mktemp("typed")),

@@ -1,9 +1,10 @@
 """Partition stage: split the graph into P parts and relabel it so that each part owns a contiguous gid range.
 
-The computation lives in pure numpy / pymetis modules, the stage wrapper (``stage.py``) only does I/O:
+The computation lives in pure numpy / pymetis / kaminpar modules, the stage wrapper (``stage.py``) only does I/O:
 
-- ``assign``: ``assign_parts`` -> ``part_of_orig`` (METIS or balanced random), then ``balance`` repairs train-node
-  and node balance, because pymetis 2025.2.2 silently ignores multi-constraint vertex weights.
+- ``assign``: ``assign_parts`` -> ``part_of_orig`` (METIS, KaMinPar or balanced random), then ``balance`` repairs
+  train-node and node balance, because pymetis 2025.2.2 silently ignores multi-constraint vertex weights.
+- ``kaminpar_runner``: ``run_kaminpar``, the adjacency handed to KaMinPar through a ParHIP file.
 - ``adjacency``: the symmetric, self-loop-free (and, for big graphs, sparsified) adjacency METIS is given.
 - ``relabel``: ``relabel`` -> ``PartitionBook``; ``build_part_csr`` -> one part's incoming-edge CSR in gids.
 - ``report``: ``partition_report`` -> edge cut and per-part sizes / imbalance (JSON-able).

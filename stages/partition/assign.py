@@ -1,4 +1,4 @@
-"""``assign_parts``: which part each node (orig id) goes to, by METIS or by a balanced random split.
+"""``assign_parts``: which part each node (orig id) goes to, by METIS, KaMinPar or a balanced random split.
 
 METIS pipeline (every step vectorised numpy; METIS gets int64 arrays, pymetis's zero-copy ``idx_t``):
 
@@ -10,6 +10,10 @@ METIS pipeline (every step vectorised numpy; METIS gets int64 arrays, pymetis's 
    way, but pymetis 2025.2.2 silently ignores multi-constraint weights (measured), hence step 4;
 4. ``balance.rebalance`` on the whole adjacency: node, train-node and edge counts within ``tolerance``, then a
    cut refinement that keeps them there.
+
+KaMinPar (``method="kaminpar"``, ``kaminpar_runner.run_kaminpar``) takes METIS's place in step 3 with the same
+single vertex weight, and step 2 is skipped: sparsifying is there for METIS's memory, and KaMinPar needs far less
+(benchmarks/RESULTS.md "[2/5] KaMinPar beside METIS"). Step 4 is the same repair, so both meet the same tolerances.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from stages.choices import PARTITION_METHODS
 from stages.partition.adjacency import sparsify, symmetric_adjacency
 from stages.partition.balance import DEFAULT_TOLERANCE, rebalance, type_groups
 from stages.partition.csr_ops import degrees
+from stages.partition.kaminpar_runner import run_kaminpar
 from storage.progress import progress as tqdm
 
 
@@ -114,14 +119,15 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
                  method: str = "metis", seed: int = 0, directed: bool = False, balance_train: bool = True,
                  balance_edges: bool = True, progress: bool = False, tolerance: float = DEFAULT_TOLERANCE,
                  metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None,
-                 node_type: np.ndarray | None = None) -> np.ndarray:
+                 node_type: np.ndarray | None = None, threads: int | None = 1) -> np.ndarray:
     """``part_of_orig`` int64 [N] in [0, num_parts): the part each orig node goes to.
 
     ``indptr``/``indices``: the incoming-edge CSR in orig ids (``storage.graph``). ``tolerance``: the max/mean
     node, train-node and edge counts the METIS result is repaired to. ``metis_edge_budget``: CSR entries above
     which METIS gets a sparsified graph (default ``adjacency.default_budget``). ``stats``, if given, receives
     timings and move counts (for reports and benchmarks). ``node_type`` (typed graphs, int [N]): nodes and train
-    nodes are balanced per type (``balance.rebalance``).
+    nodes are balanced per type (``balance.rebalance``). ``threads``: KaMinPar's (None: every usable CPU; only 1
+    is reproducible, ``kaminpar_runner.run_kaminpar``).
     """
     num_nodes = check_inputs(indptr, indices, train_mask, num_parts, method)
     train_mask = np.asarray(train_mask, dtype=bool)
@@ -131,20 +137,30 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     if method == "random":
         return random_parts(num_nodes, num_parts, seed, train_mask if balance_train else None, node_type)
 
+    solver = "KaMinPar" if method == "kaminpar" else "METIS"
     bar = tqdm(total=4, desc="partition: adjacency", disable=not progress, leave=False)
     t0 = time.perf_counter()
     xadj, adjncy = symmetric_adjacency(indptr, indices, directed=directed)
+    vweights = metis_vertex_weights(indptr, balance_edges)
     bar.update()
-    bar.set_description("partition: sparsify")
     t1 = time.perf_counter()
-    metis_xadj, metis_adjncy, eweights = sparsify(xadj, adjncy, budget=metis_edge_budget, seed=seed)
-    bar.update()
-    bar.set_description(f"partition: METIS ({metis_adjncy.shape[0]:,} entries)")
-    t2 = time.perf_counter()
-    part_of_orig = run_metis(metis_xadj, metis_adjncy, num_parts, vweights=metis_vertex_weights(indptr, balance_edges),
-                             eweights=eweights, seed=seed)
-    stats["metis_entries"] = int(metis_adjncy.shape[0])
-    del metis_xadj, metis_adjncy, eweights
+    if method == "kaminpar":   # the whole adjacency: no sparsifying (see the module docstring)
+        bar.update()
+        bar.set_description(f"partition: {solver} ({adjncy.shape[0]:,} entries)")
+        t2 = time.perf_counter()
+        part_of_orig = run_kaminpar(xadj, adjncy, num_parts, vweights=vweights, epsilon=tolerance - 1, seed=seed,
+                                    threads=threads)
+    else:
+        bar.set_description("partition: sparsify")
+        metis_xadj, metis_adjncy, eweights = sparsify(xadj, adjncy, budget=metis_edge_budget, seed=seed)
+        bar.update()
+        bar.set_description(f"partition: {solver} ({metis_adjncy.shape[0]:,} entries)")
+        t2 = time.perf_counter()
+        part_of_orig = run_metis(metis_xadj, metis_adjncy, num_parts, vweights=vweights, eweights=eweights,
+                                 seed=seed)
+        stats["metis_entries"] = int(metis_adjncy.shape[0])
+        stats["sparsify_s"] = round(t2 - t1, 3)
+        del metis_xadj, metis_adjncy, eweights
     bar.update()
     bar.set_description("partition: rebalance")
     t3 = time.perf_counter()
@@ -154,6 +170,6 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     bar.update()
     bar.close()
     stats.update(moves)
-    stats.update({"adjacency_s": round(t1 - t0, 3), "sparsify_s": round(t2 - t1, 3),
-                  "metis_s": round(t3 - t2, 3), "rebalance_s": round(time.perf_counter() - t3, 3)})
+    stats.update({"adjacency_s": round(t1 - t0, 3), f"{method}_s": round(t3 - t2, 3),
+                  "rebalance_s": round(time.perf_counter() - t3, 3)})
     return part_of_orig

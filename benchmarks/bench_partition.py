@@ -52,16 +52,17 @@ def _methods(text: str) -> list[str]:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    """The RESULTS.md table: cut, imbalance per constraint, partitioner and total time, peak RSS."""
+    """The RESULTS.md table: cut, imbalance per constraint, partitioner and total time, peak RSS (the whole
+    configuration's, and the assignment's above what the process held before it)."""
     lines = ["| method | threads | parts | edge cut % | imbalance nodes / edges / train | partitioner s | "
-             "assign s | total s | peak RSS GiB | peak - start GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "assign s | total s | peak RSS GiB | assign peak - start GiB |", "|---" * 10 + "|"]
     for r in rows:
         imb = r["imbalance"]
         solver_s = r.get(f"{r['method']}_s", "-")
         lines.append(f"| {r['method']} | {r['threads'] or '-'} | {r['parts']} | {100 * r['edge_cut_fraction']:.1f} | "
                      f"{imb['nodes']:.3f} / {imb['edges']:.3f} / {imb['train_nodes']:.3f} | {solver_s} | "
                      f"{r['assign_s']} | {r['total_s']} | {r['peak_rss_GiB']} | "
-                     f"{r['peak_rss_GiB'] - r['start_rss_GiB']:.3f} |")
+                     f"{r['assign_peak_over_start_GiB']:.3f} |")
     return "\n".join(lines)
 
 
@@ -104,10 +105,12 @@ def main() -> None:
         gc.collect()
         with measure() as cost:
             t = time.perf_counter()
-            part_of_orig = assign_parts(indptr, indices, train_mask, num_parts, method=method, seed=args.seed,
-                                        balance_train=not args.no_balance_train,
-                                        balance_edges=not args.no_balance_edges, stats=stats,
-                                        threads=None if threads == 0 else threads)
+            # nested: it resets the kernel's high-water mark as the outer block starts, so both stay exact
+            with measure() as assign_cost:
+                part_of_orig = assign_parts(indptr, indices, train_mask, num_parts, method=method, seed=args.seed,
+                                            balance_train=not args.no_balance_train,
+                                            balance_edges=not args.no_balance_edges, stats=stats,
+                                            threads=None if threads == 0 else threads)
             assign_s = time.perf_counter() - t
             t = time.perf_counter()
             report = partition_report(indptr, indices, part_of_orig, train_mask, num_parts)
@@ -133,6 +136,8 @@ def main() -> None:
             "start_rss_GiB": round(cost["start_rss_bytes"] / 2**30, 3),
             # stages.meter resets the kernel's high-water mark (VmHWM) per configuration where Linux allows it
             "peak_rss_GiB": round(cost["peak_rss_bytes"] / 2**30, 3), "peak_rss_source": cost["peak_rss_source"],
+            # the assignment alone (adjacency, METIS / KaMinPar, repair), over what the process held before it
+            "assign_peak_over_start_GiB": round((assign_cost["peak_rss_bytes"] - cost["start_rss_bytes"]) / 2**30, 3),
             "edge_cut_fraction": report["edge_cut_fraction"], "imbalance": report["imbalance"],
         }
         rows.append(row)

@@ -28,9 +28,11 @@ UPSTREAM = ("download",)
 
 class Params(StageParams):
     num_partitions: int = Field(2, ge=1, description="parts, one training rank each")
-    method: PartitionMethod = Field("metis", description="metis (min edge cut; sparsified input past 16 M "
-                                                         "entries), kaminpar (as low a cut in less memory and "
-                                                         "time: big graphs), random (balanced, no locality)")
+    # kaminpar at 1 M nodes: METIS's cut (5.6 vs 5.5 %) with 0.30 GiB over the start against 1.97
+    # (benchmarks/RESULTS.md "[2/5] KaMinPar beside METIS")
+    method: PartitionMethod = Field("metis", description="metis (min edge cut; a sampled input past 16 M "
+                                                         "entries), kaminpar (the same cut in a sixth of the "
+                                                         "memory: big graphs), random (balanced, no locality)")
     seed: Seed = Field(0, description="METIS / KaMinPar / random assignment seed")
     balance_train: bool = Field(True, description="equal train nodes per part: uneven counts mean padded "
                                                   "(wasted) DDP steps")

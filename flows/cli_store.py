@@ -258,7 +258,7 @@ def _remove_cache_records(store: ArtifactStore, name: str | None) -> list[str]:
     if not base.exists():
         return []
     stale, live = locks.remove_stale(locks_dir(store.root), name)
-    lines = [f"kept the lock of a run still building {path.name.split('-', 1)[0]}: {holder.describe()}"
+    lines = [f"kept the lock of a run still building {locks.stage_of(path.name)}: {holder.describe()}"
              for path, holder in live]
     if name is None and not live:
         shutil.rmtree(base)

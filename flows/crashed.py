@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from flows import services
 from flows.holders import Holder
 from flows.locks import say
 
@@ -29,7 +30,7 @@ FORGET_S = 7 * 24 * 3600.0   # a week: long enough for a server that was down to
 
 
 def runs_dir() -> Path:
-    return Path(os.environ.get("PREFECT_HOME", ".prefect")).resolve() / "gnnpipe-runs"
+    return services.home() / "gnnpipe-runs"
 
 
 def _record_path(flow_run_id: str) -> Path:

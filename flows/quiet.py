@@ -13,12 +13,12 @@ an ``OSError`` nobody turned into a message) keep their tracebacks on the termin
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
 from prefect.logging.handlers import PrefectConsoleHandler
 
+from flows import services
 from storage import GnnpipeError
 
 _noted: set[str] = set()
@@ -32,7 +32,7 @@ def note_user_error(err: GnnpipeError) -> None:
 
 
 def error_log() -> Path:
-    return Path(os.environ.get("PREFECT_HOME", ".prefect")).resolve() / "logs" / "errors.log"
+    return services.home() / "logs" / "errors.log"
 
 
 def _is_user_error(record: logging.LogRecord) -> bool:

@@ -99,9 +99,6 @@ class Holder:
     def on_this_host(self) -> bool:
         return self.host == socket.gethostname() and self.boot_id == _boot_id()
 
-    def is_me(self) -> bool:
-        return self.on_this_host() and self.pid == os.getpid()
-
     def alive(self) -> bool:
         if self.host == socket.gethostname() and self.boot_id and self.boot_id != _boot_id():
             return False   # this host's, from before a reboot

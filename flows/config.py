@@ -42,7 +42,9 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       "edge_fanouts": ("hotness", "train"), "batch_size": ("hotness", "train"),
                                       # the download stage holds the valid/test edges out of what trains on them
                                       "task": ("download", "hotness", "train"),
-                                      "num_negatives": ("hotness", "train"), "edges_per_epoch": ("hotness", "train")}
+                                      "num_negatives": ("hotness", "train"), "edges_per_epoch": ("hotness", "train"),
+                                      # one budget for preprocessing (stages.memory)
+                                      "memory_budget_bytes": ("download", "partition", "features", "hotness")}
 # a short name two stages declare, given to the stage a user means by it
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
 CONTROL = ("artifacts", "until", "force", "wait")

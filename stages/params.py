@@ -22,6 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
+from stages.memory import parse_bytes
 from stages.runtime.fanouts import check_edge_fanouts, validate_fanouts
 from storage.errors import InputError
 
@@ -77,6 +78,21 @@ class StageParams(BaseModel):
     def key_params(self) -> dict[str, Any]:
         """What defines the artifact: every field but the runtime ones, as JSON values."""
         return self.model_dump(mode="json", exclude=set(self.runtime_fields()))
+
+
+class BudgetedParams(StageParams):
+    """The data stages' Params (download, partition, features, hotness): their shared memory budget, declared
+    here once (``stages.memory``); the pipeline's flat name ``memory_budget_bytes`` sets it in all four."""
+
+    memory_budget_bytes: int | None = runtime(None, ge=1 << 20, description="peak anonymous memory of the stage "
+                                              "(bytes, or 4GiB, 512MiB); null: half the memory available when it "
+                                              "starts; chunked, spilling to the artifact root's disk when the "
+                                              "graph does not fit")
+
+    @field_validator("memory_budget_bytes", mode="before")
+    @classmethod
+    def _bytes_from_text(cls, value: Any) -> Any:
+        return parse_bytes(value)
 
 
 class ParamsError(InputError):

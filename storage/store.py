@@ -342,6 +342,24 @@ class StageWriter:
     def file_url(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
+    @contextmanager
+    def scratch(self) -> Iterator[str]:
+        """A private local directory for spill files (external sort runs, memory-mapped copies of Zarr arrays),
+        removed when the block ends, whatever happens. On a local root it sits beside the work directory, on the
+        artifact root's disk (``<root>/<stage>/.tmp-<key>-<id>-scratch``: a kill leaves it where ``gnnpipe
+        clean`` and the next build of the key remove ``.tmp-<key>-*``); on an object store in ``$TMPDIR``."""
+        if self.store.is_local:
+            path = f"{self._work}-scratch-{uuid.uuid4().hex[:6]}"
+            os.makedirs(path)
+        else:
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix=f"gnnpipe-{self.stage}-{self.key}-")
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
     def write_json(self, rel: str, obj: Any) -> None:
         with self.store.fs.open(f"{self._work}/{rel}", "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True, default=str)

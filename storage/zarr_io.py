@@ -160,17 +160,26 @@ def read_array(group: zarr.Group, name: str, out: np.ndarray | None = None) -> n
 
 def read_into(arr: zarr.Array, out: np.ndarray | None = None) -> np.ndarray:
     """``read_array`` for an array already opened (``out``: a preallocated destination, e.g. a pinned tensor's)."""
+    if arr.ndim == 0:
+        return np.asarray(_checked(arr, ...))
     if out is None:
         out = np.empty(arr.shape, dtype=arr.dtype)
-    rows = arr.chunks[0] if arr.ndim else 1
+    rows = arr.chunks[0]
+    for start in range(0, arr.shape[0], rows):
+        out[start:start + rows] = read_rows(arr, start, start + rows)
+    return out
+
+
+def read_rows(arr: zarr.Array, lo: int, hi: int) -> np.ndarray:
+    """Rows ``[lo, hi)`` of ``arr``, a codec failure turned into ArtifactError (the chunked readers' one read)."""
+    return np.asarray(_checked(arr, slice(lo, hi)))
+
+
+def _checked(arr: zarr.Array, where: Any) -> Any:
     try:
-        if arr.ndim == 0:
-            return np.asarray(arr[...])
-        for start in range(0, arr.shape[0], rows):
-            out[start:start + rows] = arr[start:start + rows]
+        return arr[where]
     except ValueError as err:
         if "checksum" in str(err).lower():
             raise ArtifactError(f"corrupted chunk in {arr.store}/{arr.path} ({err}); "
                                 f"{rerun_hint(arr.store)}") from None
         raise
-    return out

@@ -13,7 +13,18 @@ from typing import Any, Literal, Union
 
 import pytest
 
-from flows.config import CONTROL, DEFAULTS, ORDER, SHARED, STAGES, flat_names, flow_names, flow_parameters, make_config
+from flows.config import (
+    CONTROL,
+    DEFAULTS,
+    ORDER,
+    SHARED,
+    STAGES,
+    flat_names,
+    flow_names,
+    flow_parameters,
+    make_config,
+    stage_keys,
+)
 from flows.load import load_config
 from flows.params_doc import README_BEGIN, README_END, parameter_table
 from storage import InputError
@@ -27,7 +38,9 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        ("infer", "fanouts"): (10, 5),
                                        ("hotness", "edge_fanouts"): {"edge": (5, 3, 2)},
                                        ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "dot",
-                                       ("download", "link_edge_type"): "edge"}
+                                       ("download", "link_edge_type"): "edge",
+                                       **{(stage, "memory_budget_bytes"): 3 << 30
+                                          for stage in ("download", "partition", "features", "hotness")}}
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -244,3 +257,20 @@ def test_deployment_parameters_take_lists_as_text():
     checked = pipeline.validate_parameters({"fanouts": "15,10,5", "split": "0.5,0.25,0.25", "train_fanouts": None})
     cfg = make_config(checked)
     assert cfg.train.fanouts == cfg.hotness.fanouts == (15, 10, 5) and cfg.download.split == (0.5, 0.25, 0.25)
+
+
+def test_memory_budget_takes_sizes_as_people_write_them():
+    """``memory_budget_bytes`` is one shared runtime name: it reaches the four data stages, never re-keys them, and
+    takes 4GiB / 512MiB / plain bytes; a size below 1 MiB or a word is one error line."""
+    cfg = make_config({"memory_budget_bytes": "4GiB"})
+    for stage in ("download", "partition", "features", "hotness"):
+        assert cfg.stage_params(stage).memory_budget_bytes == 4 << 30   # type: ignore[attr-defined]
+    assert stage_keys(cfg) == stage_keys(make_config({}))
+    hotness = make_config({"memory_budget_bytes": "512MiB"}).stage_params("hotness")
+    assert hotness.memory_budget_bytes == 512 << 20   # type: ignore[attr-defined]
+    assert make_config({"partition.memory_budget_bytes": 5_000_000}).stage_params(
+        "partition").memory_budget_bytes == 5_000_000   # type: ignore[attr-defined]
+    for bad in ("lots", "100"):
+        with pytest.raises(InputError, match=r"invalid parameter memory_budget_bytes="):
+            make_config({"memory_budget_bytes": bad})
+

@@ -19,7 +19,7 @@ from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero, type_counts
 from stages.download.typed_files import is_typed_dir, load_typed_files
 from stages.meter import measure
-from stages.params import Seed, StageParams, runtime
+from stages.params import BudgetedParams, Seed, runtime
 from stages.runtime.fanouts import match_edge_type
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
@@ -32,7 +32,7 @@ LINK_FIELDS = ("task", "link_split", "link_edge_type")   # in the key only for t
 UPSTREAM: tuple[str, ...] = ()
 
 
-class Params(StageParams):
+class Params(BudgetedParams):
     """What defines the dataset; ``key_params`` keeps only the fields that matter for the chosen one."""
 
     dataset: Dataset = Field("synthetic", description="synthetic, synthetic-hetero (MAG-like, typed) or "

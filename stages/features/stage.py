@@ -20,7 +20,7 @@ from stages.choices import Compressor, FeatureDtype, FeatureNorm
 from stages.features.normalize import normalize_rows
 from stages.features.schemes import encode_rows, fit_codec
 from stages.meter import measure
-from stages.params import StageParams
+from stages.params import BudgetedParams
 from stages.runtime.feature_codec import FeatureCodec
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.features import write_part_features
@@ -40,7 +40,7 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 MAX_CHUNK_ROWS = 65536
 
 
-class Params(StageParams):
+class Params(BudgetedParams):
     chunk_rows: int | None = Field(None, ge=1, description="rows per Zarr chunk; null: ~16 MiB chunks within "
                                                             "[8 192, 65 536] rows")
     compressor: Compressor | None = Field(None, description="Blosc codec for x; null: none (dense floats "

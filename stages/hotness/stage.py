@@ -21,7 +21,7 @@ from pydantic import Field
 from stages.choices import TaskName
 from stages.hotness import plan as planning
 from stages.meter import measure
-from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams
+from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -41,7 +41,7 @@ VERSION = 4   # 4: typed graphs; 3: the neighbour draws come from the stage's se
 UPSTREAM = ("partition", "features")
 
 
-class Params(StageParams):
+class Params(BudgetedParams):
     fanouts: Fanouts = Field((15, 10, 5), description="neighbours per hop (-1 = all); the training ones")
     edge_fanouts: EdgeFanouts = Field(default_factory=dict, description="per-hop fanouts of some edge types; the "
                                                                          "training ones",

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from stages.choices import PartitionMethod
 from stages.meter import measure
-from stages.params import Seed, StageParams, runtime
+from stages.params import BudgetedParams, Seed, runtime
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, GraphArtifact
 from storage.partition import PartitionBook, write_book, write_part
@@ -26,7 +26,7 @@ VERSION = 1
 UPSTREAM = ("download",)
 
 
-class Params(StageParams):
+class Params(BudgetedParams):
     num_partitions: int = Field(2, ge=1, description="parts, one training rank each")
     # kaminpar at 1 M nodes: METIS's cut (5.6 vs 5.5 %) with 0.30 GiB over the start against 1.97
     # (benchmarks/RESULTS.md "[2/5] KaMinPar beside METIS")

@@ -1,0 +1,195 @@
+"""How the pipeline grows with the graph ([2/5]): a papers100M-shaped synthetic graph at several sizes, every stage
+in its own ``gnnpipe stage`` process under one memory budget, measured from outside.
+
+    python benchmarks/bench_scale.py --nodes 1750000 3500000 7000000 14000000 --budget 4GiB \
+        --root /work/scale-artifacts --full-at 14000000 --out benchmarks/results_scale.jsonl
+
+papers100M's shape: 111 M nodes, 1.6 B directed edges, which symmetrised are ~29 CSR entries per node
+(``--avg-degree 29``: ~400 M entries at 14 M nodes), 128 float32 features, 172 classes, 1.1 % of the nodes train
+(0.11 % valid, 0.19 % test). The degree law is the synthetic generator's power law (Pareto tail 2.2,
+``stages.download.synthetic``).
+
+Per stage: wall time of the process (interpreter and Prefect start included), peak anonymous memory (``RssAnon``
+summed over the process and its children, read from /proc every ``--poll-s``: the page cache of memory-mapped
+files is not counted, as the budget does not count it), the stage's own ``peak_anon_bytes`` and ``wall_s`` from its
+manifest, and disk: peak and final bytes of the files under the artifact root over the start (spill files
+included; walked every second). ``--full-at`` sizes also train one epoch on 2 ranks and run exact inference.
+
+The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * edges^b and peak memory ~ c + d * nodes by
+least squares, and the projection of both to papers100M and IGBH-full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_STAGES = ("download", "partition", "features", "hotness")
+FULL_STAGES = ("train", "infer")
+PAPERS = {"nodes": 111_059_956, "entries": 3_231_371_744, "feature_bytes": 111_059_956 * 128 * 4}
+# IGBH-full (MLPerf R-GAT): 547 M nodes, 5.8 B edges (11.6 B entries once reversed edges are added), 1024 float32
+# features per paper and author node (2.2 TB)
+IGBH = {"nodes": 547_306_935, "entries": 11_600_000_000, "feature_bytes": 2_200_000_000_000}
+
+
+def settings(nodes: int, args: argparse.Namespace) -> list[str]:
+    return [f"num_nodes={nodes}", f"avg_degree={args.avg_degree}", "num_features=128", "num_classes=172",
+            "split=0.011,0.0011,0.0019", f"memory_budget_bytes={args.budget}", "method=kaminpar",
+            "num_partitions=2", "epochs=1"]
+
+
+def tree_anon_bytes(pid: int) -> int:
+    """``RssAnon`` of ``pid`` and every descendant (training ranks, KaMinPar runs in-process)."""
+    total, stack, seen = 0, [pid], set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                stack.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def du_bytes(root: str) -> int:
+    """Bytes of the files under ``root`` (spill files included; other processes' writes elsewhere are not)."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:   # a spill file removed between the listing and the stat
+                continue
+    return total
+
+
+def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "flows.cli", "stage", stage, "--artifacts", args.root]
+    for s in settings(nodes, args):
+        cmd += ["--set", s]
+    disk0 = du_bytes(args.root)
+    start = time.perf_counter()
+    log = open(Path(args.root) / f"{stage}-{nodes}.log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    peak_anon, peak_disk, polls = 0, 0, 0
+    try:
+        while proc.poll() is None:
+            peak_anon = max(peak_anon, tree_anon_bytes(proc.pid))
+            if polls % 10 == 0:   # a walk of the root: every second, not every poll
+                peak_disk = max(peak_disk, du_bytes(args.root) - disk0)
+            polls += 1
+            time.sleep(args.poll_s)
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    wall = time.perf_counter() - start
+    log.close()
+    if proc.returncode != 0:
+        tail = (Path(args.root) / f"{stage}-{nodes}.log").read_text()[-2000:]
+        raise SystemExit(f"{stage} at {nodes} nodes exited {proc.returncode}:\n{tail}")
+    summary = newest_summary(Path(args.root), stage)
+    return {"stage": stage, "nodes": nodes, "entries": summary.get("num_edges"), "budget": args.budget,
+            "wall_s": round(wall, 1), "stage_wall_s": summary.get("wall_s"),
+            "peak_anon_bytes": peak_anon, "stage_peak_anon_bytes": summary.get("peak_anon_bytes"),
+            "peak_disk_bytes": peak_disk, "final_disk_bytes": du_bytes(args.root) - disk0,
+            "path": summary.get("canonical_path") or summary.get("path"), "load": os.getloadavg()[0]}
+
+
+def newest_summary(root: Path, stage: str) -> dict[str, Any]:
+    manifests = sorted((root / stage).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(manifests[-1].read_text())["summary"] if manifests else {}
+
+
+def measure(args: argparse.Namespace) -> None:
+    Path(args.root).mkdir(parents=True, exist_ok=True)
+    entries: dict[int, Any] = {}
+    with open(args.out, "a") as out:
+        for nodes in args.nodes:
+            stages = DATA_STAGES + (FULL_STAGES if nodes in args.full_at else ())
+            for stage in stages:
+                row = run_stage(stage, nodes, args)
+                if stage == "download":
+                    entries[nodes] = row["entries"]
+                row["entries"] = entries.get(nodes, row["entries"])
+                print(json.dumps(row), flush=True)
+                out.write(json.dumps(row) + "\n")
+            if not args.keep:
+                shutil.rmtree(args.root, ignore_errors=True)
+                Path(args.root).mkdir(parents=True, exist_ok=True)
+
+
+def fit(path: str) -> None:
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    print("| stage | nodes | CSR entries | wall s | peak anon GiB | peak disk GiB | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['stage']} | {r['nodes']:,} | {r['entries'] or 0:,} | {r['wall_s']:.0f} | "
+              f"{r['peak_anon_bytes'] / 2**30:.2f} | {r['peak_disk_bytes'] / 2**30:.1f} | {r['load']:.1f} |")
+    print("\n| stage | time ~ a·E^b: b | s per M entries at largest | memory ~ c + d·N: d B/node | papers100M "
+          "h | papers100M GiB | IGBH-full h | IGBH-full GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for stage in DATA_STAGES:
+        pts = [r for r in rows if r["stage"] == stage and r["entries"]]
+        if len(pts) < 2:
+            continue
+        law = growth(pts)
+        cells = [f"{law['b']:.2f}", f"{law['s_per_m_entries']:.2f}", f"{law['d']:.1f}"]
+        for target in (PAPERS, IGBH):
+            cells += [f"{project(law, target)[0] / 3600:.1f}", f"{project(law, target)[1] / 2**30:.1f}"]
+        print(f"| {stage} | " + " | ".join(cells) + " |")
+
+
+def growth(pts: list[dict[str, Any]]) -> dict[str, float]:
+    """Least-squares laws of one stage's points: ``wall_s = a * entries^b`` (log-log) and ``peak_anon = c + d *
+    nodes`` (the budget-bounded part is the constant, the O(N) arrays the slope)."""
+    e = np.array([r["entries"] for r in pts], dtype=float)
+    n = np.array([r["nodes"] for r in pts], dtype=float)
+    t = np.array([r["wall_s"] for r in pts], dtype=float)
+    m = np.array([r["peak_anon_bytes"] for r in pts], dtype=float)
+    b, log_a = np.polyfit(np.log(e), np.log(t), 1)
+    d, c = np.polyfit(n, m, 1)
+    return {"a": float(np.exp(log_a)), "b": float(b), "c": float(c), "d": float(d),
+            "s_per_m_entries": float(t[-1] / e[-1] * 1e6)}
+
+
+def project(law: dict[str, float], target: dict[str, int]) -> tuple[float, float]:
+    """(seconds, peak anonymous bytes) of a stage on ``target`` by its fitted laws."""
+    return law["a"] * target["entries"] ** law["b"], law["c"] + law["d"] * target["nodes"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1_750_000, 3_500_000, 7_000_000, 14_000_000])
+    ap.add_argument("--avg-degree", type=float, default=29.0)
+    ap.add_argument("--budget", default="4GiB")
+    ap.add_argument("--root", default="/tmp/gnnpipe-scale")
+    ap.add_argument("--full-at", type=int, nargs="*", default=[14_000_000])
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results_scale.jsonl"))
+    ap.add_argument("--poll-s", type=float, default=0.1)
+    ap.add_argument("--keep", action="store_true", help="keep each size's artifacts (default: removed)")
+    ap.add_argument("--fit", metavar="JSONL", help="print the table, fit and projections of a run's lines")
+    args = ap.parse_args()
+    if args.fit:
+        fit(args.fit)
+        return
+    measure(args)
+
+
+if __name__ == "__main__":
+    main()

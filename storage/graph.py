@@ -4,9 +4,9 @@ ID space: everything here is in **orig** ids. A graph has T node types and R edg
 nodes are numbered type after type (schema order), so node type t's own id ``i`` is the graph's orig id
 ``schema.orig_offsets()[t] + i``. A homogeneous graph is T = R = 1 and reads exactly as an untyped one.
 
-- ``indptr`` int64 [N*R+1], ``indices`` [E] of the index dtype (below): CSR of *incoming* edges whose row ``v * R + e`` lists the
-  sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one range
-  ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
+- ``indptr`` int64 [N*R+1], ``indices`` [E] (index dtype, below): CSR of *incoming* edges whose row ``v * R + e``
+  lists the sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one
+  range ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
   stored symmetrised; self-loops and duplicate edges are removed; each row is sorted.
 - ``edge_attr`` [E, D] (graphs with edge features only): row i holds the attributes of the edge ``indices[i] ->``
   its row's node, aligned with ``indices`` (a reversed edge of a symmetrised graph has its edge's attributes;
@@ -54,8 +54,16 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import (attr_str, open_array, open_array_at, open_group, open_subgroup, read_array, read_into,
-                             write_array)
+from storage.zarr_io import (
+    attr_str,
+    open_array,
+    open_array_at,
+    open_group,
+    open_subgroup,
+    read_array,
+    read_into,
+    write_array,
+)
 
 SPLITS = ("train", "valid", "test")
 # how fixed evaluation negatives are laid out and ranked against the positives (module docstring)

@@ -66,7 +66,8 @@ CLASS_SIGNAL_SLOPE = 1.75
 CLASS_SIGNAL_OFFSET = -0.82
 COMMUNITY_SIGNAL = 1.0
 FEATURE_BLOCK_ROWS = 1 << 17
-EDGE_BLOCK = 1 << 22            # urn entries per block: bounds the float64/int64 temporaries to ~100 MB
+EDGE_BLOCK = 1 << 22            # urn entries per block (part of the random stream: changing it changes the graph)
+DRAW_SUB_BLOCK = 1 << 18        # entries per step of _draw_ends's arithmetic: int64 temporaries of 2 MB
 TOP_UP_TOLERANCE = 0.01         # accept up to 1 % fewer edges than avg_degree * N before generating extra edges
 TOP_UP_ROUNDS = 3
 
@@ -301,8 +302,7 @@ def _edge_blocks(rng: np.random.Generator, urn: np.ndarray,
     ring_pos[ring] = np.arange(num_comm)      # community -> ring position
     for lo in range(0, urn.shape[0], EDGE_BLOCK):
         hi = min(lo + EDGE_BLOCK, urn.shape[0])
-        entry_comm = np.searchsorted(seg, np.arange(lo, hi), side="right") - 1  # community of each emitter
-        yield lo, hi, urn[_draw_positions(rng, entry_comm, seg, seg_len, urn.shape[0], ring, ring_pos)]
+        yield lo, hi, _draw_ends(rng, urn, lo, hi, seg, seg_len, ring, ring_pos)
 
 
 def _expected_degrees(rng: np.random.Generator, comm: np.ndarray, comm_sizes: np.ndarray,
@@ -324,25 +324,36 @@ def _expected_degrees(rng: np.random.Generator, comm: np.ndarray, comm_sizes: np
     return np.minimum(expected, cap, out=expected)
 
 
-def _draw_positions(rng: np.random.Generator, comm: np.ndarray, seg: np.ndarray, seg_len: np.ndarray,
-                    total: int, ring: np.ndarray, ring_pos: np.ndarray) -> np.ndarray:
-    """Uniform urn positions: in the entry's community with probability P_INTRA, else in a nearby community with
-    probability P_NEAR, else anywhere.
+def _draw_ends(rng: np.random.Generator, urn: np.ndarray, lo: int, hi: int, seg: np.ndarray, seg_len: np.ndarray,
+               ring: np.ndarray, ring_pos: np.ndarray) -> np.ndarray:
+    """The other ends of urn entries ``[lo, hi)``: uniform urn positions in the entry's community with probability
+    P_INTRA, else in a nearby community with probability P_NEAR, else anywhere.
 
     Uniform over urn positions is weight-proportional over nodes, which is what a DC-SBM endpoint needs, at the
-    cost of one random gather instead of a binary search.
+    cost of one random gather instead of a binary search. The block's random numbers are drawn whole and in this
+    order (they are the stream); the arithmetic then runs DRAW_SUB_BLOCK entries at a time, so a 4 M-entry block
+    peaks at ~18 bytes per entry (the float64 ``u``, one float64 draw in flight, flags, int32 ends: ~75 MB) instead
+    of the ~300 MB its whole-block int64 temporaries took.
     """
-    m = comm.shape[0]
+    m, total = hi - lo, urn.shape[0]
     u = rng.random(m)
     kind = rng.random(m)
     intra = kind < P_INTRA
-    near = ~intra & (kind < P_INTRA + (1.0 - P_INTRA) * P_NEAR)
-    step = rng.integers(1, NEAR_WIDTH + 1, m) * np.where(rng.random(m) < 0.5, -1, 1)
-    target = np.where(near, ring[(ring_pos[comm] + step) % ring.shape[0]], comm)
-    local = intra | near
-    width = np.where(local, seg_len[target], total)
-    pos = np.where(local, seg[target], 0) + (u * width).astype(np.int64)
-    return np.minimum(pos, total - 1)  # u * width can round up to width for huge widths
+    near = kind < P_INTRA + (1.0 - P_INTRA) * P_NEAR
+    near &= ~intra
+    del kind
+    step = rng.integers(1, NEAR_WIDTH + 1, m).astype(np.int8)   # drawn as int64, as always: same stream
+    step[rng.random(m) < 0.5] *= -1
+    out = np.empty(m, dtype=urn.dtype)
+    for a in range(0, m, DRAW_SUB_BLOCK):
+        b = min(m, a + DRAW_SUB_BLOCK)
+        comm = np.searchsorted(seg, np.arange(lo + a, lo + b), side="right") - 1   # community of each emitter
+        target = np.where(near[a:b], ring[(ring_pos[comm] + step[a:b]) % ring.shape[0]], comm)
+        local = intra[a:b] | near[a:b]
+        width = np.where(local, seg_len[target], total)
+        pos = np.where(local, seg[target], 0) + (u[a:b] * width).astype(np.int64)
+        out[a:b] = urn[np.minimum(pos, total - 1)]   # u * width can round up to width for huge widths
+    return out
 
 
 def _labels(rng: np.random.Generator, clean: np.ndarray, num_classes: int) -> np.ndarray:

@@ -4,9 +4,9 @@ ID space: everything here is in **orig** ids. A graph has T node types and R edg
 nodes are numbered type after type (schema order), so node type t's own id ``i`` is the graph's orig id
 ``schema.orig_offsets()[t] + i``. A homogeneous graph is T = R = 1 and reads exactly as an untyped one.
 
-- ``indptr`` int64 [N*R+1], ``indices`` int64 [E]: CSR of *incoming* edges whose row ``v * R + e`` lists the
-  sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one range
-  ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
+- ``indptr`` int64 [N*R+1], ``indices`` [E] (index dtype, below): CSR of *incoming* edges whose row ``v * R + e``
+  lists the sources u of v's type-e edges u -> v (messages flow u -> v); a node's edges of all types are the one
+  range ``[indptr[v * R], indptr[(v + 1) * R])``. Edge types that are undirected (same source and target type) are
   stored symmetrised; self-loops and duplicate edges are removed; each row is sorted.
 - ``edge_attr`` [E, D] (graphs with edge features only): row i holds the attributes of the edge ``indices[i] ->``
   its row's node, aligned with ``indices`` (a reversed edge of a symmetrised graph has its edge's attributes;
@@ -14,8 +14,8 @@ nodes are numbered type after type (schema order), so node type t's own id ``i``
   ``num_edge_features`` = D.
 - ``x/<node type>`` [N_t, F_t] for the node types that have features (the dataset's dtype, every value finite).
 - ``y`` int64 [N] (-1 = unlabelled; a labelled type's classes are ``[0, num_classes_t)``).
-- ``split/train``, ``split/valid``, ``split/test``: int64 orig ids (OGB's split names).
-- ``edge_split/train``, ``edge_split/valid``, ``edge_split/test`` (link prediction only): int64 [2, E_s] (src,
+- ``split/train``, ``split/valid``, ``split/test``: orig ids of the index dtype (OGB's split names).
+- ``edge_split/train``, ``edge_split/valid``, ``edge_split/test`` (link prediction only): index dtype [2, E_s] (src,
   dst) orig ids of one target edge type's positives (``stages.download.edge_split``); the CSR above is then the
   message-passing graph, without the valid and test edges.
 - ``edge_split_neg/<split>`` (datasets that fix their evaluation negatives, OGB's ``ogbl-*``; valid and test
@@ -26,7 +26,20 @@ nodes are numbered type after type (schema order), so node type t's own id ``i``
     of the split is ranked against (Hits@K against all of them).
 - attrs: ``schema`` (``GraphSchema.to_dict``), name, source, num_nodes, num_edges, num_features, num_classes,
   directed, split sizes, edges per edge type; with edge splits ``link_edge_type`` (its key) and their sizes; with
-  negatives ``link_eval`` and ``edge_split_neg_shapes`` ({split: shape}).
+  negatives ``link_eval`` and ``edge_split_neg_shapes`` ({split: shape}); ``index_dtype``.
+
+Index dtype: node ids (``indices``, ``split/*``, ``edge_split/*``) are stored as int32 when every id fits (N < 2**31,
+``index_dtype``), else int64; offsets (``indptr``), ``y`` and the negatives are always int64. Half the bytes of the
+largest array on disk and in every page cache that streams it. Artifacts written before this rule hold int64 ids
+(no ``index_dtype`` attr); both read the same.
+
+Reading: ``GraphArtifact.read()`` widens ids to int64 while reading chunk by chunk (no second copy), so every
+consumer sees int64 as before; ``read(native=True)`` keeps the stored dtype, and ``GraphArtifact.zarr_array(path)``
+opens one array (e.g. ``indices``) for a consumer that streams it chunk by chunk (``storage.spill.spill_array``).
+
+Writing: ``write_graph`` writes every array chunk by chunk, casting each chunk to its stored dtype, so a ``Graph``
+whose ``indices`` or features are memory maps larger than memory (the download stage's external-sort path) is
+written with the same chunking, hence the same bytes, as an in-memory one.
 """
 
 from __future__ import annotations
@@ -36,11 +49,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_str, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import (
+    attr_str,
+    open_array,
+    open_array_at,
+    open_group,
+    open_subgroup,
+    read_array,
+    read_into,
+    write_array,
+)
 
 SPLITS = ("train", "valid", "test")
 # how fixed evaluation negatives are laid out and ranked against the positives (module docstring)
@@ -134,15 +157,23 @@ class Graph:
                 "edge_split_neg_shapes": {s: list(a.shape) for s, a in self.edge_split_negatives.items()}}
                if self.edge_split_negatives else {}),
             **({"num_edge_features": self.num_edge_features} if self.edge_attr is not None else {}),
+            "index_dtype": str(index_dtype(self.num_nodes)),
             **self.extra,
         }
 
 
+def index_dtype(num_nodes: int) -> np.dtype:
+    """The stored dtype of node ids (module docstring): int32 when every id fits (N < 2**31), else int64."""
+    return np.dtype(np.int32 if num_nodes < 2**31 else np.int64)
+
+
 def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) -> dict[str, Any]:
-    """Write ``graph`` as the artifact's ``graph.zarr``; returns its attrs."""
+    """Write ``graph`` as the artifact's ``graph.zarr`` chunk by chunk (its arrays may be memory maps: module
+    docstring); returns its attrs."""
     root = open_group(writer.file_url(_GROUP), mode="w")
-    write_array(root, "indptr", graph.indptr.astype(np.int64, copy=False))
-    write_array(root, "indices", graph.indices.astype(np.int64, copy=False), progress=progress)
+    ids = index_dtype(graph.num_nodes)
+    write_array(root, "indptr", graph.indptr, dtype=np.int64)
+    write_array(root, "indices", graph.indices, progress=progress, dtype=ids)
     if graph.edge_attr is not None:
         if graph.edge_attr.ndim != 2 or graph.edge_attr.shape[0] != graph.num_edges:
             raise ValueError(f"edge_attr of shape {graph.edge_attr.shape} for {graph.num_edges} edges")
@@ -154,21 +185,21 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
     x_group = root.create_group("x")
     for name, x in graph.features.items():
         write_array(x_group, name, x, progress=progress)
-    write_array(root, "y", graph.y.astype(np.int64, copy=False))
+    write_array(root, "y", graph.y, dtype=np.int64)
     split = root.create_group("split")
     for name in SPLITS:
-        write_array(split, name, graph.splits[name].astype(np.int64, copy=False))
+        write_array(split, name, graph.splits[name], dtype=ids)
     if graph.edge_splits:
         if set(graph.edge_splits) != set(SPLITS) or graph.link_edge_type is None:
             raise ValueError(f"edge splits {sorted(graph.edge_splits)} need all of {SPLITS} and link_edge_type")
         edge_split = root.create_group("edge_split")
         for name in SPLITS:
-            write_array(edge_split, name, graph.edge_splits[name].astype(np.int64, copy=False))
+            write_array(edge_split, name, graph.edge_splits[name], dtype=ids)
     if graph.edge_split_negatives:
         check_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval)
         negatives = root.create_group("edge_split_neg")
         for name, neg in graph.edge_split_negatives.items():
-            write_array(negatives, name, neg.astype(np.int64, copy=False), progress=progress)
+            write_array(negatives, name, neg, progress=progress, dtype=np.int64)
     attrs = graph.attrs()
     root.attrs.update(attrs)
     return attrs
@@ -206,27 +237,41 @@ class GraphArtifact(ArtifactHandle):
         """D of the graph's ``edge_attr`` (0: none)."""
         return int(self.manifest.summary.get("num_edge_features", 0))
 
-    def read(self, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:
+    def read(self, features: bool = True, negatives: bool = False, edges: bool = True, *,
+             native: bool = False) -> Graph:
         """The whole graph; ``features=False`` skips ``x`` (the partition stage needs topology only);
         ``edges=False`` skips ``edge_attr``;
         ``negatives=True`` also reads the fixed evaluation negatives (ogbl-citation2's are 1.4 GB, which only the
-        partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says)."""
-        return _read_graph(self._url(_GROUP), features=features, negatives=negatives, edges=edges)
+        partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says);
+        ``native=True`` keeps node ids in their stored dtype (int32 below 2**31 nodes) instead of widening them to
+        int64 (module docstring)."""
+        return _read_graph(self._url(_GROUP), features=features, negatives=negatives, edges=edges, native=native)
+
+    def zarr_array(self, path: str) -> zarr.Array:
+        """One array of ``graph.zarr`` (``indices``, ``x/<node type>``, ``split/train``, ...) opened for reading, in
+        its stored dtype: for consumers that stream it chunk by chunk instead of reading it whole."""
+        return open_array_at(self._url(f"{_GROUP}/{path}"))
 
 
-def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:
+def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True,
+                native: bool = False) -> Graph:
+    def read_ids(group: zarr.Group, name: str) -> np.ndarray:
+        """Node ids, widened to int64 while read chunk by chunk (no second copy) unless ``native``."""
+        arr = open_array(group, name)
+        return read_into(arr, None if native else np.empty(arr.shape, dtype=np.int64))
+
     root = open_group(url)
     attrs = dict(root.attrs)
     if "schema" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe typed graph (no schema attr); rerun the download stage")
     schema = GraphSchema.from_dict(attrs["schema"])   # type: ignore[arg-type]
-    splits = {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
+    splits = {name: read_ids(open_subgroup(root, "split"), name) for name in SPLITS}
     x_group = open_subgroup(root, "x") if features else None
     known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
              "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes", "link_eval",
-             "edge_split_neg_shapes", "num_edge_features"}
+             "edge_split_neg_shapes", "num_edge_features", "index_dtype"}
     link_edge_type = attrs.get("link_edge_type")
-    edge_splits = {name: read_array(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
+    edge_splits = {name: read_ids(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
         if link_edge_type is not None else {}
     link_eval = attrs.get("link_eval")
     neg_shapes = attrs.get("edge_split_neg_shapes")   # which splits have negatives
@@ -235,7 +280,7 @@ def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edg
     return Graph(
         schema=schema,
         indptr=read_array(root, "indptr"),
-        indices=read_array(root, "indices"),
+        indices=read_ids(root, "indices"),
         features={t.name: read_array(x_group, t.name) for t in schema.featured} if x_group is not None else {},
         y=read_array(root, "y"),
         splits=splits,

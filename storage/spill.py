@@ -42,3 +42,10 @@ def spill_ndarray(data: np.ndarray, directory: str, name: str) -> np.ndarray:
     path = os.path.join(directory, f"{name}.npy")
     np.save(path, data)
     return np.load(path, mmap_mode="r")
+
+
+def spill_append(path: str, data: np.ndarray) -> None:
+    """Append ``data``'s raw bytes to the spill file ``path`` (created if missing): the external sort's bucket
+    and output runs (``stages.download.external_sort``); a full disk raises the OSError the store reports."""
+    with open(path, "ab") as f:
+        np.ascontiguousarray(data).tofile(f)

@@ -132,24 +132,30 @@ def chunk_rows_for(num_rows: int, row_bytes: int, chunk_bytes: int = DEFAULT_CHU
 
 def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: int | None = None,
                 compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None,
-                progress: bool = False) -> zarr.Array:
-    """Write ``data`` as a row-chunked array with a crc32c integrity codec (and optional lz4/zstd)."""
-    data = np.ascontiguousarray(data)
-    row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
+                progress: bool = False, dtype: np.dtype | type | None = None) -> zarr.Array:
+    """Write ``data`` as a row-chunked array with a crc32c integrity codec (and optional lz4/zstd), stored as
+    ``dtype`` (default: ``data``'s; the caller guarantees the values fit).
+
+    Chunk by chunk: ``data`` may be a memory map larger than memory (the download stage's streaming path), and only
+    one chunk of it is made contiguous (and cast) at a time, never the whole array.
+    """
+    data = np.asarray(data)   # a view of a memory map, never a copy
+    out_dtype = np.dtype(dtype or data.dtype)
+    row_bytes = out_dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
     rows = chunk_rows or chunk_rows_for(data.shape[0], row_bytes)
     rows = max(1, min(rows, data.shape[0] or 1))
     codecs: list[Any] = []
     if compressor:
         codecs.append(zarr.codecs.BloscCodec(cname=compressor, clevel=3, shuffle="shuffle"))
     codecs.append(zarr.codecs.Crc32cCodec())
-    arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=(rows, *data.shape[1:]),
+    arr = group.create_array(name, shape=data.shape, dtype=out_dtype, chunks=(rows, *data.shape[1:]),
                              compressors=codecs, fill_value=0, overwrite=True)
     if attrs:
         arr.attrs.update(dict(attrs))
     steps = range(0, data.shape[0], rows)
     bar = tqdm(steps, desc=f"write {name}", unit="chunk", disable=not progress or len(steps) < 4, leave=False)
     for start in bar:
-        arr[start:start + rows] = data[start:start + rows]
+        arr[start:start + rows] = np.ascontiguousarray(data[start:start + rows], dtype=out_dtype)
     return arr
 
 

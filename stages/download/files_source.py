@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stages.download.canonical import check_classes, check_finite, csr_with_edge_attr, to_csr_incoming
+from stages.download.external_sort import EdgeChunks, array_chunks, csr_chunks
 from stages.run_log import stage_log
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
@@ -38,30 +40,83 @@ JSON_TYPE_NAMES = {bool: "true/false", int: "integer", str: "string"}
 X_FLOAT_BYTES = (2, 4, 8)
 
 
+@dataclass
+class FilesDataset:
+    """A validated ``.npy`` dataset before its CSR is built: ``x`` and the topology stay memory-mapped."""
+
+    topology: Topology
+    x: np.ndarray
+    y: np.ndarray
+    splits: dict[str, np.ndarray]
+    num_classes: int
+    directed: bool
+    name: str
+    source: str
+    edge_attr: np.ndarray | None
+
+    def graph(self, indptr: np.ndarray, indices: np.ndarray, edge_attr: np.ndarray | None = None) -> Graph:
+        """The graph with this canonical CSR."""
+        return Graph.homogeneous(indptr=indptr, indices=indices, x=self.x, y=self.y, splits=self.splits,
+                                 num_classes=self.num_classes, directed=self.directed, name=self.name,
+                                 source=self.source, edge_attr=edge_attr)
+
+
+@dataclass
+class Topology:
+    """The listed edges: ``edge_index.npy``'s rows (``dst``) or the CSR ``indices.npy`` with ``indptr``."""
+
+    src: np.ndarray                    # memory-mapped
+    dst: np.ndarray | None = None      # edge_index.npy's row 1 (memory-mapped)
+    indptr: np.ndarray | None = None   # indptr.npy
+
+    @property
+    def num_nodes(self) -> int:
+        return -1 if self.indptr is None else int(self.indptr.shape[0] - 1)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) whole (the in-memory path: a CSR's destinations cost an E-long int64 array)."""
+        if self.dst is not None:
+            return self.src, self.dst
+        assert self.indptr is not None
+        return self.src, np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+
+    def chunks(self, edges_per_chunk: int) -> EdgeChunks:
+        """(src, dst) chunks read from the memory maps (the streaming path)."""
+        if self.dst is not None:
+            return array_chunks(self.src, self.dst, edges_per_chunk)
+        assert self.indptr is not None
+        return csr_chunks(self.indptr, self.src, edges_per_chunk)
+
+
 def load_files(directory: str) -> Graph:
-    """Load and validate the ``.npy`` dataset in ``directory`` (layout in the module docstring)."""
+    """Load and validate the ``.npy`` dataset in ``directory`` (layout in the module docstring), CSR in memory."""
+    ds = open_files(directory)
+    src, dst = ds.topology.arrays()
+    num_nodes = ds.y.shape[0]
+    if ds.edge_attr is None:
+        return ds.graph(*to_csr_incoming(src, dst, num_nodes, directed=ds.directed))
+    return ds.graph(*csr_with_edge_attr(src, dst, num_nodes, ds.edge_attr, directed=ds.directed))
+
+
+def open_files(directory: str) -> FilesDataset:
+    """Every check of ``load_files`` without building the CSR (the streaming path builds it from the memory maps)."""
     if not os.path.isdir(directory):
         raise InputError(f"dataset directory {directory} does not exist; pass the directory holding edge_index.npy "
                          "(or indptr.npy + indices.npy), x.npy, y.npy and *_idx.npy")
     meta = _read_meta(directory)
     x = _load(directory, "x.npy", mmap=True)
     _check_x(x)
-    src, dst, num_nodes = _topology(directory, x.shape[0])
+    topology, num_nodes = _topology(directory, x.shape[0])
     y = _read_labels(directory, num_nodes)
     num_classes = _num_classes(meta, y)
     check_classes(y, num_classes, f"y.npy in {directory}")
     splits = {name: _read_split(directory, name, num_nodes, y) for name in SPLITS}
     _check_disjoint(splits)
     check_finite(x, f"x.npy in {directory}")   # reads all of x (0.06 s at products scale): after the cheap checks
-    edge_attr = _read_edge_attr(directory, src.shape[0])
-    directed = meta.get("directed", False)
-    if edge_attr is None:
-        indptr, indices = to_csr_incoming(src, dst, num_nodes, directed=directed)
-    else:
-        indptr, indices, edge_attr = csr_with_edge_attr(src, dst, num_nodes, edge_attr, directed=directed)
-    return Graph.homogeneous(indptr=indptr, indices=indices, x=x, y=y, splits=splits, num_classes=num_classes,
-                             directed=directed, name=meta.get("name", os.path.basename(directory.rstrip("/"))),
-                             source=f"files({os.path.abspath(directory)})", edge_attr=edge_attr)
+    edge_attr = _read_edge_attr(directory, topology.src.shape[0])
+    return FilesDataset(topology, x, y, splits, num_classes, meta.get("directed", False),
+                        meta.get("name", os.path.basename(directory.rstrip("/"))),
+                        f"files({os.path.abspath(directory)})", edge_attr)
 
 
 def _read_edge_attr(directory: str, num_edges: int) -> np.ndarray | None:
@@ -134,15 +189,17 @@ def _read_meta(directory: str) -> dict[str, Any]:
     return meta
 
 
-def _topology(directory: str, num_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(sources, destinations, N) from either edge_index.npy or the CSR pair, validated."""
+def _topology(directory: str, num_rows: int) -> tuple[Topology, int]:
+    """(the listed edges, N) from either edge_index.npy or the CSR pair, validated."""
     has = {name: os.path.exists(_path(directory, name)) for name in ("edge_index.npy", "indptr.npy", "indices.npy")}
     if has["edge_index.npy"] and (has["indptr.npy"] or has["indices.npy"]):
         raise InputError(f"{directory} has both edge_index.npy and indptr.npy/indices.npy; keep only one topology")
     if has["edge_index.npy"]:
-        return (*_edge_index(directory, num_rows), num_rows)
+        src, dst = _edge_index(directory, num_rows)
+        return Topology(src, dst=dst), num_rows
     if has["indptr.npy"] or has["indices.npy"]:
-        return _csr(directory, num_rows)
+        topology = _csr(directory, num_rows)
+        return topology, topology.num_nodes
     raise InputError(f"{directory} has no topology; add edge_index.npy ([2, E] ints) or indptr.npy + indices.npy")
 
 
@@ -155,7 +212,7 @@ def _edge_index(directory: str, num_nodes: int) -> tuple[np.ndarray, np.ndarray]
     return ei[0], ei[1]
 
 
-def _csr(directory: str, num_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _csr(directory: str, num_rows: int) -> Topology:
     indptr = _load(directory, "indptr.npy")
     indices = _load(directory, "indices.npy", mmap=True)
     for name, arr in (("indptr.npy", indptr), ("indices.npy", indices)):
@@ -172,8 +229,7 @@ def _csr(directory: str, num_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
         raise InputError("indptr.npy decreases somewhere; it must be non-decreasing (row v = "
                          "indices[indptr[v]:indptr[v+1]])")
     _check_ids(indices, "indices.npy", num_nodes)
-    dst = np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(indptr))
-    return indices, dst, num_nodes
+    return Topology(indices, indptr=indptr)
 
 
 def _check_ids(ids: np.ndarray, name: str, num_nodes: int) -> None:

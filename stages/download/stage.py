@@ -15,9 +15,11 @@ from pydantic import Field, model_validator
 from stages.choices import LINK_DATASETS, OGBL_DATASETS, TYPED_OGB_DATASETS, Dataset, TaskName
 from stages.download.canonical import check_classes, check_finite
 from stages.download.edge_split import check_link_split, split_edges
+from stages.download.streamed import choose, load_streamed
 from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero, type_counts
 from stages.download.typed_files import is_typed_dir, load_typed_files
+from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
 from stages.runtime.fanouts import match_edge_type
@@ -191,19 +193,39 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     """Build (or find) the canonical graph for ``params``."""
     download_dir = params.download_dir or os.path.join(os.path.expanduser("~"), ".cache", "gnnpipe", "ogb")
 
+    budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
+
     def body(writer: StageWriter) -> None:
         with measure() as cost:
-            graph = load(params, download_dir=download_dir, progress=progress)
-            attrs = write_graph(writer, graph, progress=progress)
+            # before any work: a budget neither path fits is one error line naming the minimum (streamed.choose)
+            choice = choose(params, budget)
+            if choice.streamed:
+                with writer.scratch() as scratch:
+                    graph, stream = load_streamed(params, budget, scratch)
+                    attrs = write_graph(writer, graph, progress=progress)
+                    sizes = _sizes(graph)   # before the scratch directory (indices, x) goes
+            else:
+                graph = load(params, download_dir=download_dir, progress=progress)
+                attrs = write_graph(writer, graph, progress=progress)
+                sizes, stream = _sizes(graph), {}
         writer.summary.update(attrs)
         writer.summary.update(cost)
-        writer.summary["avg_degree"] = round(graph.num_edges / max(graph.num_nodes, 1), 3)
-        writer.summary["bytes_graph"] = int(graph.indptr.nbytes + graph.indices.nbytes)
-        writer.summary["bytes_features"] = sum(int(x.nbytes) for x in graph.features.values())
-        if graph.edge_attr is not None:
-            writer.summary["bytes_edge_features"] = int(graph.edge_attr.nbytes)
+        writer.summary.update(sizes)
+        writer.summary.update(memory_budget_bytes=budget.bytes, memory_budget_source=budget.source,
+                              canonical_path="external sort" if choice.streamed else "in-memory",
+                              in_memory_estimate_bytes=choice.estimate, **stream)
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def _sizes(graph: Graph) -> dict[str, Any]:
+    """The summary's size figures (bytes as computed in memory: int64 ids; on disk they may be int32)."""
+    out = {"avg_degree": round(graph.num_edges / max(graph.num_nodes, 1), 3),
+           "bytes_graph": int(graph.indptr.nbytes + graph.indices.nbytes),
+           "bytes_features": sum(int(x.nbytes) for x in graph.features.values())}
+    if graph.edge_attr is not None:
+        out["bytes_edge_features"] = int(graph.edge_attr.nbytes)
+    return out
 
 
 def report(manifest: Manifest) -> Report:

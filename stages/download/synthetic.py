@@ -34,9 +34,16 @@ good.
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 
 from stages.download.canonical import csr_with_edge_attr, to_csr_incoming
+from stages.download.external_sort import ExternalCsr, array_chunks, csr_chunks, external_csr
+from storage import spill
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.progress import progress as tqdm
@@ -59,14 +66,16 @@ CLASS_SIGNAL_SLOPE = 1.75
 CLASS_SIGNAL_OFFSET = -0.82
 COMMUNITY_SIGNAL = 1.0
 FEATURE_BLOCK_ROWS = 1 << 17
-EDGE_BLOCK = 1 << 22            # urn entries per block: bounds the float64/int64 temporaries to ~100 MB
+EDGE_BLOCK = 1 << 22            # urn entries per block (part of the random stream: changing it changes the graph)
+DRAW_SUB_BLOCK = 1 << 18        # entries per step of _draw_ends's arithmetic: int64 temporaries of 2 MB
 TOP_UP_TOLERANCE = 0.01         # accept up to 1 % fewer edges than avg_degree * N before generating extra edges
 TOP_UP_ROUNDS = 3
 
 
 def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int, seed: int,
                        split: tuple[float, float, float] = (0.08, 0.02, 0.90), progress: bool = False,
-                       num_edge_features: int = 0, name: str = "synthetic") -> Graph:
+                       num_edge_features: int = 0, name: str = "synthetic", scratch: str | None = None,
+                       sort_budget: int = 0, stream_info: dict[str, Any] | None = None) -> Graph:
     """Generate the graph described in the module docstring (undirected, stored symmetrised).
 
     ``avg_degree`` counts directed edges per node after symmetrisation (``num_edges / num_nodes``); it is
@@ -74,6 +83,13 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     labels, features and split come from separate random streams, so e.g. changing ``num_features`` keeps the
     same graph and labels. ``num_edge_features`` > 0: edge attributes (module docstring) from a sixth stream.
     ``name``: the dataset the graph is reported as (``synthetic-link`` draws the same graph).
+
+    ``scratch`` (a spill directory): the streaming path for graphs larger than memory, the same graph bit for bit.
+    The random streams are consumed in the same order and block sizes, only where the arrays live changes: the urn
+    and the drawn edges go to spill files, the CSR comes from ``external_sort.external_csr`` within
+    ``sort_budget`` bytes (an ``indices`` memory map, its ``info`` in ``graph.extra``), and ``x`` is a memory map;
+    only the O(N) arrays stay in memory; ``stream_info`` receives the sort's buckets and spill bytes. Edge features
+    are not streamed (``num_edge_features`` must be 0).
     """
     check_synthetic(num_nodes, avg_degree, num_features, num_classes, split)
     # spawned children depend on their index only: the sixth (edge attributes) leaves the other five as they were
@@ -87,7 +103,15 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
 
     steps.set_postfix_str("edges")
     expected = _expected_degrees(rng_edges, comm, comm_sizes, avg_degree)
-    indptr, indices = _topology(rng_edges, expected, comm_sizes, relabel, avg_degree)
+    if scratch is None:
+        indptr, indices = _topology(rng_edges, expected, comm_sizes, relabel, avg_degree)
+    else:
+        if num_edge_features:
+            raise ValueError("the streaming path does not generate edge features")
+        indptr, indices, info = _streamed_topology(rng_edges, expected, comm_sizes, relabel, avg_degree, scratch,
+                                                   sort_budget)
+        if stream_info is not None:
+            stream_info.update(info)
     del expected
     steps.update(2)
 
@@ -96,7 +120,9 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     comm_final[relabel] = comm
     del comm, relabel
     y = _labels(rng_labels, comm_class[comm_final], num_classes)
-    x = _features(rng_features, comm_final, comm_class, num_classes, num_features, progress=progress)
+    x_out = None if scratch is None else np.lib.format.open_memmap(
+        os.path.join(scratch, "x.npy"), mode="w+", dtype=np.float32, shape=(num_nodes, num_features))
+    x = _features(rng_features, comm_final, comm_class, num_classes, num_features, progress=progress, out=x_out)
     steps.update()
     splits = random_split(rng_split, num_nodes, split)
     steps.update()
@@ -188,17 +214,85 @@ def _topology(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.nda
     return indptr, indices
 
 
+def _streamed_topology(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.ndarray, relabel: np.ndarray,
+                       avg_degree: float, scratch: str, sort_budget: int
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """``_topology`` through spill files (``generate_synthetic``'s ``scratch``): the same draws, the same top-up
+    rule, the same set of edges, hence the same CSR; returns ``(indptr, indices memory map, info)``."""
+    n = expected.shape[0]
+    target = avg_degree * n
+    info = {"sort_buckets": 0, "spill_bytes": 0}
+
+    def canonical(round_: int, scale: float, previous: ExternalCsr | None) -> tuple[ExternalCsr, int]:
+        folder = os.path.join(scratch, f"round-{round_}")
+        os.makedirs(folder)
+        urn = _urn(rng, expected * scale if scale != 1.0 else expected, os.path.join(folder, "urn.npy"))
+        src_path, dst_path = os.path.join(folder, "src.raw"), os.path.join(folder, "dst.raw")
+        for path in (src_path, dst_path):
+            open(path, "wb").close()
+        for lo, hi, block in _edge_blocks(rng, urn, comm_sizes):
+            spill.spill_append(src_path, relabel[urn[lo:hi]])
+            spill.spill_append(dst_path, relabel[block])
+        count = int(urn.shape[0])
+        info["spill_bytes"] += 2 * count * relabel.dtype.itemsize + urn.nbytes
+        del urn
+        src, dst = (np.memmap(p, dtype=relabel.dtype, mode="r", shape=(count,)) if count
+                    else np.empty(0, relabel.dtype) for p in (src_path, dst_path))
+        chunk = max(1, sort_budget // 64)
+        passes = [array_chunks(src, dst, chunk)]
+        if previous is not None:   # the CSR so far is symmetric: symmetrising it again only adds duplicates
+            passes.insert(0, csr_chunks(previous.indptr, previous.indices, chunk))
+        csr = external_csr(lambda: itertools.chain.from_iterable(p() for p in passes), n, symmetrise=True,
+                           budget_bytes=sort_budget, scratch=folder)
+        info["sort_buckets"] += csr.buckets
+        info["spill_bytes"] += csr.spill_bytes
+        return csr, count
+
+    csr, count = canonical(0, 1.0, None)
+    requested = 2 * count
+    for round_ in range(1, TOP_UP_ROUNDS + 1):
+        have = csr.indices.shape[0]
+        if have >= (1.0 - TOP_UP_TOLERANCE) * target or requested == 0 or have == 0:
+            break
+        keep_rate = have / requested
+        csr, count = canonical(round_, (target - have) / (keep_rate * target), csr)
+        requested = requested + 2 * count
+    return csr.indptr, csr.indices, info
+
+
 def _edges(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Undirected edge list (each edge once, node ids in the community-sorted order).
 
     Node u emits ``Poisson(expected_u / 2)`` edges and, because the urn is weight-proportional, receives about as
     many, so its degree after symmetrisation is about ``expected_u``.
     """
+    urn = _urn(rng, expected)
+    dst = np.empty_like(urn)
+    for lo, hi, block in _edge_blocks(rng, urn, comm_sizes):
+        dst[lo:hi] = block
+    return urn, dst
+
+
+def _urn(rng: np.random.Generator, expected: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Each node repeated ``Poisson(expected_u / 2)`` times (sorted by node, hence grouped by community); with
+    ``path`` a memory-mapped ``.npy`` filled one node block at a time (the streaming path)."""
     n = expected.shape[0]
     emitted = rng.poisson(expected / 2.0)
     ids = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
-    urn = np.repeat(ids, emitted)  # sorted by node, hence grouped by community
-    del emitted, ids
+    if path is None:
+        return np.repeat(ids, emitted)
+    ends = np.cumsum(emitted)
+    urn = np.lib.format.open_memmap(path, mode="w+", dtype=ids.dtype, shape=(int(ends[-1]) if n else 0,))
+    for a in range(0, n, FEATURE_BLOCK_ROWS):
+        b = min(n, a + FEATURE_BLOCK_ROWS)
+        urn[int(ends[a] - emitted[a]):int(ends[b - 1])] = np.repeat(ids[a:b], emitted[a:b])
+    return urn
+
+
+def _edge_blocks(rng: np.random.Generator, urn: np.ndarray,
+                 comm_sizes: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(lo, hi, dst)``: the drawn other ends of the urn's entries ``[lo, hi)``, EDGE_BLOCK at a time (the block
+    size is part of the random stream: another one draws another graph)."""
     node_start = np.concatenate([[0], np.cumsum(comm_sizes)])
     seg = np.searchsorted(urn, node_start)  # urn positions where each community's stubs begin
     seg_len = np.diff(seg)
@@ -206,12 +300,9 @@ def _edges(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.ndarra
     ring = rng.permutation(num_comm)          # ring position -> community
     ring_pos = np.empty_like(ring)
     ring_pos[ring] = np.arange(num_comm)      # community -> ring position
-    dst = np.empty_like(urn)
     for lo in range(0, urn.shape[0], EDGE_BLOCK):
         hi = min(lo + EDGE_BLOCK, urn.shape[0])
-        entry_comm = np.searchsorted(seg, np.arange(lo, hi), side="right") - 1  # community of each emitter
-        dst[lo:hi] = urn[_draw_positions(rng, entry_comm, seg, seg_len, urn.shape[0], ring, ring_pos)]
-    return urn, dst
+        yield lo, hi, _draw_ends(rng, urn, lo, hi, seg, seg_len, ring, ring_pos)
 
 
 def _expected_degrees(rng: np.random.Generator, comm: np.ndarray, comm_sizes: np.ndarray,
@@ -233,25 +324,36 @@ def _expected_degrees(rng: np.random.Generator, comm: np.ndarray, comm_sizes: np
     return np.minimum(expected, cap, out=expected)
 
 
-def _draw_positions(rng: np.random.Generator, comm: np.ndarray, seg: np.ndarray, seg_len: np.ndarray,
-                    total: int, ring: np.ndarray, ring_pos: np.ndarray) -> np.ndarray:
-    """Uniform urn positions: in the entry's community with probability P_INTRA, else in a nearby community with
-    probability P_NEAR, else anywhere.
+def _draw_ends(rng: np.random.Generator, urn: np.ndarray, lo: int, hi: int, seg: np.ndarray, seg_len: np.ndarray,
+               ring: np.ndarray, ring_pos: np.ndarray) -> np.ndarray:
+    """The other ends of urn entries ``[lo, hi)``: uniform urn positions in the entry's community with probability
+    P_INTRA, else in a nearby community with probability P_NEAR, else anywhere.
 
     Uniform over urn positions is weight-proportional over nodes, which is what a DC-SBM endpoint needs, at the
-    cost of one random gather instead of a binary search.
+    cost of one random gather instead of a binary search. The block's random numbers are drawn whole and in this
+    order (they are the stream); the arithmetic then runs DRAW_SUB_BLOCK entries at a time, so a 4 M-entry block
+    peaks at ~18 bytes per entry (the float64 ``u``, one float64 draw in flight, flags, int32 ends: ~75 MB) instead
+    of the ~300 MB its whole-block int64 temporaries took.
     """
-    m = comm.shape[0]
+    m, total = hi - lo, urn.shape[0]
     u = rng.random(m)
     kind = rng.random(m)
     intra = kind < P_INTRA
-    near = ~intra & (kind < P_INTRA + (1.0 - P_INTRA) * P_NEAR)
-    step = rng.integers(1, NEAR_WIDTH + 1, m) * np.where(rng.random(m) < 0.5, -1, 1)
-    target = np.where(near, ring[(ring_pos[comm] + step) % ring.shape[0]], comm)
-    local = intra | near
-    width = np.where(local, seg_len[target], total)
-    pos = np.where(local, seg[target], 0) + (u * width).astype(np.int64)
-    return np.minimum(pos, total - 1)  # u * width can round up to width for huge widths
+    near = kind < P_INTRA + (1.0 - P_INTRA) * P_NEAR
+    near &= ~intra
+    del kind
+    step = rng.integers(1, NEAR_WIDTH + 1, m).astype(np.int8)   # drawn as int64, as always: same stream
+    step[rng.random(m) < 0.5] *= -1
+    out = np.empty(m, dtype=urn.dtype)
+    for a in range(0, m, DRAW_SUB_BLOCK):
+        b = min(m, a + DRAW_SUB_BLOCK)
+        comm = np.searchsorted(seg, np.arange(lo + a, lo + b), side="right") - 1   # community of each emitter
+        target = np.where(near[a:b], ring[(ring_pos[comm] + step[a:b]) % ring.shape[0]], comm)
+        local = intra[a:b] | near[a:b]
+        width = np.where(local, seg_len[target], total)
+        pos = np.where(local, seg[target], 0) + (u[a:b] * width).astype(np.int64)
+        out[a:b] = urn[np.minimum(pos, total - 1)]   # u * width can round up to width for huge widths
+    return out
 
 
 def _labels(rng: np.random.Generator, clean: np.ndarray, num_classes: int) -> np.ndarray:
@@ -263,7 +365,7 @@ def _labels(rng: np.random.Generator, clean: np.ndarray, num_classes: int) -> np
 
 
 def _features(rng: np.random.Generator, comm: np.ndarray, comm_class: np.ndarray, num_classes: int,
-              num_features: int, *, progress: bool) -> np.ndarray:
+              num_features: int, *, progress: bool, out: np.ndarray | None = None) -> np.ndarray:
     """float32 [N, F]: community centroid + N(0, 1) noise, written block by block (no float64 N x F temporary).
 
     Centroid entries are scaled by 1/sqrt(F) so that the signal-to-noise ratio does not depend on the width.
@@ -274,7 +376,7 @@ def _features(rng: np.random.Generator, comm: np.ndarray, comm_class: np.ndarray
     offset = rng.standard_normal((comm_class.shape[0], num_features)) * (COMMUNITY_SIGNAL * scale)
     centroid = (class_centre[comm_class] + offset).astype(np.float32)
     n = comm.shape[0]
-    x = np.empty((n, num_features), dtype=np.float32)
+    x = np.empty((n, num_features), dtype=np.float32) if out is None else out
     starts = range(0, n, FEATURE_BLOCK_ROWS)
     for start in tqdm(starts, desc="features", unit="block", disable=not progress or len(starts) < 4, leave=False):
         block = x[start:start + FEATURE_BLOCK_ROWS]

@@ -1,0 +1,176 @@
+"""The download stage under ``memory_budget_bytes`` (``stages.memory``): which path builds the canonical graph.
+
+``choose`` estimates the in-memory path's peak anonymous memory. When it fits the budget, the in-memory path runs
+(products-scale speed unchanged); otherwise a homogeneous ``files`` dataset (no ``edge_attr.npy``) or ``synthetic``
+graph (no edge features, task=node) takes the streaming path: the CSR from ``external_sort`` in the budget left
+after the O(N) arrays, ``x`` and ``indices`` as memory maps written chunk by chunk, the same bytes. Every other
+source (typed, OGB, edge features, link splits) does not stream yet: beyond the budget it fails in one line naming
+its estimate. OGB's size is unknown before its download: it always runs in memory.
+
+The estimates (bytes) and the numbers that decide them:
+
+- in-memory ``files``: ``16 E`` when symmetrising (two int64 keys per listed edge, sorted in place and reused as
+  ``indices``; ``8 E`` directed) + ``E`` (self-loop mask) + ``8 E`` for a CSR input (its destinations, repeated)
+  + ``NODE_BYTES`` per node + the write buffers; edge features add ``64 E + 12 E D`` (the stable argsort's index
+  and keys, the float32 copies);
+- in-memory ``synthetic``: ``33`` bytes per urn entry (~``avg_degree / 2`` per node: the int32 urn, the drawn
+  ends, their relabelled copies, then two int64 keys and a mask), the float32 ``x`` (``4 F`` per node),
+  ``SYNTH_NODE_BYTES`` per node, one draw block (``DRAW_BYTES`` per entry) and the write buffers: at 1 M nodes,
+  avg_degree 20 and 64 features ~0.77 GB, so a 256 MiB budget streams it;
+- streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node) plus the largest
+  of one sort bucket's floor, the write buffers and (synthetic) one draw block.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stages.download.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, external_csr
+from stages.download.synthetic import EDGE_BLOCK, generate_synthetic
+from stages.memory import MemoryBudget, gib
+from storage.errors import InputError
+from storage.graph import Graph, index_dtype
+from storage.zarr_io import chunk_rows_for
+
+if TYPE_CHECKING:
+    from stages.download.stage import Params
+
+# Zarr writes a chunk as the chunk (a view, or its cast copy), its encoded bytes and the crc32c-framed copy: 3.
+WRITE_BUFFERS = 3
+# per node, homogeneous files: y (int64, and its cast copy while read) 16, splits <= 8, the external sort's row
+# counts 8 with their bincount temporary 8 and cumulative sum 8 (then indptr 8): 48
+NODE_BYTES = 48
+# per node, synthetic: NODE_BYTES + the generator's O(N) arrays (expected degrees, weights and caps as float64 24,
+# emitted counts and urn offsets 16, community and relabelling int32 12, the split's permutation 8): 108, rounded up
+SYNTH_NODE_BYTES = 112
+URN_ENTRY_BYTES = 33
+DRAW_BYTES = 18   # synthetic._draw_ends: per entry of a block
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    streamed: bool
+    estimate: int | None   # the in-memory path's peak (None: unknown before the download, OGB)
+    minimum: int           # the streaming path's fixed minimum (0 where it cannot stream)
+
+
+def choose(params: Params, budget: MemoryBudget) -> PathChoice:
+    """The path for ``params`` under ``budget``; InputError (one line) when neither fits (module docstring)."""
+    estimate, streamable, why = _estimate(params)
+    if estimate is None or budget.fits(estimate):
+        return PathChoice(False, estimate, 0)
+    if not streamable:
+        raise InputError(f"download: {why} is built in memory (it does not stream yet) and needs about "
+                         f"{gib(estimate)}, more than memory_budget_bytes={budget.bytes} ({budget.describe()}); "
+                         f"raise memory_budget_bytes to {estimate} or more")
+    minimum = _resident(params) + max(MIN_BUCKET_KEYS * BUCKET_BYTES_PER_KEY, _write_buffers(params),
+                                      _draw_block(params))
+    budget.require(minimum, "the streaming path's O(N) arrays (indptr, y, splits), one sort bucket and one chunk "
+                            "write")
+    return PathChoice(True, estimate, minimum)
+
+
+def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[Graph, dict[str, Any]]:
+    """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``) and the sort's
+    figures for the summary."""
+    sort_budget = max(1, budget.bytes - _resident(params))
+    if params.dataset == "files":
+        from stages.download.files_source import open_files
+
+        ds = open_files(os.path.abspath(params.path or ""))
+        n = int(ds.y.shape[0])
+        csr = external_csr(ds.topology.chunks(max(1, sort_budget // 64)), n, symmetrise=not ds.directed,
+                           budget_bytes=sort_budget, scratch=scratch)
+        return ds.graph(csr.indptr, csr.indices), {"sort_buckets": csr.buckets, "spill_bytes": csr.spill_bytes}
+    info: dict[str, Any] = {}
+    graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
+                               params.seed, split=params.split, name=params.dataset, scratch=scratch,
+                               sort_budget=sort_budget, stream_info=info)
+    return graph, info
+
+
+def _estimate(params: Params) -> tuple[int | None, bool, str]:
+    """(in-memory peak estimate, whether the streaming path can build it, what it is in words)."""
+    link = params.task == "link"
+    if params.dataset in ("synthetic", "synthetic-link", "synthetic-hetero"):
+        n = params.num_nodes
+        entries = int(params.avg_degree * n / 2)
+        edge_features = 12 * 2 * entries * params.num_edge_features + 128 * entries if params.num_edge_features else 0
+        estimate = (URN_ENTRY_BYTES * entries + 4 * params.num_features * n + SYNTH_NODE_BYTES * n
+                    + _draw_block(params) + _write_buffers(params) + edge_features + (96 * entries if link else 0))
+        streamable = params.dataset == "synthetic" and not params.num_edge_features and not link
+        why = (f"dataset {params.dataset}" + (" with edge features" if params.num_edge_features else "")
+               + (" with task=link" if link else ""))
+        return estimate, streamable, why
+    if params.dataset != "files":
+        return None, False, f"dataset {params.dataset}"
+    shapes = _file_shapes(os.path.abspath(params.path or ""))
+    if shapes is None:   # a typed layout or a broken file: the in-memory path checks and reports it
+        return None, False, "a typed files dataset"
+    n, e, csr, d, directed = shapes
+    keys = 8 * e * (1 if directed else 2)
+    estimate = (keys + e + (8 * e if csr else 0) + NODE_BYTES * n + _write_buffers(params, n, 2 * e)
+                + (64 * e + 12 * e * d if d else 0) + (48 * e if link else 0))
+    why = f"files dataset {params.path}" + (" with edge_attr.npy" if d else "") + (" with task=link" if link else "")
+    return estimate, not d and not link, why
+
+
+def _file_shapes(path: str) -> tuple[int, int, bool, int, bool] | None:
+    """(N, listed edges, CSR input, edge feature columns, directed) from the .npy headers (memory maps: no read),
+    None where a file is missing or unreadable (the loader names the problem)."""
+    from stages.download.files_source import _load, _read_meta
+    from stages.download.typed_files import is_typed_dir
+
+    try:
+        if is_typed_dir(path):
+            return None
+        meta = _read_meta(path)
+        x = _load(path, "x.npy", mmap=True)
+        csr = not os.path.exists(os.path.join(path, "edge_index.npy"))
+        e = _load(path, "indices.npy" if csr else "edge_index.npy", mmap=True).shape[-1]
+        attr = os.path.join(path, "edge_attr.npy")
+        d = 0 if not os.path.exists(attr) else int(np.prod(_load(path, "edge_attr.npy", mmap=True).shape[1:]) or 1)
+        return int(x.shape[0]), int(e), csr, d, bool(meta.get("directed", False))
+    except (InputError, IndexError):
+        return None
+
+
+def _resident(params: Params) -> int:
+    """The streaming path's O(N) arrays."""
+    n = _num_nodes(params)
+    return (SYNTH_NODE_BYTES if params.dataset != "files" else NODE_BYTES) * n
+
+
+def _num_nodes(params: Params) -> int:
+    if params.dataset != "files":
+        return params.num_nodes
+    shapes = _file_shapes(os.path.abspath(params.path or ""))
+    return 0 if shapes is None else shapes[0]
+
+
+def _draw_block(params: Params) -> int:
+    if params.dataset == "files":
+        return 0
+    return DRAW_BYTES * min(EDGE_BLOCK, int(params.avg_degree * params.num_nodes / 2) + 1)
+
+
+def _write_buffers(params: Params, n: int | None = None, edges: int | None = None) -> int:
+    """WRITE_BUFFERS copies of the largest chunk written: ``indices`` (index dtype, ~``edges`` long) or ``x``."""
+    n = _num_nodes(params) if n is None else n
+    edges = int(params.avg_degree * n) if edges is None else edges
+    features = params.num_features * 4
+    if params.dataset == "files":
+        shapes = _file_shapes(os.path.abspath(params.path or ""))
+        path = os.path.abspath(params.path or "")
+        if shapes is not None:
+            from stages.download.files_source import _load
+
+            x = _load(path, "x.npy", mmap=True)
+            features = x.dtype.itemsize * int(np.prod(x.shape[1:]))
+    ids = index_dtype(n).itemsize
+    chunk = max(chunk_rows_for(max(edges, 1), ids) * ids, chunk_rows_for(max(n, 1), features) * features)
+    return WRITE_BUFFERS * chunk

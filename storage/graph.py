@@ -213,6 +213,14 @@ class GraphArtifact(ArtifactHandle):
         partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says)."""
         return _read_graph(self._url(_GROUP), features=features, negatives=negatives, edges=edges)
 
+    def zarr_array(self, name: str) -> Any:
+        """One array of ``graph.zarr`` (a ``zarr.Array``) opened, not read (``indices``, ``split/train``, ...): for
+        a stage that reads it in chunks or spills it to a memory map (``storage.spill``) instead of holding the
+        graph in memory."""
+        from storage.zarr_io import open_array
+
+        return open_array(open_group(self._url(_GROUP)), name)
+
 
 def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:
     root = open_group(url)

@@ -179,3 +179,11 @@ def test_chunked_assign_report_balance_equal_in_memory(node_graph, tmp_path, mon
     assert partition_report(indptr_mm, indices_mm, part, train, 3) == want_report
     balanced, moves = rebalance(indptr_mm, indices_mm, start.copy(), train, 3, edge_weight=np.diff(g.indptr))
     assert np.array_equal(balanced, want_balanced) and moves == want_moves
+
+
+def test_streamed_typed_graph(tmp_path, monkeypatch):
+    """A typed graph (symmetrised in memory, budgeted in the minimum; R edge types per node row) streams to the
+    same bytes too."""
+    store, dl = _download(tmp_path, dataset="synthetic-hetero")
+    assert not GraphArtifact(store, dl).schema.is_homogeneous
+    _same_build_streamed(store, dl, monkeypatch, method="kaminpar")

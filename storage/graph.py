@@ -252,6 +252,14 @@ class GraphArtifact(ArtifactHandle):
         its stored dtype: for consumers that stream it chunk by chunk instead of reading it whole."""
         return open_array_at(self._url(f"{_GROUP}/{path}"))
 
+    def zarr_array(self, name: str) -> Any:
+        """One array of ``graph.zarr`` (a ``zarr.Array``) opened, not read (``indices``, ``split/train``, ...): for
+        a stage that reads it in chunks or spills it to a memory map (``storage.spill``) instead of holding the
+        graph in memory."""
+        from storage.zarr_io import open_array
+
+        return open_array(open_group(self._url(_GROUP)), name)
+
 
 def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True,
                 native: bool = False) -> Graph:

@@ -6,9 +6,10 @@ ID spaces (docs/design.md):
   ``[bounds[p], bounds[p+1])``. ``lid = gid - bounds[p]``: local to partition p.
 - ``book.zarr``: ``bounds`` int64 [P+1], ``type_bounds`` int64 [P*T+1] (``storage.schema.RangeTable``: part p's
   nodes of type t are ``[type_bounds[p*T+t], type_bounds[p*T+t+1])``; gids follow (part, type, orig)),
-  ``orig_of_gid`` int64 [N], ``gid_of_orig`` int64 [N]; attrs: the graph's ``schema`` and the figures.
-- ``part-<p>.zarr``: ``indptr`` int64 [n_p*R+1] over (lid, edge type) rows ``lid * R + e``, ``indices`` int64
-  [e_p] in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
+  ``orig_of_gid`` [N], ``gid_of_orig`` [N] (ids, see below); attrs: the graph's ``schema``, the figures and
+  ``id_dtype``.
+- ``part-<p>.zarr``: ``indptr`` int64 [n_p*R+1] over (lid, edge type) rows ``lid * R + e``, ``indices`` [e_p] (ids)
+  in **gids**: the CSR of incoming edges of the nodes p owns (over lids when R = 1). Concatenating the
   parts' CSRs (offsetting indptr) gives the whole graph's CSR in gid order. With edge features (``storage.graph``)
   also ``edge_attr`` float32 [e_p, D] aligned with ``indices`` (attr ``num_edge_features``).
 - Edge ids: an edge's **egid** is its position in that concatenation, so part p stores (owns) the egids
@@ -22,6 +23,11 @@ ID spaces (docs/design.md):
   order, same src); ``shared``: int64 [2, E_neg] (src, dst), the negative pairs whose dst p owns, sorted by dst
   (the split's whole set is every part's together: each rank scores its own share and the ranks combine their
   top-K scores, instead of every rank scoring them all).
+- Id dtype on disk (``id_dtype``): the parts' ``indices`` and the book's ``orig_of_gid``/``gid_of_orig`` are int32
+  when N < 2**31, else int64 (``id_dtype(N)``; recorded as the attr ``id_dtype`` of the book and of each part,
+  absent = int64, as artifacts written before it were). At 14 M nodes and 400 M entries that halves the largest
+  files (3.2 GB of indices to 1.6 GB). Offsets (``indptr``, ``bounds``), edge splits and negatives stay int64.
+  Every reader here (``csr``, ``book``, ``edge_split``, ...) widens to int64, so a consumer never sees int32.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
@@ -37,6 +44,18 @@ from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import attr_int, open_group, open_subgroup, read_array, write_array
 
 _BOOK = "book.zarr"
+# int32 ids fit below this many nodes (the largest gid is N - 1)
+INT32_NODES = 2**31
+
+
+def id_dtype(num_nodes: int) -> np.dtype:
+    """The on-disk dtype of node ids of a graph of ``num_nodes`` nodes (module docstring)."""
+    return np.dtype(np.int32) if num_nodes < INT32_NODES else np.dtype(np.int64)
+
+
+def read_ids(group: zarr.Group, name: str) -> np.ndarray:
+    """An id array of this format widened to int64, whatever ``id_dtype`` it was stored as."""
+    return read_array(group, name).astype(np.int64, copy=False)
 
 
 def _part_name(p: int) -> str:
@@ -104,22 +123,25 @@ class PartCSR:
 def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) -> None:
     """Write the artifact's ``book.zarr`` (``attrs``: the partitioning's figures, kept as group attrs)."""
     g = open_group(writer.file_url(_BOOK), mode="w")
+    ids = id_dtype(book.num_nodes)
     write_array(g, "bounds", book.bounds.astype(np.int64, copy=False))
-    write_array(g, "orig_of_gid", book.orig_of_gid.astype(np.int64, copy=False))
-    write_array(g, "gid_of_orig", book.gid_of_orig.astype(np.int64, copy=False))
+    write_array(g, "orig_of_gid", book.orig_of_gid.astype(ids, copy=False))
+    write_array(g, "gid_of_orig", book.gid_of_orig.astype(ids, copy=False))
     write_array(g, "type_bounds", book.range_table().type_bounds)
-    g.attrs.update(attrs)
+    g.attrs.update({**attrs, "id_dtype": str(ids)})
 
 
-def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
+def write_part(writer: StageWriter, csr: PartCSR, *, num_nodes: int, progress: bool = False,
                edge_splits: dict[str, np.ndarray] | None = None,
                edge_split_negatives: dict[str, np.ndarray] | None = None,
                edge_attr: np.ndarray | None = None) -> None:
     """Write partition ``csr.part``'s CSR as the artifact's ``part-<p>.zarr``, with its ``edge_splits`` (split ->
-    [2, E] gids whose dst it owns) and ``edge_split_negatives`` (module docstring) when the graph has them."""
+    [2, E] gids whose dst it owns) and ``edge_split_negatives`` (module docstring) when the graph has them.
+    ``num_nodes``: the whole graph's, which decides ``id_dtype``. ``storage.partition_stream`` writes the same
+    bytes chunk by chunk."""
     g = open_group(writer.file_url(_part_name(csr.part)), mode="w")
     write_array(g, "indptr", csr.indptr.astype(np.int64, copy=False))
-    write_array(g, "indices", csr.indices.astype(np.int64, copy=False), progress=progress)
+    write_array(g, "indices", csr.indices.astype(id_dtype(num_nodes), copy=False), progress=progress)
     if edge_attr is not None:
         if edge_attr.ndim != 2 or edge_attr.shape[0] != csr.indices.shape[0]:
             raise ValueError(f"edge_attr of shape {edge_attr.shape} for part {csr.part}'s {csr.indices.shape[0]} "
@@ -130,9 +152,22 @@ def write_part(writer: StageWriter, csr: PartCSR, *, progress: bool = False,
         group = g.create_group("edge_split")
         for name, pairs in edge_splits.items():
             write_array(group, name, pairs.astype(np.int64, copy=False))
-    g.attrs.update({"part": csr.part, "start_gid": csr.start_gid, "num_nodes": csr.num_nodes,
-                    "num_edge_types": csr.num_edge_types,
-                    "num_edges": int(csr.indices.shape[0])})
+    g.attrs.update(part_attrs(csr.part, csr.start_gid, csr.num_nodes, csr.num_edge_types,
+                              int(csr.indices.shape[0]), num_nodes))
+    write_link_arrays(g, edge_splits, edge_split_negatives, progress=progress)
+
+
+def part_attrs(part: int, start_gid: int, part_nodes: int, num_edge_types: int, num_edges: int,
+               num_nodes: int) -> dict[str, Any]:
+    """A ``part-<p>.zarr``'s group attrs, in the order both writers give them (their JSON is byte-identical)."""
+    return {"part": part, "start_gid": start_gid, "num_nodes": part_nodes, "num_edge_types": num_edge_types,
+            "num_edges": num_edges, "id_dtype": str(id_dtype(num_nodes))}
+
+
+def write_link_arrays(g: zarr.Group, edge_splits: dict[str, np.ndarray] | None,
+                      edge_split_negatives: dict[str, np.ndarray] | None, *, progress: bool = False) -> None:
+    """A part's ``edge_split`` sizes attr and ``edge_split_neg`` group (its ``edge_split`` group is written before
+    its attrs), as both writers do."""
     if edge_splits:
         g.attrs["edge_split_sizes"] = {k: int(v.shape[1]) for k, v in edge_splits.items()}
     if edge_split_negatives:
@@ -148,7 +183,7 @@ def _read_part(url: str) -> PartCSR:
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe partition (no attrs); rerun the partition stage")
     return PartCSR(attr_int(attrs, "part", url), attr_int(attrs, "start_gid", url), read_array(g, "indptr"),
-                   read_array(g, "indices"), attr_int(attrs, "num_edge_types", url))
+                   read_ids(g, "indices"), attr_int(attrs, "num_edge_types", url))
 
 
 def concat_parts(parts: list[PartCSR]) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +221,7 @@ class PartitionArtifact(ArtifactHandle):
 
     def book(self) -> PartitionBook:
         g = open_group(self._url(_BOOK))
-        return PartitionBook(read_array(g, "bounds"), read_array(g, "orig_of_gid"), read_array(g, "gid_of_orig"),
+        return PartitionBook(read_array(g, "bounds"), read_ids(g, "orig_of_gid"), read_ids(g, "gid_of_orig"),
                              read_array(g, "type_bounds"))
 
     def csr(self, p: int) -> PartCSR:
@@ -204,7 +239,7 @@ class PartitionArtifact(ArtifactHandle):
         if link is None:
             raise ArtifactError(f"partition {self.manifest.key} has no edge splits (its graph was downloaded for "
                                 f"node classification)")
-        return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split"), split)
+        return read_ids(open_subgroup(open_group(self._url(_part_name(p))), "edge_split"), split)
 
     @property
     def link_eval(self) -> str | None:
@@ -219,7 +254,7 @@ class PartitionArtifact(ArtifactHandle):
         if self.link_eval is None:
             raise ArtifactError(f"partition {self.manifest.key} has no fixed evaluation negatives (only ogbl-* "
                                 f"datasets have them); draw negatives in the train stage instead")
-        return read_array(open_subgroup(open_group(self._url(_part_name(p))), "edge_split_neg"), split)
+        return read_ids(open_subgroup(open_group(self._url(_part_name(p))), "edge_split_neg"), split)
 
     @property
     def num_edge_features(self) -> int:

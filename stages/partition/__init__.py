@@ -9,6 +9,8 @@ The computation lives in pure numpy / pymetis / kaminpar modules, the stage wrap
 - ``relabel``: ``relabel`` -> ``PartitionBook``; ``build_part_csr`` -> one part's incoming-edge CSR in gids.
 - ``report``: ``partition_report`` -> edge cut and per-part sizes / imbalance (JSON-able).
 - ``csr_ops``: chunked, vectorised CSR helpers shared by the above.
+- ``footprint``: the stage's memory plan under ``memory_budget_bytes`` (in-memory or streamed; the one-line errors).
+- ``streamed``: the streamed path, the graph memory-mapped from the scratch dir and the parts written in chunks.
 
 ID spaces are named in every variable: ``orig`` (dataset ids), ``gid`` (after relabel), ``lid`` (gid - bounds[p]).
 """

@@ -44,19 +44,25 @@ def _pair_hash(rows: np.ndarray, cols: np.ndarray, num_nodes: int, seed: int) ->
 
 
 def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, *, directed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(xadj, adjncy)`` int64: the symmetric adjacency without self-loops or duplicates.
+    """``(xadj, adjncy)``: the symmetric adjacency without self-loops or duplicates (``xadj`` int64; ``adjncy`` int64,
+    or ``indices``' own dtype when returned as it is).
 
     Undirected graphs are already stored symmetrised (``storage.graph``): their arrays are returned as they are
-    (no copy) unless they hold self-loops. Directed graphs are symmetrised (u->v or v->u makes {u, v}).
+    (no copy, a memory map stays one) unless they hold self-loops. Directed graphs are symmetrised (u->v or v->u
+    makes {u, v}).
     """
     num_nodes = int(indptr.shape[0] - 1)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-    indices = np.ascontiguousarray(indices, dtype=np.int64)
     if directed:
-        return _symmetrise(indptr, indices, num_nodes)
-    # Necessary condition for symmetry, one bincount: each node is a source as often as it is a target.
-    # METIS assumes symmetry without checking; an asymmetric input can crash it or be mispartitioned silently.
-    if not np.array_equal(np.bincount(indices, minlength=num_nodes), degrees(indptr)):
+        return _symmetrise(indptr, np.ascontiguousarray(indices, dtype=np.int64), num_nodes)
+    # Necessary condition for symmetry, a bincount: each node is a source as often as it is a target. In row
+    # chunks, and ``indices`` kept as given (int32 or a memory map): a whole-array bincount or int64 cast would
+    # copy 400 M entries (3.2 GB) into memory. METIS assumes symmetry without checking; an asymmetric input can
+    # crash it or be mispartitioned silently.
+    as_target = np.zeros(num_nodes, dtype=np.int64)
+    for r0, r1 in row_chunks(indptr):
+        as_target += np.bincount(indices[indptr[r0]:indptr[r1]], minlength=num_nodes)
+    if not np.array_equal(as_target, degrees(indptr)):
         raise ValueError("the graph is marked undirected but its CSR is not symmetric; "
                          "mark it directed (or symmetrise it) in the download stage")
     num_loops = 0

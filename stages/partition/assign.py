@@ -119,7 +119,8 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
                  method: str = "metis", seed: int = 0, directed: bool = False, balance_train: bool = True,
                  balance_edges: bool = True, progress: bool = False, tolerance: float = DEFAULT_TOLERANCE,
                  metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None,
-                 node_type: np.ndarray | None = None, threads: int | None = 1) -> np.ndarray:
+                 node_type: np.ndarray | None = None, threads: int | None = 1,
+                 scratch_dir: str | None = None) -> np.ndarray:
     """``part_of_orig`` int64 [N] in [0, num_parts): the part each orig node goes to.
 
     ``indptr``/``indices``: the incoming-edge CSR in orig ids (``storage.graph``). ``tolerance``: the max/mean
@@ -127,7 +128,10 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     which METIS gets a sparsified graph (default ``adjacency.default_budget``). ``stats``, if given, receives
     timings and move counts (for reports and benchmarks). ``node_type`` (typed graphs, int [N]): nodes and train
     nodes are balanced per type (``balance.rebalance``). ``threads``: KaMinPar's (None: every usable CPU; only 1
-    is reproducible, ``kaminpar_runner.run_kaminpar``).
+    is reproducible, ``kaminpar_runner.run_kaminpar``). ``scratch_dir``: KaMinPar's input file's directory.
+
+    ``indptr``/``indices`` may be memory maps (the stage's streamed path): every pass over the edges goes in row
+    chunks, so besides the partitioner's own memory the extra is O(N) (``stages.partition.footprint``).
     """
     num_nodes = check_inputs(indptr, indices, train_mask, num_parts, method)
     train_mask = np.asarray(train_mask, dtype=bool)
@@ -149,7 +153,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
         bar.set_description(f"partition: {solver} ({adjncy.shape[0]:,} entries)")
         t2 = time.perf_counter()
         part_of_orig = run_kaminpar(xadj, adjncy, num_parts, vweights=vweights, epsilon=tolerance - 1, seed=seed,
-                                    threads=threads)
+                                    threads=threads, tmp_dir=scratch_dir)
     else:
         bar.set_description("partition: sparsify")
         metis_xadj, metis_adjncy, eweights = sparsify(xadj, adjncy, budget=metis_edge_budget, seed=seed)

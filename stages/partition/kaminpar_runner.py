@@ -66,7 +66,8 @@ def write_parhip(f: BinaryIO, xadj: np.ndarray, adjncy: np.ndarray, vweights: np
 
 
 def run_kaminpar(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweights: np.ndarray | None = None,
-                 epsilon: float = 0.03, seed: int = 0, threads: int | None = 1) -> np.ndarray:
+                 epsilon: float = 0.03, seed: int = 0, threads: int | None = 1,
+                 tmp_dir: str | None = None) -> np.ndarray:
     """KaMinPar's default preset into ``num_parts`` blocks of at most ``(1 + epsilon)`` x the mean vertex weight;
     ``part_of_orig`` int64 [N].
 
@@ -74,11 +75,15 @@ def run_kaminpar(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweigh
     Deterministic for a seed with ONE thread only: on a 4 000-node community graph into 4 parts, seed 7, three
     runs with 1 thread gave the same partition, three with 2 threads three different ones (cut 4.07-4.09 %
     against 4.12 % with 1 thread); the parallel label propagation's order depends on the scheduler.
+
+    ``tmp_dir``: where the ParHIP file goes (the stage's scratch dir on the artifact root's disk: at 400 M entries
+    the file is 1.6 GB, more than a tmpfs ``/tmp`` may hold); None: the system's temporary directory. ``adjncy``
+    may be a memory map: it is written ``_CHUNK`` entries at a time.
     """
     import kaminpar
 
     kaminpar.reseed(int(seed))
-    with tempfile.TemporaryDirectory(prefix="gnnpipe-kaminpar-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gnnpipe-kaminpar-", dir=tmp_dir) as tmp:
         path = Path(tmp) / "graph.parhip"
         with path.open("wb") as f:
             # not in the package's stub; absent, the 32-bit fields every build reads

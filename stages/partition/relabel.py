@@ -82,37 +82,63 @@ def build_part_csr(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook,
     """Part p's incoming-edge CSR: rows are its (lid, edge type) pairs, ``lid * R + e`` (``storage.graph``'s row
     layout), entries are neighbour gids, sorted per row.
 
-    Built per part and in row chunks, so besides the output only ~16 M entries' worth of temporaries live at
-    once (the whole graph in gids is never materialised).
+    Built per part and in row chunks (``part_csr_chunks``), so besides the output only ~16 M entries' worth of
+    temporaries live at once (the whole graph in gids is never materialised).
     """
+    part_indptr, chunks = part_csr_chunks(indptr, indices, book, p, num_edge_types)
+    nbr_gid_out = np.empty(int(part_indptr[-1]), dtype=np.int64)
+    for l0, l1, nbr_gid in chunks:
+        nbr_gid_out[part_indptr[l0]:part_indptr[l1]] = nbr_gid
+    return PartCSR(part=p, start_gid=int(book.bounds[p]), indptr=part_indptr, indices=nbr_gid_out,
+                   num_edge_types=num_edge_types)
+
+
+def part_csr_chunks(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, p: int, num_edge_types: int = 1
+                    ) -> tuple[np.ndarray, Iterator[tuple[int, int, np.ndarray]]]:
+    """Part p's ``indptr`` (int64, O(n_p)) and its rows' neighbour gids as ``(row0, row1, gids)`` chunks of about
+    ``csr_ops.CHUNK_EDGES`` entries, in row order: ``build_part_csr`` without the whole part in memory (the
+    streamed path writes each chunk as it comes, ``storage.partition_stream``)."""
     r = num_edge_types
     start_gid, stop_gid = int(book.bounds[p]), int(book.bounds[p + 1])
     orig_row_of_row = _orig_rows(book.orig_of_gid[start_gid:stop_gid], r)
     part_indptr = np.zeros(orig_row_of_row.shape[0] + 1, dtype=np.int64)
     np.cumsum(indptr[orig_row_of_row + 1] - indptr[orig_row_of_row], out=part_indptr[1:])
     del orig_row_of_row
-    nbr_gid_out = np.empty(int(part_indptr[-1]), dtype=np.int64)
-    for l0, l1, nbr_orig in _rows_of_part(indptr, indices, book, p, part_indptr, r):
-        sub_indptr = part_indptr[l0:l1 + 1] - part_indptr[l0]
-        nbr_gid_out[part_indptr[l0]:part_indptr[l1]] = _sort_rows(sub_indptr, book.gid_of_orig[nbr_orig], book.bounds)
-    return PartCSR(part=p, start_gid=start_gid, indptr=part_indptr, indices=nbr_gid_out, num_edge_types=r)
+
+    def chunks() -> Iterator[tuple[int, int, np.ndarray]]:
+        for l0, l1, nbr_orig in _rows_of_part(indptr, indices, book, p, part_indptr, r):
+            sub_indptr = part_indptr[l0:l1 + 1] - part_indptr[l0]
+            yield l0, l1, _sort_rows(sub_indptr, book.gid_of_orig[nbr_orig], book.bounds)
+
+    return part_indptr, chunks()
 
 
 def part_edge_orig_pos(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, part: PartCSR) -> np.ndarray:
     """int64 [e_p]: for each edge of ``part`` (``build_part_csr``'s output, in its order) its position in the orig
-    CSR ``indices``, so that ``edge_attr[orig_epos]`` lays the graph's edge attributes out like the part.
+    CSR ``indices``, so that ``edge_attr[orig_epos]`` lays the graph's edge attributes out like the part."""
+    return rows_edge_orig_pos(indptr, indices, book, part.part, 0, part.indptr.shape[0] - 1, part.indptr,
+                              part.indices, part.num_edge_types)
+
+
+def rows_edge_orig_pos(indptr: np.ndarray, indices: np.ndarray, book: PartitionBook, p: int, row0: int, row1: int,
+                       part_indptr: np.ndarray, nbr_gid_rows: np.ndarray, num_edge_types: int = 1) -> np.ndarray:
+    """``part_edge_orig_pos`` for part p's rows ``[row0, row1)`` only (``nbr_gid_rows``: their entries, as
+    ``part_csr_chunks`` yields them), so the streamed path lays out edge attributes chunk by chunk.
 
     A part's row is its orig row re-sorted by gid: the orig positions of its rows, stably sorted by (row, neighbour
-    gid). One sort of the part's edges (rows are distinct neighbours, so the order is unique), paid only by graphs
+    gid). One sort of the rows' edges (rows are distinct neighbours, so the order is unique), paid only by graphs
     with edge features; checked against the part's ``indices``, the one truth of the order."""
-    r = part.num_edge_types
-    lo, hi = part.start_gid, part.start_gid + part.num_nodes
-    _, orig_epos = gather_positions(indptr, _orig_rows(book.orig_of_gid[lo:hi], r))
-    rows = chunk_rows(part.indptr, 0, part.indptr.shape[0] - 1)
+    r = num_edge_types
+    row = np.arange(row0, row1, dtype=np.int64)   # (lid, edge type) rows of the part
+    orig_rows = book.orig_of_gid[int(book.bounds[p]) + row // r] * r + row % r
+    del row
+    _, orig_epos = gather_positions(indptr, orig_rows)
+    sub_indptr = part_indptr[row0:row1 + 1] - part_indptr[row0]
+    rows = chunk_rows(sub_indptr, 0, row1 - row0)
     nbr_gid = book.gid_of_orig[indices[orig_epos]]
     orig_epos = orig_epos[np.lexsort((nbr_gid, rows))]
-    if not np.array_equal(book.gid_of_orig[indices[orig_epos]], part.indices):
-        raise ValueError(f"part {part.part}'s CSR does not list its rows' edges sorted by gid")
+    if not np.array_equal(book.gid_of_orig[indices[orig_epos]], nbr_gid_rows):
+        raise ValueError(f"part {p}'s CSR does not list its rows' edges sorted by gid")
     return orig_epos
 
 

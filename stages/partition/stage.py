@@ -13,13 +13,17 @@ import numpy as np
 from pydantic import Field
 
 from stages.choices import PartitionMethod
+from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
+from stages.partition.footprint import MemoryPlan, plan
+from stages.partition.streamed import link_stats, mapped_graph, write_parts_streamed
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, GraphArtifact
 from storage.partition import PartitionBook, write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
+from storage.store import stage_key
 
 NAME = "partition"
 VERSION = 1
@@ -45,48 +49,80 @@ class Params(BudgetedParams):
 
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
+    download = upstream["download"]
+    artifact = GraphArtifact(store, download)
+    num_nodes = artifact.num_nodes
+    if params.num_partitions > num_nodes:
+        raise InputError(f"num_partitions={params.num_partitions} exceeds the graph's {num_nodes} nodes; "
+                         f"choose 1..{num_nodes}")
+    # the memory plan fails (one line) before store.build makes any directory; a cached build needs none
+    key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
+    memory = memory_plan(artifact, params) if force or store.find(NAME, key) is None else None
+
+    def body(writer: StageWriter) -> None:
+        plan = memory or memory_plan(artifact, params)
+        with measure() as cost, writer.scratch() as scratch:
+            graph = mapped_graph(artifact, scratch) if plan.streamed else \
+                artifact.read(features=False, negatives=True)
+            stats = _partition(writer, graph, params, scratch, plan, progress)
+        writer.summary.update(stats)
+        writer.summary.update({**cost, "memory_path": "streamed" if plan.streamed else "in-memory",
+                               "memory_estimate_bytes": plan.minimum if plan.streamed else plan.in_memory})
+
+    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+def memory_plan(artifact: GraphArtifact, params: Params) -> MemoryPlan:
+    """The stage's memory plan for this graph (``stages.partition.footprint``), from the manifest and the Zarr
+    arrays' shapes only; InputError (one line) when the budget cannot hold even the streamed path."""
+    s = artifact.manifest.summary
+    schema = artifact.schema
+    indptr, indices = artifact.zarr_array("indptr"), artifact.zarr_array("indices")
+    link = sum(2 * n for n in (s.get("edge_split_sizes") or {}).values()) + \
+        sum(int(np.prod(shape)) for shape in (s.get("edge_split_neg_shapes") or {}).values())
+    edge_attr = int(artifact.zarr_array("edge_attr").nbytes) if artifact.num_edge_features else 0
+    return plan(MemoryBudget.resolve(params.memory_budget_bytes, NAME), num_nodes=artifact.num_nodes,
+                num_entries=int(indices.shape[0]), num_parts=params.num_partitions, method=params.method,
+                symmetrise=bool(s.get("directed")) or not schema.is_homogeneous,
+                graph_bytes=int(indptr.nbytes + indices.nbytes), link_bytes=8 * link, edge_attr_bytes=edge_attr)
+
+
+def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, plan: MemoryPlan,
+               progress: bool) -> dict[str, Any]:
+    """Assign, relabel and write: the same computation on both paths (``graph``'s arrays in memory or memory
+    maps), so both write the same bytes; returns the summary."""
     from stages.partition.assign import assign_parts
     from stages.partition.relabel import relabel
     from stages.partition.report import partition_report, typed_report
 
-    download = upstream["download"]
-    num_nodes = GraphArtifact(store, download).num_nodes
-    if params.num_partitions > num_nodes:
-        raise InputError(f"num_partitions={params.num_partitions} exceeds the graph's {num_nodes} nodes; "
-                         f"choose 1..{num_nodes}")
-
-    def body(writer: StageWriter) -> None:
-        with measure() as cost:
-            graph = GraphArtifact(store, download).read(features=False, negatives=True)
-            schema, num_parts = graph.schema, params.num_partitions
-            train_mask = np.zeros(graph.num_nodes, dtype=bool)
-            train_mask[graph.splits["train"]] = True
-            # typed graphs: METIS sees the homogenised graph (a node's edges of every type), which may repeat a
-            # pair under two relations, hence "directed" (the symmetrising path dedups)
-            node_indptr = np.ascontiguousarray(graph.node_indptr)
-            node_type = None if schema.is_homogeneous else schema.node_type_of_orig()
-            part_of_orig = assign_parts(node_indptr, graph.indices, train_mask, num_parts,
-                                        method=params.method, seed=params.seed,
-                                        directed=graph.directed or not schema.is_homogeneous,
-                                        balance_train=params.balance_train, balance_edges=params.balance_edges,
-                                        progress=progress, node_type=node_type, threads=params.kaminpar_threads)
-            stats = partition_report(node_indptr, graph.indices, part_of_orig, train_mask, num_parts)
-            if node_type is not None:
-                stats["typed"] = typed_report(graph.indptr, graph.indices, part_of_orig, node_type, schema,
-                                              num_parts)
-            book = relabel(part_of_orig, num_parts, node_type, len(schema.node_types))
-            del part_of_orig, node_indptr
-            write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
-                                      "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                                      "schema": schema.to_dict()})
-            stats.update(_write_parts(writer, graph, book, progress))
-        writer.summary.update(stats)
-        writer.summary.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
-                               "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                               "bounds": [int(b) for b in book.bounds],
-                               "type_bounds": [int(b) for b in book.range_table().type_bounds], **cost})
-
-    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+    schema, num_parts = graph.schema, params.num_partitions
+    train_mask = np.zeros(graph.num_nodes, dtype=bool)
+    train_mask[graph.splits["train"]] = True
+    # typed graphs: METIS sees the homogenised graph (a node's edges of every type), which may repeat a
+    # pair under two relations, hence "directed" (the symmetrising path dedups)
+    node_indptr = np.ascontiguousarray(graph.node_indptr)
+    node_type = None if schema.is_homogeneous else schema.node_type_of_orig()
+    part_of_orig = assign_parts(node_indptr, graph.indices, train_mask, num_parts,
+                                method=params.method, seed=params.seed,
+                                directed=graph.directed or not schema.is_homogeneous,
+                                balance_train=params.balance_train, balance_edges=params.balance_edges,
+                                progress=progress, node_type=node_type, threads=params.kaminpar_threads,
+                                scratch_dir=scratch)
+    stats = partition_report(node_indptr, graph.indices, part_of_orig, train_mask, num_parts)
+    if node_type is not None:
+        stats["typed"] = typed_report(graph.indptr, graph.indices, part_of_orig, node_type, schema, num_parts)
+    book = relabel(part_of_orig, num_parts, node_type, len(schema.node_types))
+    del part_of_orig, node_indptr, train_mask
+    write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
+                              "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                              "schema": schema.to_dict()})
+    stats.update(write_parts_streamed(writer, graph, book, progress) if plan.streamed else
+                 _write_parts(writer, graph, book, progress))
+    stats.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
+                  "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                  "bounds": [int(b) for b in book.bounds],
+                  "type_bounds": [int(b) for b in book.range_table().type_bounds]})
+    return stats
 
 
 def _write_parts(writer: StageWriter, graph: Graph, book: PartitionBook, progress: bool) -> dict[str, Any]:
@@ -102,17 +138,11 @@ def _write_parts(writer: StageWriter, graph: Graph, book: PartitionBook, progres
         csr = build_part_csr(graph.indptr, graph.indices, book, p, graph.schema.num_edge_types)
         edge_attr = None if graph.edge_attr is None else \
             graph.edge_attr[part_edge_orig_pos(graph.indptr, graph.indices, book, csr)]
-        write_part(writer, csr, edge_splits=splits, edge_split_negatives=negatives, edge_attr=edge_attr)
+        write_part(writer, csr, num_nodes=book.num_nodes, edge_splits=splits, edge_split_negatives=negatives,
+                   edge_attr=edge_attr)
         link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
         neg_shapes.append({k: list(v.shape) for k, v in (negatives or {}).items()})
-    stats: dict[str, Any] = {}
-    if graph.edge_splits:   # link prediction: each part's seed edges (those whose dst it owns)
-        stats["link_edge_type"], stats["edge_split_sizes"] = graph.link_edge_type, link_sizes
-    if graph.edge_attr is not None:   # in the summary only then: node graphs' summaries as before
-        stats["num_edge_features"] = graph.num_edge_features
-    if graph.edge_split_negatives:   # OGB's fixed evaluation negatives, with their dst owners
-        stats["link_eval"], stats["edge_split_neg_shapes"] = graph.link_eval, neg_shapes
-    return stats
+    return link_stats(graph, link_sizes, neg_shapes)
 
 
 def report(manifest: Manifest) -> Report:

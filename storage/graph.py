@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_str, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import attr_str, open_array, open_group, open_subgroup, read_array, write_array
 
 SPLITS = ("train", "valid", "test")
 # how fixed evaluation negatives are laid out and ranked against the positives (module docstring)
@@ -212,6 +213,15 @@ class GraphArtifact(ArtifactHandle):
         ``negatives=True`` also reads the fixed evaluation negatives (ogbl-citation2's are 1.4 GB, which only the
         partition stage needs: without them ``edge_split_negatives`` is empty, ``link_eval`` still says)."""
         return _read_graph(self._url(_GROUP), features=features, negatives=negatives, edges=edges)
+
+    def x_array(self, node_type: str) -> zarr.Array:
+        """A featured node type's ``x`` [N_t, F_t], opened lazily (nothing read): for stages that stream it."""
+        return open_array(open_subgroup(open_group(self._url(_GROUP)), "x"), node_type)
+
+    def labels(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``y`` and the node splits alone (O(N), no edges, no x)."""
+        root = open_group(self._url(_GROUP))
+        return read_array(root, "y"), {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
 
 
 def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True) -> Graph:

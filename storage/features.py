@@ -29,9 +29,19 @@ import zarr
 
 from storage.errors import ArtifactError
 from storage.graph import SPLITS
+from storage.progress import progress as tqdm
 from storage.schema import only_type
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import BloscCname, attr_int, open_array, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import (
+    BloscCname,
+    attr_int,
+    create_rows_array,
+    open_array,
+    open_group,
+    open_subgroup,
+    read_array,
+    write_array,
+)
 
 
 def _part_store(p: int) -> str:
@@ -75,38 +85,70 @@ class PartFeatures:
         return self.features[only_type(self.features, "x")]
 
 
+class PartFeaturesWriter:
+    """Partition ``part``'s store, written in two steps: ``open`` creates it with each type's empty ``x`` (its
+    chunks, codecs and scheme arrays, as ``write_part_features`` lays them out), the caller fills ``x[name]`` in
+    whole chunks (``arr[lo:hi] = codes``, a stage that streams rows from a source larger than its memory), and
+    ``finish`` writes ``y``, the splits and the attrs."""
+
+    def __init__(self, writer: StageWriter, *, part: int, start_gid: int, shapes: dict[str, tuple[int, int]],
+                 chunk_rows: dict[str, int], schemes: dict[str, FeatureScheme],
+                 compressor: BloscCname | None = None) -> None:
+        self.part, self.start_gid, self.shapes, self.compressor = part, start_gid, shapes, compressor
+        self.chunk_rows, self.schemes = chunk_rows, schemes
+        self.group = open_group(writer.file_url(_part_store(part)), mode="w")
+        x_group, scheme_group = self.group.create_group("x"), self.group.create_group("scheme")
+        self.x: dict[str, zarr.Array] = {}
+        for name, shape in shapes.items():
+            scheme = schemes[name]
+            self.x[name] = create_rows_array(x_group, name, shape, scheme.code_dtype, chunk_rows=chunk_rows[name],
+                                             compressor=compressor,
+                                             attrs={"scheme": scheme.name, "storage_dtype": scheme.storage_dtype})
+            columns = scheme_group.create_group(name)
+            for what, values in (("scale", scheme.scale), ("offset", scheme.offset)):
+                if values is not None:
+                    write_array(columns, what, values.astype(np.float32, copy=False))
+
+    def finish(self, *, y: np.ndarray, split_lids: dict[str, np.ndarray], num_classes: int) -> dict[str, Any]:
+        """Write ``y`` (by lid), the split lids and the attrs; returns the attrs."""
+        g = self.group
+        write_array(g, "y", y.astype(np.int64, copy=False), chunk_rows=max([*self.chunk_rows.values(), 1 << 20]))
+        split = g.create_group("split")
+        for name in SPLITS:
+            write_array(split, name, np.sort(split_lids[name]).astype(np.int64, copy=False), chunk_rows=1 << 20)
+        attrs: dict[str, Any] = {
+            "part": self.part, "start_gid": self.start_gid, "num_nodes": int(y.shape[0]),
+            "num_classes": int(num_classes), "compressor": self.compressor or "none",
+            "types": {name: {"rows": int(rows), "num_features": int(cols),
+                             "feature_dtype": self.schemes[name].storage_dtype, "scheme": self.schemes[name].name,
+                             "chunk_rows": int(self.chunk_rows[name])} for name, (rows, cols) in self.shapes.items()},
+            "split_sizes": {name: int(split_lids[name].shape[0]) for name in SPLITS}}
+        g.attrs.update(attrs)
+        return attrs
+
+
 def write_part_features(writer: StageWriter, *, part: int, start_gid: int, features: dict[str, np.ndarray],
                         y: np.ndarray, split_lids: dict[str, np.ndarray], num_classes: int,
                         chunk_rows: dict[str, int], schemes: dict[str, FeatureScheme] | None = None,
                         compressor: BloscCname | None = None, progress: bool = False) -> dict[str, Any]:
     """Write partition ``part``'s store ``part-<part>.zarr`` (``y`` and splits by lid, each type's codes by tlid,
-    coded as ``schemes`` says: by default each ``features`` array's own dtype); returns its attrs."""
-    g = open_group(writer.file_url(_part_store(part)), mode="w")
-    x_group, scheme_group = g.create_group("x"), g.create_group("scheme")
+    coded as ``schemes`` says: by default each ``features`` array's own dtype) from rows in memory; returns its
+    attrs."""
     schemes = {name: (schemes or {}).get(name) or FeatureScheme("cast", x.dtype.name) for name, x in features.items()}
     for name, x in features.items():
-        scheme = schemes[name]
-        if x.dtype != scheme.code_dtype:
-            raise ValueError(f"codes of {name} are {x.dtype}, scheme {scheme.name} stores {scheme.code_dtype}")
-        write_array(x_group, name, x, chunk_rows=chunk_rows[name], compressor=compressor, progress=progress,
-                    attrs={"scheme": scheme.name, "storage_dtype": scheme.storage_dtype})
-        columns = scheme_group.create_group(name)
-        for what, values in (("scale", scheme.scale), ("offset", scheme.offset)):
-            if values is not None:
-                write_array(columns, what, values.astype(np.float32, copy=False))
-    write_array(g, "y", y.astype(np.int64, copy=False), chunk_rows=max([*chunk_rows.values(), 1 << 20]))
-    split = g.create_group("split")
-    for name in SPLITS:
-        write_array(split, name, np.sort(split_lids[name]).astype(np.int64, copy=False), chunk_rows=1 << 20)
-    attrs: dict[str, Any] = {
-        "part": part, "start_gid": start_gid, "num_nodes": int(y.shape[0]), "num_classes": int(num_classes),
-        "compressor": compressor or "none",
-        "types": {name: {"rows": int(x.shape[0]), "num_features": int(x.shape[1]),
-                         "feature_dtype": schemes[name].storage_dtype, "scheme": schemes[name].name,
-                         "chunk_rows": int(chunk_rows[name])} for name, x in features.items()},
-        "split_sizes": {name: int(split_lids[name].shape[0]) for name in SPLITS}}
-    g.attrs.update(attrs)
-    return attrs
+        if x.dtype != schemes[name].code_dtype:
+            raise ValueError(f"codes of {name} are {x.dtype}, scheme {schemes[name].name} stores "
+                             f"{schemes[name].code_dtype}")
+    out = PartFeaturesWriter(writer, part=part, start_gid=start_gid,
+                             shapes={name: (int(x.shape[0]), int(x.shape[1])) for name, x in features.items()},
+                             chunk_rows=chunk_rows, schemes=schemes, compressor=compressor)
+    for name, x in features.items():
+        arr, rows = out.x[name], out.x[name].chunks[0]
+        steps = range(0, x.shape[0], rows)
+        bar = tqdm(steps, desc=f"write {name}", unit="chunk", disable=not progress or len(steps) < 4, leave=False)
+        for lo in bar:
+            arr[lo:lo + rows] = x[lo:lo + rows]
+    return out.finish(y=y, split_lids=split_lids, num_classes=num_classes)
 
 
 def _read_part_features(url: str, *, load_x: bool = True) -> PartFeatures:

@@ -252,13 +252,14 @@ class GraphArtifact(ArtifactHandle):
         its stored dtype: for consumers that stream it chunk by chunk instead of reading it whole."""
         return open_array_at(self._url(f"{_GROUP}/{path}"))
 
-    def zarr_array(self, name: str) -> Any:
-        """One array of ``graph.zarr`` (a ``zarr.Array``) opened, not read (``indices``, ``split/train``, ...): for
-        a stage that reads it in chunks or spills it to a memory map (``storage.spill``) instead of holding the
-        graph in memory."""
-        from storage.zarr_io import open_array
+    def x_array(self, node_type: str) -> zarr.Array:
+        """A featured node type's ``x`` [N_t, F_t], opened lazily (nothing read): for stages that stream it."""
+        return self.zarr_array(f"x/{node_type}")
 
-        return open_array(open_group(self._url(_GROUP)), name)
+    def labels(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``y`` and the node splits alone (O(N), no edges, no x)."""
+        root = open_group(self._url(_GROUP))
+        return read_array(root, "y"), {name: read_array(open_subgroup(root, "split"), name) for name in SPLITS}
 
 
 def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True,

@@ -130,6 +130,25 @@ def chunk_rows_for(num_rows: int, row_bytes: int, chunk_bytes: int = DEFAULT_CHU
     return int(max(1, min(rows, num_rows or 1)))
 
 
+def create_rows_array(group: zarr.Group, name: str, shape: tuple[int, ...], dtype: np.dtype, *,
+                      chunk_rows: int | None = None, compressor: BloscCname | None = None,
+                      attrs: Mapping[str, Any] | None = None) -> zarr.Array:
+    """The empty array ``write_array`` fills (same chunks, codecs and attrs), for writers that stream its rows in
+    whole chunks (``arr[lo:hi] = rows``)."""
+    row_bytes = np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    rows = chunk_rows or chunk_rows_for(shape[0], row_bytes)
+    rows = max(1, min(rows, shape[0] or 1))
+    codecs: list[Any] = []
+    if compressor:
+        codecs.append(zarr.codecs.BloscCodec(cname=compressor, clevel=3, shuffle="shuffle"))
+    codecs.append(zarr.codecs.Crc32cCodec())
+    arr = group.create_array(name, shape=shape, dtype=dtype, chunks=(rows, *shape[1:]), compressors=codecs,
+                             fill_value=0, overwrite=True)
+    if attrs:
+        arr.attrs.update(dict(attrs))
+    return arr
+
+
 def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: int | None = None,
                 compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None,
                 progress: bool = False, dtype: np.dtype | type | None = None) -> zarr.Array:
@@ -141,17 +160,9 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: i
     """
     data = np.asarray(data)   # a view of a memory map, never a copy
     out_dtype = np.dtype(dtype or data.dtype)
-    row_bytes = out_dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
-    rows = chunk_rows or chunk_rows_for(data.shape[0], row_bytes)
-    rows = max(1, min(rows, data.shape[0] or 1))
-    codecs: list[Any] = []
-    if compressor:
-        codecs.append(zarr.codecs.BloscCodec(cname=compressor, clevel=3, shuffle="shuffle"))
-    codecs.append(zarr.codecs.Crc32cCodec())
-    arr = group.create_array(name, shape=data.shape, dtype=out_dtype, chunks=(rows, *data.shape[1:]),
-                             compressors=codecs, fill_value=0, overwrite=True)
-    if attrs:
-        arr.attrs.update(dict(attrs))
+    arr = create_rows_array(group, name, data.shape, out_dtype, chunk_rows=chunk_rows, compressor=compressor,
+                            attrs=attrs)
+    rows = arr.chunks[0]
     steps = range(0, data.shape[0], rows)
     bar = tqdm(steps, desc=f"write {name}", unit="chunk", disable=not progress or len(steps) < 4, leave=False)
     for start in bar:

@@ -4,11 +4,14 @@ and each partition's rows coded with it (the codec itself is ``stages.runtime.fe
 ``auto``, ``float32`` and ``float16`` keep the cast of ``stages.features.dtypes`` byte for byte (scheme ``cast``).
 ``bfloat16`` is a cast as well (round to nearest even: 8 exponent bits as float32, so float32's range, and 8
 significant bits); ``int8`` and ``float8_e4m3`` quantise each column with a scale (and an offset) fitted over every
-row of the type, from every partition, so that a row decodes the same wherever it lives. The fit reads x in blocks
-of ``FIT_BLOCK_ROWS`` rows, normalised as the stored rows are, so it never holds a second whole copy of x.
+row of the type, from every partition, so that a row decodes the same wherever it lives. The fit reads x in row
+blocks (``FIT_BLOCK_ROWS`` in memory; the features stage's streamed chunks from Zarr), normalised as the stored rows
+are: per-column min and max are exact over any blocks, so it never holds a second whole copy of x, nor x itself.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -35,31 +38,56 @@ QUANTISED: dict[str, tuple[str, torch.dtype]] = {
     "bfloat16": ("cast", torch.bfloat16), **{scheme: (scheme, dtype) for scheme, dtype in QUANTISED_STORAGE.items()}}
 
 
-def column_ranges(x: np.ndarray, normalize: FeatureNorm) -> tuple[np.ndarray, np.ndarray]:
-    """Per column (min, max) of ``x``'s rows as stored (normalised), float64 [F] each; zeros for no rows."""
-    lo = np.full(x.shape[1], np.inf)
-    hi = np.full(x.shape[1], -np.inf)
-    for start in range(0, x.shape[0], FIT_BLOCK_ROWS):
-        block = normalize_rows(x[start:start + FIT_BLOCK_ROWS], normalize)
+def column_ranges(blocks: Iterable[np.ndarray], num_columns: int, normalize: FeatureNorm
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per column (min, max) of the rows of ``blocks`` (consecutive row blocks of one x, in any number and size)
+    as stored (normalised), float64 [F] each; zeros for no rows. Exact whatever the blocks: a row is normalised on
+    its own, and min and max of the blocks' minima and maxima are the min and max of all rows (no rounding)."""
+    lo = np.full(num_columns, np.inf)
+    hi = np.full(num_columns, -np.inf)
+    seen = False
+    for rows in blocks:
+        if rows.shape[0] == 0:
+            continue
+        seen = True
+        block = normalize_rows(rows, normalize)
         np.minimum(lo, block.min(axis=0), out=lo)
         np.maximum(hi, block.max(axis=0), out=hi)
-    if x.shape[0] == 0:
+    if not seen:
         lo[:], hi[:] = 0.0, 0.0
     return lo, hi
 
 
+def row_blocks(x: np.ndarray, rows: int = FIT_BLOCK_ROWS) -> Iterator[np.ndarray]:
+    """``x`` in blocks of ``rows`` rows (views)."""
+    return (x[start:start + rows] for start in range(0, x.shape[0], rows))
+
+
+def storage_of(source: np.dtype, requested: FeatureDtype, normalize: FeatureNorm) -> torch.dtype:
+    """The storage dtype a type's x of dtype ``source`` is stored in (known before any row is read)."""
+    if requested in QUANTISED:
+        return QUANTISED[requested][1]
+    return torch_dtype_of(storage_dtype(normalized_dtype(source, normalize), requested))
+
+
 def fit_codec(x: np.ndarray, requested: FeatureDtype, normalize: FeatureNorm) -> FeatureCodec:
-    """The codec a type's whole ``x`` [N, F] is stored with (module docstring)."""
+    """The codec a type's whole ``x`` [N, F] in memory is stored with (module docstring)."""
+    return fit_codec_blocks(x.dtype, x.shape[1], row_blocks(x), requested, normalize)
+
+
+def fit_codec_blocks(source: np.dtype, num_columns: int, blocks: Iterable[np.ndarray], requested: FeatureDtype,
+                     normalize: FeatureNorm) -> FeatureCodec:
+    """``fit_codec`` over an x of dtype ``source`` read as consecutive row ``blocks`` (a lazy iterable: a cast
+    never reads it), with the same scales and offsets bit for bit (``column_ranges``)."""
     if requested not in QUANTISED:
-        stored = storage_dtype(normalized_dtype(x.dtype, normalize), requested)
-        return FeatureCodec.cast(torch_dtype_of(stored))
+        return FeatureCodec.cast(storage_of(source, requested, normalize))
     scheme, storage = QUANTISED[requested]
     if scheme == "cast":
         return FeatureCodec.cast(storage)
-    lo, hi = column_ranges(x, normalize)
+    lo, hi = column_ranges(blocks, num_columns, normalize)
     with np.errstate(over="ignore"):   # a float64 value beyond float32's range is refused by encode_rows, by row
         if scheme == "int8":
-            return _int8_codec(lo, hi, integral=normalized_dtype(x.dtype, normalize).kind in "biu")
+            return _int8_codec(lo, hi, integral=normalized_dtype(source, normalize).kind in "biu")
         scale = np.maximum(np.abs(lo), np.abs(hi)) / E4M3_MAX
         return FeatureCodec("float8_e4m3", storage, scale=_as_scale(scale))
 

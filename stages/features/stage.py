@@ -1,7 +1,8 @@
 """Features stage: graph.zarr + partition book → one Zarr v3 store per partition: x per node type, y, split lids.
 
 Contract: download + partition manifests + params → artifact ``features/<key>/part-<p>.zarr`` (format in
-``storage.features``). Row chunks with no compressor and a crc32c codec: chosen by measurement
+``storage.features``), x streamed in row chunks under ``memory_budget_bytes`` (``stages.features.stream``). Row
+chunks with no compressor and a crc32c codec: chosen by measurement
 (benchmarks/bench_features.py, figures in benchmarks/RESULTS.md). ``x`` is stored in the dtype ``dtype`` picks
 (``stages.features.dtypes``: float64 and wide integers as float32, float16 and 1-byte bool/int kept), or coded
 as bfloat16, int8 or float8 e4m3 with per-column scales fitted over the whole x of each type
@@ -11,23 +12,26 @@ as bfloat16, int8 or float8 e4m3 with per-column scales fitted over the whole x 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from stages.choices import Compressor, FeatureDtype, FeatureNorm
-from stages.features.normalize import normalize_rows
-from stages.features.schemes import encode_rows, fit_codec
-from stages.meter import measure
+from stages.features import stream
+from stages.features.schemes import fit_codec_blocks, storage_of
+from stages.memory import MemoryBudget
+from stages.meter import anon_rss_bytes, measure
 from stages.params import BudgetedParams
 from stages.runtime.feature_codec import FeatureCodec
 from storage import ArtifactStore, Manifest, StageWriter
-from storage.features import write_part_features
+from storage.features import PartFeaturesWriter
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
+from storage.store import stage_key
 from storage.zarr_io import chunk_rows_for
 
 NAME = "features"
@@ -74,46 +78,94 @@ def split_lids_of(splits_orig: dict[str, np.ndarray], gid_of_orig: np.ndarray, l
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     download, partition = upstream["download"], upstream["partition"]
+    graph, parts = GraphArtifact(store, download), PartitionArtifact(store, partition)
+    budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
+    plan = _plan(graph, parts, params)
+    key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
+    if force or store.find(NAME, key) is None:   # a cached artifact is returned whatever the budget
+        budget.require(plan.minimum(), "the partition book, y, the splits and one output chunk per part")
 
     def body(writer: StageWriter) -> None:
-        per_part: list[dict[str, Any]] = []
+        start_anon = anon_rss_bytes()
         with measure() as cost:
-            # Rows are gathered per partition from the whole x held once in RAM: one sequential read beats
-            # P scattered passes over the chunked source. Edge features live with the partition, not here.
-            graph = GraphArtifact(store, download).read(edges=False)
-            book = PartitionArtifact(store, partition).book()
-            table, offsets = book.range_table(), graph.schema.orig_offsets()
-            types = {t.name: i for i, t in enumerate(graph.schema.node_types)}
-            codecs = {name: fit_codec(x, params.dtype, params.normalize) for name, x in graph.features.items()}
-            schemes = {name: codec.scheme_record() for name, codec in codecs.items()}
-            parts = range(book.num_partitions)
-            for p in tqdm(parts, desc="features: write parts", disable=not progress, leave=False):
+            # x is streamed (stages.features.stream): one code path whatever the budget. Holding x whole was no
+            # faster at 1 M nodes x 128 float32 (5.7-5.9 s against 5.0-5.5 s streamed, peak anonymous memory 1.26 GB
+            # against 0.59 GB); int8 pays a second read of x to fit (7.5 s against 6.1 s), the price of a bound
+            # that does not grow with N (docs/design.md, "Features under the memory budget")
+            book = parts.book()
+            y, splits = graph.labels()
+            fixed = stream.fixed_bytes(book.num_nodes, sum(int(s.shape[0]) for s in splits.values()))
+            rows = {t.name: stream.stream_rows(t, budget, fixed) for t in plan.types}
+            codecs = {t.name: fit_codec_blocks(t.source.dtype, t.num_columns,
+                                               (b for _, b in stream.row_chunks(t.source, rows[t.name])),
+                                               params.dtype, params.normalize) for t in plan.types}
+            writers = [PartFeaturesWriter(
+                writer, part=p, start_gid=int(book.bounds[p]),
+                shapes={t.name: (t.part_rows[p], t.num_columns) for t in plan.types},
+                chunk_rows={t.name: t.chunk_rows[p] for t in plan.types},
+                schemes={name: codec.scheme_record() for name, codec in codecs.items()},
+                compressor=params.compressor) for p in range(book.num_partitions)]
+            table = book.range_table()
+            for t in plan.types:
+                starts = [table.type_range(p, t.index)[0] for p in range(book.num_partitions)]
+                stream.stream_type(t, codecs[t.name], rows[t.name], book, starts, writers, params.normalize,
+                                   progress=progress)
+            per_part: list[dict[str, Any]] = []
+            for p, out in enumerate(tqdm(writers, desc="features: finish parts", disable=not progress,
+                                         leave=False)):
                 lo, hi = int(book.bounds[p]), int(book.bounds[p + 1])
-                rows, chunks = {}, {}
-                for name, x_orig in graph.features.items():
-                    t_lo, t_hi = table.type_range(p, types[name])
-                    type_orig = book.orig_of_gid[t_lo:t_hi] - offsets[types[name]]   # the type's own ids
-                    chunks[name] = params.chunk_rows or default_chunk_rows(t_hi - t_lo,
-                                                                           codecs[name].itemsize * x_orig.shape[1])
-                    rows[name] = encode_rows(normalize_rows(x_orig[type_orig], params.normalize), codecs[name],
-                                             type_orig)
-                attrs = write_part_features(
-                    writer, part=p, start_gid=lo, features=rows, y=graph.y[book.orig_of_gid[lo:hi]],
-                    split_lids=split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
-                    num_classes=graph.num_classes, chunk_rows=chunks, schemes=schemes,
-                    compressor=params.compressor, progress=progress)
+                attrs = out.finish(y=y[book.orig_of_gid[lo:hi]],
+                                   split_lids=split_lids_of(splits, book.gid_of_orig, lo, hi),
+                                   num_classes=plan.num_classes)
                 per_part.append({"part": p, "rows": attrs["num_nodes"],
-                                 "chunk_rows": max(chunks.values(), default=0), **attrs["split_sizes"]})
-        per_type = {name: {"num_features": int(x.shape[1]), "source_dtype": x.dtype.name,
-                           **_scheme_summary(codecs[name]),
-                           "bytes_features": codecs[name].itemsize * int(x.shape[1]) * int(x.shape[0])}
-                    for name, x in graph.features.items()}
+                                 "chunk_rows": max((t.chunk_rows[p] for t in plan.types), default=0),
+                                 **attrs["split_sizes"]})
+        per_type = {t.name: {"num_features": t.num_columns, "source_dtype": t.source.dtype.name,
+                             **_scheme_summary(codecs[t.name]), "stream_rows": rows[t.name],
+                             "bytes_features": codecs[t.name].itemsize * t.num_columns * t.num_rows}
+                    for t in plan.types}
         writer.summary.update({
-            "num_partitions": book.num_partitions, "num_classes": graph.num_classes, "types": per_type,
+            "num_partitions": book.num_partitions, "num_classes": plan.num_classes, "types": per_type,
             "normalize": params.normalize, "compressor": params.compressor or "none", "parts": per_part,
+            "memory_budget_bytes": budget.bytes, "memory_budget_source": budget.source,
+            "memory_minimum_bytes": plan.minimum(), "start_anon_bytes": start_anon,
             **_headline_figures(per_type), **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the stage will hold, known from the manifests, the book's type ranges and x's metadata alone."""
+
+    types: list[stream.TypeStream]
+    num_nodes: int
+    num_split_nodes: int
+    num_classes: int
+
+    def minimum(self) -> int:
+        return (stream.fixed_bytes(self.num_nodes, self.num_split_nodes)
+                + max((t.floor_bytes() for t in self.types), default=0))
+
+
+def _plan(graph: GraphArtifact, parts: PartitionArtifact, params: Params) -> _Plan:
+    schema, table = graph.schema, parts.range_table()
+    offsets = schema.orig_offsets()
+    num_parts = parts.num_partitions
+    types = []
+    for index, node_type in enumerate(schema.node_types):
+        if node_type.num_features is None:
+            continue
+        source = graph.x_array(node_type.name)
+        itemsize = storage_of(source.dtype, params.dtype, params.normalize).itemsize
+        ranges = [table.type_range(p, index) for p in range(num_parts)]
+        part_rows = [int(hi - lo) for lo, hi in ranges]
+        chunks = [params.chunk_rows or default_chunk_rows(n, itemsize * int(source.shape[1])) for n in part_rows]
+        types.append(stream.TypeStream(node_type.name, index, int(offsets[index]), source, itemsize, chunks,
+                                       part_rows))
+    split_sizes = graph.manifest.summary.get("split_sizes", {})
+    return _Plan(types, graph.num_nodes, sum(int(v) for v in split_sizes.values()),
+                 max((t.num_classes for t in schema.node_types), default=0))
 
 
 def _scheme_summary(codec: FeatureCodec) -> dict[str, Any]:

@@ -227,7 +227,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         curves: list[dict[str, Any]] = []
         with measure() as cost, writer.scratch() as scratch:
             num_parts, bounds = partition.num_partitions, partition.bounds()
-            mapped = choose_mapped(layout, budget, anon_rss_bytes() or 0)
+            base_anon = anon_rss_bytes() or 0   # the interpreter's and torch's own, before the stage's arrays
+            mapped = choose_mapped(layout, budget, base_anon)
             csr = LocalCSR.from_numpy(*assemble(partition, layout, scratch if mapped else None), start_gid=0,
                                       num_edge_types=schema.num_edge_types)
             in_degree_gid = partition.in_degree()
@@ -247,7 +248,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                                "fanouts": list(params.fanouts), "edge_fanouts": dict(params.edge_fanouts),
                                "epochs": params.epochs,
                                "budget": rows[0]["budget"] if rows else "",
-                               "memory_budget": budget.describe(), "csr": _csr_note(layout, mapped), **cost})
+                               "memory_budget": budget.describe(), "csr": _csr_note(layout, mapped),
+                               "base_anon_bytes": base_anon, **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -267,7 +269,9 @@ def report(manifest: Manifest) -> Report:
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
                                "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
     per_type = f" (per edge type {s['edge_fanouts']})" if s.get("edge_fanouts") else ""
+    # builds from before the memory budget say nothing of where their CSR lived
+    csr = f" Sampled from {s['csr']}; memory budget {s['memory_budget']}." if s.get("csr") else ""
     md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}{per_type}, {s['epochs']} pre-sampled "
-          f"epoch(s); hit rates measured on an independent epoch.\n\n{markdown_table(table)}\n\n"
+          f"epoch(s); hit rates measured on an independent epoch.{csr}\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
     return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

@@ -18,12 +18,14 @@ import numpy as np
 from stages.memory import MemoryBudget, gib
 from storage.partition import PartitionArtifact
 
-# The stage's O(N) anonymous arrays per node at their peak (one partition being planned), besides indptr's 8 bytes
-# per (node, edge type) row: in-degree, the degree ranking and the sampler's node map (8 + 8 + 4) live throughout;
-# the fit and held-out counts and the hotness ranking (3 x 8) per part; lexsort's keys or the hit-rate curve's
-# gathered counts and running sum (3 x 8) transiently; a typed graph adds each gid's type and row width (2 x 8).
-# Measured at 1 M nodes, avg degree 20, 4 parts (peak_anon - start anon, mapped path): see docs/design.md §7.
-FIXED_BYTES_PER_NODE = 68
+# The stage's anonymous memory per node at its peak (one partition being planned), besides indptr's 8 bytes per
+# (node, edge type) row: in-degree, the degree ranking and the sampler's node map (8 + 8 + 4) live throughout, the
+# fit and held-out counts and the hotness ranking (3 x 8) per part, lexsort's keys or the hit-rate curve's gathered
+# counts and running sum (3 x 8) transiently: 68 B. Measured: 154 MB above the anonymous memory before the CSR at
+# 1 M nodes (avg degree 20, 4 parts, fanouts 15,10,5, batches of 1024, mapped path), 146 B a node besides indptr;
+# the rest is the plan's ranked arrays and sampling's per-batch tensors. The measured figure is the minimum, so that
+# a budget it accepts holds (at 14 M nodes: 2.2 GB). A typed graph adds each gid's type and row width (2 x 8).
+FIXED_BYTES_PER_NODE = 146
 TYPED_BYTES_PER_NODE = 16
 _COPY_ROWS = 8 << 20   # edges copied per step into the concatenation: 64 MiB of an int64 part, the spill chunk
 

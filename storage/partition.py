@@ -280,3 +280,15 @@ class PartitionArtifact(ArtifactHandle):
         r = self.schema.num_edge_types
         return np.concatenate([np.diff(read_array(open_group(self._url(_part_name(p))), "indptr")[::r])
                                for p in range(self.num_partitions)])
+
+    def mapped_csr(self, p: int, directory: str) -> tuple[np.ndarray, np.ndarray]:
+        """Part p's ``(indptr, indices)`` as read-only memory maps of spill files in ``directory`` (a
+        ``StageWriter.scratch``), in their on-disk dtypes: read at random through the page cache instead of held as
+        anonymous memory (``storage.spill``; the copy holds one 64 MiB block at a time)."""
+        # imported here, not at the top: this method is the file's only change of the hotness work
+        from storage.spill import spill_array
+        from storage.zarr_io import open_array
+
+        g = open_group(self._url(_part_name(p)))
+        return (spill_array(open_array(g, "indptr"), directory, f"part-{p}-indptr"),
+                spill_array(open_array(g, "indices"), directory, f"part-{p}-indices"))

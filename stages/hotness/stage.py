@@ -20,15 +20,18 @@ from pydantic import Field
 
 from stages.choices import TaskName
 from stages.hotness import plan as planning
-from stages.meter import measure
+from stages.hotness.whole_csr import CsrLayout, assemble, choose_mapped
+from stages.memory import MemoryBudget
+from stages.meter import anon_rss_bytes, measure
 from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.hotness import CURVE_PNG, CachePlan, write_curves, write_plan
-from storage.partition import PartitionArtifact, concat_parts
+from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
+from storage.store import stage_key
 
 if TYPE_CHECKING:
     import torch
@@ -196,12 +199,23 @@ def _row_costs(partition: PartitionArtifact, features: FeaturesArtifact) -> _Row
     return _RowCosts(0, type_bytes[type_of_gid], type_of_gid, tuple(t.name for t in schema.node_types))
 
 
+def _csr_note(layout: CsrLayout, mapped: bool) -> str:
+    where = "memory-mapped from spill files" if mapped else "in memory"
+    return (f"{layout.num_edges:,} {layout.index_dtype.name} CSR indices {where} (in-memory path: "
+            f"{layout.in_memory():,} bytes)")
+
+
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     partition = PartitionArtifact(store, upstream["partition"])
     features = FeaturesArtifact(store, upstream["features"])
     schema = partition.schema
     fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, schema)   # before anything is written
+    budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
+    layout = CsrLayout.of(partition)
+    key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
+    if force or store.find(NAME, key) is None:   # a cached plan is read whatever the budget
+        budget.require(layout.minimum(), layout.describe_minimum())
 
     def body(writer: StageWriter) -> None:
         # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
@@ -211,9 +225,11 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
         rows: list[dict[str, Any]] = []
         curves: list[dict[str, Any]] = []
-        with measure() as cost:
+        with measure() as cost, writer.scratch() as scratch:
             num_parts, bounds = partition.num_partitions, partition.bounds()
-            csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(num_parts)]), start_gid=0,
+            base_anon = anon_rss_bytes() or 0   # the interpreter's and torch's own, before the stage's arrays
+            mapped = choose_mapped(layout, budget, base_anon)
+            csr = LocalCSR.from_numpy(*assemble(partition, layout, scratch if mapped else None), start_gid=0,
                                       num_edge_types=schema.num_edge_types)
             in_degree_gid = partition.in_degree()
             costs = _row_costs(partition, features)
@@ -231,7 +247,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         writer.summary.update({"num_partitions": num_parts, "parts": rows, "curves": curves,
                                "fanouts": list(params.fanouts), "edge_fanouts": dict(params.edge_fanouts),
                                "epochs": params.epochs,
-                               "budget": rows[0]["budget"] if rows else "", **cost})
+                               "budget": rows[0]["budget"] if rows else "",
+                               "memory_budget": budget.describe(), "csr": _csr_note(layout, mapped),
+                               "base_anon_bytes": base_anon, **cost})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -251,7 +269,9 @@ def report(manifest: Manifest) -> Report:
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
                                "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
     per_type = f" (per edge type {s['edge_fanouts']})" if s.get("edge_fanouts") else ""
+    # builds from before the memory budget say nothing of where their CSR lived
+    csr = f" Sampled from {s['csr']}; memory budget {s['memory_budget']}." if s.get("csr") else ""
     md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}{per_type}, {s['epochs']} pre-sampled "
-          f"epoch(s); hit rates measured on an independent epoch.\n\n{markdown_table(table)}\n\n"
+          f"epoch(s); hit rates measured on an independent epoch.{csr}\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
     return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

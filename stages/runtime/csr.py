@@ -31,7 +31,9 @@ class LocalCSR:
 
     start_gid: int
     indptr: Tensor   # int64 [num_nodes * R + 1], over (lid, edge type) rows
-    indices: Tensor  # int64 [num_edges], gids
+    # int64 or int32 [num_edges], gids: kept as given (an int32 CSR of 400 M edges is 1.6 GB where widening would
+    # copy 3.2 GB); read a sampled edge's gid through ``gids`` (always int64), never ``indices[...]`` directly
+    indices: Tensor
     num_edge_types: int = 1
     start_egid: int = 0   # the egid of elid 0: the edges of the parts before this one
     # weighted sampling (``stages.runtime.weighted``): float [num_edges] by elid, non-negative, and its running sum;
@@ -50,18 +52,26 @@ class LocalCSR:
     @classmethod
     def from_numpy(cls, indptr: np.ndarray, indices: np.ndarray, start_gid: int = 0,
                    device: torch.device | str = "cpu", num_edge_types: int = 1, start_egid: int = 0) -> LocalCSR:
-        # from_numpy shares memory on CPU: a 1 GB ``indices`` is not copied
+        """``indices`` int32 stays int32 (other integer dtypes become int64); from_numpy shares memory on CPU, so
+        a 1 GB ``indices`` (or a memory map of one, opened writable, e.g. copy-on-write: torch warns about a
+        read-only array) is not copied."""
         if (indptr.shape[0] - 1) % num_edge_types:
             raise ValueError(f"{indptr.shape[0] - 1} CSR rows are not a whole number of nodes of "
                              f"{num_edge_types} edge types")
+        index_dtype = np.int32 if indices.dtype == np.int32 else np.int64
         return cls(int(start_gid), torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device),
-                   torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device), int(num_edge_types),
+                   torch.from_numpy(np.ascontiguousarray(indices, dtype=index_dtype)).to(device), int(num_edge_types),
                    int(start_egid))
 
     @classmethod
     def from_part(cls, part: PartCSR, device: torch.device | str = "cpu", start_egid: int = 0) -> LocalCSR:
         """``start_egid``: ``PartitionArtifact.edge_bounds()[part.part]`` (needed for batches with ``e_id``)."""
         return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types, start_egid)
+
+    def gids(self, edge_idx: Tensor) -> Tensor:
+        """int64: the source gids of the edges at ``edge_idx`` (elids), whatever ``indices``' dtype; widening only
+        the batch's few entries is what lets ``indices`` stay int32."""
+        return self.indices.index_select(0, edge_idx).to(torch.long)
 
     @property
     def num_nodes(self) -> int:

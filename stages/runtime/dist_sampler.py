@@ -101,7 +101,7 @@ class DistNeighborSampler(MultiHopSampler):
         # owner side: neighbours grouped by target, targets grouped by requesting rank
         nbr_count, _, edge_idx, nbr_type = sample_typed_edges(self.csr, got_gid - self.csr.start_gid, fanout,
                                                               replace=self.replace, generator=self.generator)
-        nbr_gid = self.csr.indices.index_select(0, edge_idx)
+        nbr_gid = self.csr.gids(edge_idx)
         nbr_code = nbr_gid if nbr_type is None else nbr_gid * self.num_edge_types + nbr_type
         # 3. neighbour counts per target, 4. neighbour codes (owner -> requester), in request order
         ans_count = exchange(nbr_count, got_split, req_split)

@@ -85,7 +85,7 @@ def sample_neighbors_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout
     """``sample_neighbors`` plus ``count`` (neighbours per target), which the kernel has anyway."""
     count, row_pos, edge_idx = sample_edges_with_counts(csr_local, target_lid, fanout, replace=replace,
                                                         generator=generator)
-    return count, row_pos, csr_local.indices.index_select(0, edge_idx)
+    return count, row_pos, csr_local.gids(edge_idx)
 
 
 def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,
@@ -131,7 +131,7 @@ def sample_typed(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, rep
     edge_type)``."""
     count, row_pos, edge_idx, edge_type = sample_typed_edges(csr_local, target_lid, fanout, replace=replace,
                                                              generator=generator)
-    return count, row_pos, csr_local.indices.index_select(0, edge_idx), edge_type
+    return count, row_pos, csr_local.gids(edge_idx), edge_type
 
 
 def sample_typed_edges(csr_local: LocalCSR, target_lid: Tensor, fanout: Fanout, *, replace: bool = False,
@@ -353,7 +353,7 @@ class NeighborSampler(MultiHopSampler):
         _, row_pos, edge_idx, edge_type = sample_typed_edges(self.csr, frontier_gid - self.csr.start_gid, fanout,
                                                              replace=self.replace, generator=self.generator)
         with_attr = self.with_edges and self.edge_attr is not None
-        return HopEdges(row_pos, self.csr.indices.index_select(0, edge_idx), edge_type,
+        return HopEdges(row_pos, self.csr.gids(edge_idx), edge_type,
                         edge_idx + self.csr.start_egid if self.with_edges else None,
                         self.edge_attr.index_select(0, edge_idx) if with_attr and self.edge_attr is not None else None)
 

@@ -13,7 +13,8 @@ Per stage: wall time of the process (interpreter and Prefect start included), pe
 summed over the process and its children, read from /proc every ``--poll-s``: the page cache of memory-mapped
 files is not counted, as the budget does not count it), the stage's own ``peak_anon_bytes`` and ``wall_s`` from its
 manifest, and disk: peak and final bytes of the files under the artifact root over the start (spill files
-included; walked every second). ``--full-at`` sizes also train one epoch on 2 ranks and run exact inference.
+included; walked every second). ``--full-at`` sizes also train one epoch on 2 ranks and run exact inference, with
+``--hidden`` channels (64 by default: see the option's comment).
 
 The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * edges^b and peak memory ~ c + d * nodes by
 least squares, and the projection of both to papers100M and IGBH-full.
@@ -46,7 +47,7 @@ IGBH = {"nodes": 547_306_935, "entries": 11_600_000_000, "feature_bytes": 2_200_
 def settings(nodes: int, args: argparse.Namespace) -> list[str]:
     return [f"num_nodes={nodes}", f"avg_degree={args.avg_degree}", "num_features=128", "num_classes=172",
             "split=0.011,0.0011,0.0019", f"memory_budget_bytes={args.budget}", "method=kaminpar",
-            "num_partitions=2", "epochs=1"]
+            "num_partitions=2", "epochs=1", f"hidden={args.hidden}"]
 
 
 def tree_anon_bytes(pid: int) -> int:
@@ -181,6 +182,9 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/gnnpipe-scale")
     ap.add_argument("--full-at", type=int, nargs="*", default=[14_000_000])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results_scale.jsonl"))
+    # exact inference holds two layer matrices of (own + halo rows) x hidden float32 per rank (stages/infer/halo.py):
+    # at 14 M nodes and hidden 256 that is up to 2 x 14 GB per rank, beyond this 24 GiB host; 64 keeps it near 7 GB
+    ap.add_argument("--hidden", type=int, default=64, help="the model's hidden width (train and infer)")
     ap.add_argument("--poll-s", type=float, default=0.1)
     ap.add_argument("--keep", action="store_true", help="keep each size's artifacts (default: removed)")
     ap.add_argument("--fit", metavar="JSONL", help="print the table, fit and projections of a run's lines")

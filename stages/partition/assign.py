@@ -120,7 +120,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
                  balance_edges: bool = True, progress: bool = False, tolerance: float = DEFAULT_TOLERANCE,
                  metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None,
                  node_type: np.ndarray | None = None, threads: int | None = 1,
-                 scratch_dir: str | None = None) -> np.ndarray:
+                 scratch_dir: str | None = None, compress: bool = False) -> np.ndarray:
     """``part_of_orig`` int64 [N] in [0, num_parts): the part each orig node goes to.
 
     ``indptr``/``indices``: the incoming-edge CSR in orig ids (``storage.graph``). ``tolerance``: the max/mean
@@ -129,6 +129,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     timings and move counts (for reports and benchmarks). ``node_type`` (typed graphs, int [N]): nodes and train
     nodes are balanced per type (``balance.rebalance``). ``threads``: KaMinPar's (None: every usable CPU; only 1
     is reproducible, ``kaminpar_runner.run_kaminpar``). ``scratch_dir``: KaMinPar's input file's directory.
+    ``compress``: KaMinPar's graph compressed (the same partition in less memory, ``run_kaminpar``).
 
     ``indptr``/``indices`` may be memory maps (the stage's streamed path): every pass over the edges goes in row
     chunks, so besides the partitioner's own memory the extra is O(N) (``stages.partition.footprint``).
@@ -153,7 +154,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
         bar.set_description(f"partition: {solver} ({adjncy.shape[0]:,} entries)")
         t2 = time.perf_counter()
         part_of_orig = run_kaminpar(xadj, adjncy, num_parts, vweights=vweights, epsilon=tolerance - 1, seed=seed,
-                                    threads=threads, tmp_dir=scratch_dir)
+                                    threads=threads, tmp_dir=scratch_dir, compress=compress)
     else:
         bar.set_description("partition: sparsify")
         metis_xadj, metis_adjncy, eweights = sparsify(xadj, adjncy, budget=metis_edge_budget, seed=seed)

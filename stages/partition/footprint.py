@@ -1,23 +1,45 @@
 """The partition stage's anonymous memory, estimated from N, E and the method before any work (``stages.memory``):
-which path runs (the whole graph in memory, or memory maps in the scratch dir and chunked passes), and the one
-``error:`` line when even the streamed path cannot fit ``memory_budget_bytes``.
+which path runs (the whole graph in memory, or memory maps in the scratch dir and chunked passes), whether
+KaMinPar gets its graph compressed, and the one ``error:`` line when even the streamed path cannot fit
+``memory_budget_bytes``.
+
+KaMinPar's estimate is the peak of the stage's phases, not their sum, because each phase frees what the next does
+not need (read off stage._partition and assign.assign_parts):
+
+(a) KaMinPar runs: the stage holds the splits, the train mask and the vertex weights (``HELD_NODE_BYTES``), and
+    KaMinPar its graph and its coarse levels. The adjacency check and the ParHIP write before it (< 24 a node and
+    one chunk) are below phase (b);
+(b) the balance repair and the report: the O(N) repair arrays (``REPAIR_NODE_BYTES``, with the vertex weights),
+    ``conn`` and its copy, the splits, and the chunk temporaries;
+(c) relabel and the part writes: the book's maps, the assignment while relabel runs, and the chunk temporaries:
+    below (b) for any P (``BOOK_NODE_BYTES`` < ``REPAIR_NODE_BYTES``), kept in the max so that stays checked.
+
+METIS keeps its estimate as a sum (its own memory on top of all the O(N) arrays), as measured before.
 
 The figures (bytes; this box, numpy 2, pymetis 2025.2.2, kaminpar 3.7.3's 64-bit build):
 
 - METIS: ~130 per entry of its input (at most ``adjacency.default_budget(N)`` entries): benchmarks/RESULTS.md
   "METIS input budget" peaks less the 0.9 GB graph, 2.3 / 4.4 / 8.4 GB at 2^24 / 2^25 / 2^26 entries (137, 131,
   125 a entry), and "[2/5] KaMinPar beside METIS": 1.97 GiB over the start for 16.8 M entries at 1 M nodes (126).
-- KaMinPar: 10 per adjacency entry + 48 per node (its graph, the 64-bit build, and its coarse levels), measured
-  from outside the process (peak RssAnon over the start of ``run_kaminpar``): 85 MB at 1 M nodes / 4 M entries,
-  235 MB at 1 M / 20 M, 172 MB at 250 k / 20 M; the 32-bit build would need about half.
-- The O(N) arrays while the balance repair runs (the stage's peak of them): part, train mask, degrees and vertex
-  weights, the repair's weights [N, 3] and best parts (~90 a node), and ``conn`` [N, P] int32 with its copy in
-  the refinement (8 a node and part); the book's two maps (16) after that.
+- KaMinPar, 48 per node + ``KAMINPAR_BYTES_PER_ENTRY`` per adjacency entry (uncompressed) or
+  ``KAMINPAR_COMPRESSED_BYTES_PER_ENTRY`` (``load_graph(..., compress=True)``): peak RssAnon of a child process
+  over its start, sampled from outside every 20 ms, loading the ParHIP file with vertex weights and partitioning
+  into 2 parts with 1 thread, on ``generate_synthetic(N, 29)`` (see the constants). The coarse levels are not
+  compressed, so compression saves ~25-30 %, not the 3.3x of the input graph alone. The output is the same array
+  either way (np.array_equal at 1 M / 29 M and 3 M / 87 M; tests/test_partition_memory.py), so compression is a
+  runtime choice outside the key; it is slower (21.6 s against 11.9 s at 1 M / 29 M, 107 s against 71 s at
+  3 M / 87 M: 1.5-1.8x), hence only when the uncompressed estimate does not fit.
+- So papers100M's shape (14 M nodes, 406 M entries) needs ~7.7 GiB in the KaMinPar phase even compressed: a
+  4 GiB budget is refused in one line. KaMinPar's default context has no knob the bindings expose (its Context
+  has no attributes); its memory-lean presets (``terapart_context``) give another partition, a key change.
+- The O(N) arrays while the balance repair runs: part, train mask, degrees and vertex weights, the repair's
+  weights [N, 3] and best parts (~90 a node), ``conn`` [N, P] int32 with its copy in the refinement (8 a node and
+  part), and the splits (8 a node: train, valid and test as int64 are at most N ids); the book's two maps (16).
 - Row-chunk temporaries: ``csr_ops.CHUNK_EDGES`` entries at a time, ~40 a chunk entry (row ids, gathered parts,
   keys, a masked copy: five int64 arrays of the chunk at most).
 - Symmetrising a directed or typed graph (``adjacency._symmetrise``) is not streamed: both directions' int64 keys
   (16 a graph entry), their concatenation and ``np.unique``'s sorted copy (32), the result (16): 64 a graph entry,
-  held in memory on either path (its output, up to 2E entries, is what the partitioner and repair walk).
+  counted in every phase (its result, up to 2E entries, is what the partitioner and repair walk).
 """
 
 from __future__ import annotations
@@ -30,9 +52,20 @@ from stages.partition.csr_ops import CHUNK_EDGES
 from storage.errors import InputError
 
 METIS_BYTES_PER_ENTRY = 130
-KAMINPAR_BYTES_PER_ENTRY = 10
 KAMINPAR_BYTES_PER_NODE = 48
-NODE_BYTES = 106               # O(N) arrays: ~90 during the repair + the book's 16
+# Per entry, measured (48 a node taken off): uncompressed 16.8 at 1 M nodes / 29.0 M entries, 18.9 at 3 M / 87.0 M
+# (535 MB and 1.79 GB over the start; the former constant, 10, was measured at lower degree and understated it);
+# compressed 11.5 and 13.6 (382 MB, 1.33 GB). Both grow ~2.1 for each 3x of N: the graph compresses worse as N
+# grows (random relabelled ids: longer gaps) and the coarse levels (never compressed) grow with it, ~9-11 of the
+# peak (the compressed input graph alone holds 2.7 an entry at 1 M / 20 M, the uncompressed 8.8). Extrapolated
+# to 14 M nodes (x4.7: +2.9) that is ~21.8 and ~16.5; with a margin, 24 and 18. Re-measure beyond 100 M entries.
+KAMINPAR_BYTES_PER_ENTRY = 24
+KAMINPAR_COMPRESSED_BYTES_PER_ENTRY = 18
+NODE_BYTES = 106               # METIS's sum: ~90 during the repair + the book's 16
+REPAIR_NODE_BYTES = 90         # phase (b), with the vertex weights and the assignment
+SPLIT_NODE_BYTES = 8           # train, valid and test ids (int64), read for the train mask, held to the end
+HELD_NODE_BYTES = SPLIT_NODE_BYTES + 1 + 8   # phase (a): the splits, the train mask and the vertex weights
+BOOK_NODE_BYTES = 16 + 8 + 2 + 8 + 8 + 1     # phase (c): book maps, part, its int16 key, arange temp, train mask
 NODE_PART_BYTES = 8            # conn [N, P] int32 and its copy
 CHUNK_BYTES_PER_ENTRY = 40
 SYMMETRISE_BYTES_PER_ENTRY = 64
@@ -45,10 +78,28 @@ PART_BYTES_PER_ENTRY = 20
 class MemoryPlan:
     """The estimates, and whether the stage streams (memory maps, chunked part writes) or reads the graph whole."""
 
-    minimum: int       # the streamed path: O(N) arrays, chunk temporaries, the partitioner, link splits
-    in_memory: int     # today's path: the minimum, the graph and a whole part's CSR
+    minimum: int       # the streamed path: the peak phase of O(N) arrays, chunk temporaries, the partitioner
+    in_memory: int     # the minimum, the graph and a whole part's CSR
     streamed: bool
     what: str          # the minimum in words, for the error line and the summary
+    compress: bool = False   # KaMinPar loads its graph compressed (the same partition, less memory)
+    phases: tuple[tuple[str, int], ...] = ()   # KaMinPar: each phase's estimate, for the summary
+
+
+def kaminpar_bytes(num_nodes: int, adjacency: int, compress: bool) -> int:
+    """KaMinPar's own peak (its graph and coarse levels) for ``adjacency`` symmetric entries."""
+    per_entry = KAMINPAR_COMPRESSED_BYTES_PER_ENTRY if compress else KAMINPAR_BYTES_PER_ENTRY
+    return int(per_entry * adjacency) + KAMINPAR_BYTES_PER_NODE * num_nodes
+
+
+def kaminpar_phases(num_nodes: int, adjacency: int, num_parts: int, chunk: int, common: int,
+                    compress: bool) -> tuple[tuple[str, int], ...]:
+    """(phase, estimate) of the stage with KaMinPar (module docstring); ``common``: what every phase holds (link
+    splits, a symmetrised adjacency)."""
+    return (("kaminpar", common + HELD_NODE_BYTES * num_nodes + kaminpar_bytes(num_nodes, adjacency, compress)),
+            ("repair", common + (REPAIR_NODE_BYTES + SPLIT_NODE_BYTES + NODE_PART_BYTES * num_parts) * num_nodes
+             + chunk),
+            ("relabel", common + (BOOK_NODE_BYTES + SPLIT_NODE_BYTES) * num_nodes + chunk))
 
 
 def plan(budget: MemoryBudget, *, num_nodes: int, num_entries: int, num_parts: int, method: str,
@@ -58,20 +109,26 @@ def plan(budget: MemoryBudget, *, num_nodes: int, num_entries: int, num_parts: i
     ``num_entries``: CSR entries; ``symmetrise``: the graph is directed or typed (no stored symmetric
     adjacency); ``graph_bytes``: ``indptr`` + ``indices`` as stored; ``link_bytes``: link prediction's splits and
     fixed negatives (held in memory on both paths, with their gid copies: counted three times);
-    ``edge_attr_bytes``: ``edge_attr``, which only the in-memory path holds whole."""
+    ``edge_attr_bytes``: ``edge_attr``, which only the in-memory path holds whole.
+
+    Path and compression, cheapest first: in memory, in memory with KaMinPar compressed, streamed, streamed and
+    compressed (compression is ~1.8x KaMinPar's time; streaming costs one spill of the graph)."""
     partitioned = num_parts > 1 and method != "random"
     adjacency = 2 * num_entries if symmetrise else num_entries   # upper bound: each direction once
-    parts = [f"the O(N) arrays ({NODE_BYTES + NODE_PART_BYTES * num_parts} B a node)"]
-    minimum = num_nodes * (NODE_BYTES + NODE_PART_BYTES * num_parts)
     chunk = min(CHUNK_EDGES, num_entries) * CHUNK_BYTES_PER_ENTRY
-    minimum += chunk
+    extra = graph_bytes + 2 * edge_attr_bytes + PART_BYTES_PER_ENTRY * num_entries // max(1, num_parts)
+    common, parts = 0, []
     if link_bytes:
-        minimum += 3 * link_bytes
+        common += 3 * link_bytes
         parts.append("the link prediction splits")
     if partitioned and symmetrise:
-        minimum += SYMMETRISE_BYTES_PER_ENTRY * num_entries
+        common += SYMMETRISE_BYTES_PER_ENTRY * num_entries
         parts.append(f"symmetrising the directed/typed graph in memory ({SYMMETRISE_BYTES_PER_ENTRY} B an entry)")
-    if partitioned and method == "metis":
+    if partitioned and method == "kaminpar":
+        return _kaminpar_plan(budget, num_nodes, adjacency, num_parts, chunk, common, extra, parts)
+    parts.insert(0, f"the O(N) arrays ({NODE_BYTES + NODE_PART_BYTES * num_parts} B a node)")
+    minimum = num_nodes * (NODE_BYTES + NODE_PART_BYTES * num_parts) + chunk + common
+    if partitioned:   # METIS: its memory on top of every O(N) array, as measured
         metis = METIS_BYTES_PER_ENTRY * min(adjacency, default_budget(num_nodes))
         if minimum + metis > budget.bytes:
             raise InputError(f"method=metis needs an estimated {gib(minimum + metis)} of memory here (METIS "
@@ -80,12 +137,28 @@ def plan(budget: MemoryBudget, *, num_nodes: int, num_entries: int, num_parts: i
                              f"raise memory_budget_bytes to {minimum + metis} or more")
         minimum += metis
         parts.append("METIS")
-    elif partitioned:
-        minimum += KAMINPAR_BYTES_PER_ENTRY * adjacency + KAMINPAR_BYTES_PER_NODE * num_nodes
-        parts.append(f"KaMinPar's graph ({KAMINPAR_BYTES_PER_ENTRY} B an entry + {KAMINPAR_BYTES_PER_NODE} B a "
-                     f"node)")
     what = ", ".join(parts) + f" and {gib(chunk)} of chunk temporaries"
     budget.require(minimum, what)
-    in_memory = minimum + graph_bytes + 2 * edge_attr_bytes + \
-        PART_BYTES_PER_ENTRY * num_entries // max(1, num_parts)
+    in_memory = minimum + extra
     return MemoryPlan(minimum=minimum, in_memory=in_memory, streamed=not budget.fits(in_memory), what=what)
+
+
+def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_parts: int, chunk: int, common: int,
+                   extra: int, parts: list[str]) -> MemoryPlan:
+    """KaMinPar's plan: the peak phase (module docstring), the first of the four choices that fits."""
+    raw = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=False)
+    packed = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=True)
+    choices = [(max(e for _, e in phases), streamed, phases, compress)
+               for streamed in (False, True) for compress, phases in ((False, raw), (True, packed))]
+    # the first that fits, else the last (the smallest minimum), which the require below refuses
+    minimum, streamed, phases, compress = next((c for c in choices if budget.fits(c[0] if c[1] else c[0] + extra)),
+                                               choices[-1])
+    what = ", ".join(parts + [f"the O(N) arrays ({REPAIR_NODE_BYTES + SPLIT_NODE_BYTES + NODE_PART_BYTES * num_parts}"
+                              f" B a node in the balance repair)",
+                              f"KaMinPar's compressed graph and coarse levels "
+                              f"({KAMINPAR_COMPRESSED_BYTES_PER_ENTRY} B an entry + {KAMINPAR_BYTES_PER_NODE} B a "
+                              f"node, the peak phase: {', '.join(f'{n} {gib(e)}' for n, e in packed)})"])
+    what += f" and {gib(chunk)} of chunk temporaries"
+    budget.require(minimum, what)
+    return MemoryPlan(minimum=minimum, in_memory=minimum + extra, streamed=streamed, what=what, compress=compress,
+                      phases=phases)

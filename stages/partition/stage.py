@@ -68,6 +68,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         writer.summary.update(stats)
         writer.summary.update({**cost, "memory_path": "streamed" if plan.streamed else "in-memory",
                                "memory_estimate_bytes": plan.minimum if plan.streamed else plan.in_memory})
+        if plan.phases:   # KaMinPar: the peak phase is the estimate (footprint's module docstring)
+            writer.summary.update({"kaminpar_compressed": plan.compress,
+                                   "memory_phase_bytes": {name: int(b) for name, b in plan.phases}})
 
     return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
@@ -107,7 +110,7 @@ def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, 
                                 directed=graph.directed or not schema.is_homogeneous,
                                 balance_train=params.balance_train, balance_edges=params.balance_edges,
                                 progress=progress, node_type=node_type, threads=params.kaminpar_threads,
-                                scratch_dir=scratch)
+                                scratch_dir=scratch, compress=plan.compress)
     stats = partition_report(node_indptr, graph.indices, part_of_orig, train_mask, num_parts)
     if node_type is not None:
         stats["typed"] = typed_report(graph.indptr, graph.indices, part_of_orig, node_type, schema, num_parts)

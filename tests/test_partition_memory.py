@@ -1,0 +1,105 @@
+"""The partition stage's phase-wise memory plan with KaMinPar (``stages/partition/footprint.py``): the peak of its
+phases, KaMinPar's graph compressed only when the uncompressed estimate does not fit, and compression a runtime
+choice outside the key (the same partition, the same artifact bytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stages.memory import MemoryBudget
+from stages.partition import footprint
+from stages.partition import stage as partition
+from stages.partition.assign import assign_parts
+from storage import InputError
+from storage.graph import GraphArtifact
+from tests.test_partition_compute import community_graph
+from tests.test_partition_stream import _download, _files
+
+GIB = 1 << 30
+
+
+def _plan(budget: int, **kw: Any) -> footprint.MemoryPlan:
+    args = {"num_nodes": 14_000_000, "num_entries": 406_000_000, "num_parts": 2, "method": "kaminpar",
+            "symmetrise": False, "graph_bytes": 8 * 14_000_001 + 4 * 406_000_000, **kw}
+    return footprint.plan(MemoryBudget(budget, "partition", "memory_budget_bytes"), **args)
+
+
+def test_compression_gives_the_same_partition(tmp_path: Path) -> None:
+    """1 thread, a seed: the compressed graph partitions into the same array as the plain one."""
+    indptr, indices, train, _ = community_graph(num_nodes=3000, avg_degree=16, seed=3)
+    plain = assign_parts(indptr, indices, train, 3, method="kaminpar", seed=2, scratch_dir=str(tmp_path))
+    packed = assign_parts(indptr, indices, train, 3, method="kaminpar", seed=2, scratch_dir=str(tmp_path),
+                          compress=True)
+    assert np.array_equal(plain, packed)
+
+
+def test_plan_is_the_peak_phase_not_the_sum() -> None:
+    """Each phase frees what the next does not need: the minimum is the largest phase, each below the old sum."""
+    p = _plan(64 * GIB)
+    names = [name for name, _ in p.phases]
+    assert names == ["kaminpar", "repair", "relabel"] and not p.compress
+    assert p.minimum == max(b for _, b in p.phases)
+    total = sum(b for _, b in p.phases)
+    assert p.minimum < total
+
+
+def _streamed_minimum(compress: bool) -> int:
+    chunk = footprint.CHUNK_EDGES * footprint.CHUNK_BYTES_PER_ENTRY
+    return max(b for _, b in footprint.kaminpar_phases(14_000_000, 406_000_000, 2, chunk, 0, compress=compress))
+
+
+def test_choices_cheapest_first() -> None:
+    """In memory, uncompressed, when it fits; streamed uncompressed next; streamed compressed last."""
+    big = _plan(64 * GIB)
+    assert not big.streamed and not big.compress
+    raw = _plan(_streamed_minimum(False))
+    assert raw.streamed and not raw.compress and raw.minimum == _streamed_minimum(False)
+    packed = _plan(_streamed_minimum(True))
+    assert packed.streamed and packed.compress and packed.minimum == _streamed_minimum(True)
+    assert packed.minimum < raw.minimum
+
+
+def test_papers100m_shape_in_4gib_is_refused_in_one_line() -> None:
+    """14 M nodes, 406 M entries: KaMinPar's default context peaks at ~7.7 GiB even compressed (measured 13.6 B
+    an entry at 3 M / 87 M, growing with N), so 4 GiB is refused before any work, naming what it needs."""
+    with pytest.raises(InputError) as err:
+        _plan(4 * GIB)
+    msg = str(err.value)
+    assert "\n" not in msg and "compressed" in msg and f"raise memory_budget_bytes to {_streamed_minimum(True)}" in msg
+
+
+def test_metis_plan_unchanged() -> None:
+    """METIS keeps its sum: the O(N) arrays, the chunk temporaries and METIS's 130 B an input entry."""
+    p = _plan(64 * GIB, method="metis")
+    chunk = footprint.CHUNK_EDGES * footprint.CHUNK_BYTES_PER_ENTRY
+    metis = footprint.METIS_BYTES_PER_ENTRY * 7 * 14_000_000
+    assert p.minimum == 14_000_000 * (footprint.NODE_BYTES + 2 * footprint.NODE_PART_BYTES) + chunk + metis
+    assert p.phases == () and not p.compress
+
+
+def test_compressed_build_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget that forces KaMinPar's compressed graph (streamed) writes the default build's bytes, same key."""
+    store, dl = _download(tmp_path)
+    params = partition.Params(num_partitions=3, method="kaminpar")
+    default = partition.run(store, params, {"download": dl}, progress=False)
+    assert default.summary["kaminpar_compressed"] is False
+    before = _files(store, default)
+    art = GraphArtifact(store, dl)
+    entries = int(art.zarr_array("indices").shape[0])
+    # on 3000 nodes the repair is the peak phase: make the uncompressed graph dear enough that only the
+    # compressed one fits, with the compressed streamed minimum as the budget
+    monkeypatch.setattr(footprint, "KAMINPAR_BYTES_PER_ENTRY", 1000)
+    budget = max(b for _, b in footprint.kaminpar_phases(
+        art.num_nodes, entries, 3, min(footprint.CHUNK_EDGES, entries) * footprint.CHUNK_BYTES_PER_ENTRY, 0,
+        compress=True))
+    small = partition.run(store, params.model_copy(update={"memory_budget_bytes": budget}), {"download": dl},
+                          force=True, progress=False)
+    assert small.key == default.key
+    assert small.summary["kaminpar_compressed"] is True and small.summary["memory_path"] == "streamed"
+    after = _files(store, small)
+    assert sorted(after) == sorted(before) and [k for k in before if before[k] != after[k]] == []
+    assert small.summary["edge_cut"] == default.summary["edge_cut"]

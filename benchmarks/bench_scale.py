@@ -13,7 +13,9 @@ Per stage: wall time of the process (interpreter and Prefect start included), pe
 summed over the process and its children, read from /proc every ``--poll-s``: the page cache of memory-mapped
 files is not counted, as the budget does not count it), the stage's own ``peak_anon_bytes`` and ``wall_s`` from its
 manifest, and disk: peak and final bytes of the files under the artifact root over the start (spill files
-included; walked every second). ``--full-at`` sizes also train one epoch on 2 ranks and run exact inference, with
+included; walked every second). ``--repo`` runs another checkout's stages (the same venv), for a side-by-side
+comparison in one invocation; ``--preset products`` is the products-scale graph. ``--full-at`` sizes also train
+one epoch on 2 ranks and run exact inference, with
 ``--hidden`` channels (64 by default: see the option's comment).
 
 The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * edges^b and peak memory ~ c + d * nodes by
@@ -44,9 +46,15 @@ PAPERS = {"nodes": 111_059_956, "entries": 3_231_371_744, "feature_bytes": 111_0
 IGBH = {"nodes": 547_306_935, "entries": 11_600_000_000, "feature_bytes": 2_200_000_000_000}
 
 
+# the graph's shape: papers100M's (module docstring), or the products-scale graph of benchmarks/RESULTS.md's earlier
+# sections (2.4 M nodes, 50 entries a node, 100 features, 47 classes, the synthetic default split, METIS)
+PRESETS = {"papers": ["num_features=128", "num_classes=172", "split=0.011,0.0011,0.0019", "method=kaminpar"],
+           "products": ["num_features=100", "num_classes=47", "method=metis"]}
+
+
 def settings(nodes: int, args: argparse.Namespace) -> list[str]:
-    return [f"num_nodes={nodes}", f"avg_degree={args.avg_degree}", "num_features=128", "num_classes=172",
-            "split=0.011,0.0011,0.0019", f"memory_budget_bytes={args.budget}", "method=kaminpar",
+    budget = [f"memory_budget_bytes={args.budget}"] if args.budget != "default" else []
+    return [f"num_nodes={nodes}", f"avg_degree={args.avg_degree}", *PRESETS[args.preset], *budget,
             "num_partitions=2", "epochs=1", f"hidden={args.hidden}"]
 
 
@@ -87,7 +95,7 @@ def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any
     disk0 = du_bytes(args.root)
     start = time.perf_counter()
     log = open(Path(args.root) / f"{stage}-{nodes}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=args.repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     peak_anon, peak_disk, polls = 0, 0, 0
     try:
         while proc.poll() is None:
@@ -105,11 +113,17 @@ def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any
         tail = (Path(args.root) / f"{stage}-{nodes}.log").read_text()[-2000:]
         raise SystemExit(f"{stage} at {nodes} nodes exited {proc.returncode}:\n{tail}")
     summary = newest_summary(Path(args.root), stage)
-    return {"stage": stage, "nodes": nodes, "entries": summary.get("num_edges"), "budget": args.budget,
+    return {"stage": stage, "nodes": nodes, "repo": args.repo, "commit": commit(args.repo),
+            "entries": summary.get("num_edges"), "budget": args.budget,
             "wall_s": round(wall, 1), "stage_wall_s": summary.get("wall_s"),
             "peak_anon_bytes": peak_anon, "stage_peak_anon_bytes": summary.get("peak_anon_bytes"),
             "peak_disk_bytes": peak_disk, "final_disk_bytes": du_bytes(args.root) - disk0,
             "path": summary.get("canonical_path") or summary.get("path"), "load": os.getloadavg()[0]}
+
+
+def commit(repo: str) -> str:
+    out = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def newest_summary(root: Path, stage: str) -> dict[str, Any]:
@@ -178,7 +192,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1_750_000, 3_500_000, 7_000_000, 14_000_000])
     ap.add_argument("--avg-degree", type=float, default=29.0)
-    ap.add_argument("--budget", default="4GiB")
+    ap.add_argument("--budget", default="4GiB", help="memory_budget_bytes; 'default': not set (what a checkout "
+                    "from before the budget needs)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="papers")
+    ap.add_argument("--repo", default=str(REPO), help="the checkout whose stages run (another one: side by side)")
     ap.add_argument("--root", default="/tmp/gnnpipe-scale")
     ap.add_argument("--full-at", type=int, nargs="*", default=[14_000_000])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results_scale.jsonl"))

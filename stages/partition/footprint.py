@@ -21,17 +21,15 @@ The figures (bytes; this box, numpy 2, pymetis 2025.2.2, kaminpar 3.7.3's 64-bit
 - METIS: ~130 per entry of its input (at most ``adjacency.default_budget(N)`` entries): benchmarks/RESULTS.md
   "METIS input budget" peaks less the 0.9 GB graph, 2.3 / 4.4 / 8.4 GB at 2^24 / 2^25 / 2^26 entries (137, 131,
   125 a entry), and "[2/5] KaMinPar beside METIS": 1.97 GiB over the start for 16.8 M entries at 1 M nodes (126).
-- KaMinPar, 48 per node + ``KAMINPAR_BYTES_PER_ENTRY`` per adjacency entry (uncompressed) or
-  ``KAMINPAR_COMPRESSED_BYTES_PER_ENTRY`` (``load_graph(..., compress=True)``): peak RssAnon of a child process
-  over its start, sampled from outside every 20 ms, loading the ParHIP file with vertex weights and partitioning
-  into 2 parts with 1 thread, on ``generate_synthetic(N, 29)`` (see the constants). The coarse levels are not
-  compressed, so compression saves ~25-30 %, not the 3.3x of the input graph alone. The output is the same array
-  either way (np.array_equal at 1 M / 29 M and 3 M / 87 M; tests/test_partition_memory.py), so compression is a
-  runtime choice outside the key; it is slower (21.6 s against 11.9 s at 1 M / 29 M, 107 s against 71 s at
-  3 M / 87 M: 1.5-1.8x), hence only when the uncompressed estimate does not fit.
-- So papers100M's shape (14 M nodes, 406 M entries) needs ~7.7 GiB in the KaMinPar phase even compressed: a
-  4 GiB budget is refused in one line. KaMinPar's default context has no knob the bindings expose (its Context
-  has no attributes); its memory-lean presets (``terapart_context``) give another partition, a key change.
+- KaMinPar: ``KAMINPAR_BYTES_PER_NODE`` a node + ``kaminpar_entry_bytes`` an adjacency entry, compressed
+  (``load_graph(..., compress=True)``) or not: peak RssAnon of a child process that only loads the ParHIP file and
+  partitions it (see the constants). The coarse levels are not compressed, so compression saves ~45 % of the peak
+  (1.29 against 2.19 GB at 7 M nodes), not the 3.3x of the input graph alone. The output is the same array either
+  way (np.array_equal at 1 M, 3 M and 7 M nodes; tests/test_partition_memory.py), so compression is a runtime
+  choice outside the key; it is slower (113 against 75 s at 7 M / 203 M entries), hence only when the
+  uncompressed estimate does not fit.
+- So papers100M's shape at 14 M nodes (406 M entries) fits a 4 GiB budget compressed: 2.85 GB measured in the
+  KaMinPar phase (estimate 3.4 GB with the stage's own arrays and the margin).
 - The O(N) arrays while the balance repair runs: part, train mask, degrees and vertex weights, the repair's
   weights [N, 3] and best parts (~90 a node), ``conn`` [N, P] int32 with its copy in the refinement (8 a node and
   part), and the splits (8 a node: train, valid and test as int64 are at most N ids); the book's two maps (16).
@@ -44,6 +42,7 @@ The figures (bytes; this box, numpy 2, pymetis 2025.2.2, kaminpar 3.7.3's 64-bit
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from stages.memory import MemoryBudget, gib
@@ -52,15 +51,17 @@ from stages.partition.csr_ops import CHUNK_EDGES
 from storage.errors import InputError
 
 METIS_BYTES_PER_ENTRY = 130
-KAMINPAR_BYTES_PER_NODE = 48
-# Per entry, measured (48 a node taken off): uncompressed 16.8 at 1 M nodes / 29.0 M entries, 18.9 at 3 M / 87.0 M
-# (535 MB and 1.79 GB over the start; the former constant, 10, was measured at lower degree and understated it);
-# compressed 11.5 and 13.6 (382 MB, 1.33 GB). Both grow ~2.1 for each 3x of N: the graph compresses worse as N
-# grows (random relabelled ids: longer gaps) and the coarse levels (never compressed) grow with it, ~9-11 of the
-# peak (the compressed input graph alone holds 2.7 an entry at 1 M / 20 M, the uncompressed 8.8). Extrapolated
-# to 14 M nodes (x4.7: +2.9) that is ~21.8 and ~16.5; with a margin, 24 and 18. Re-measure beyond 100 M entries.
-KAMINPAR_BYTES_PER_ENTRY = 24
-KAMINPAR_COMPRESSED_BYTES_PER_ENTRY = 18
+# KaMinPar's peak RssAnon in a child process that only loads the ParHIP file (with vertex weights) and partitions it
+# into 2 parts with 1 thread, sampled from outside every 20 ms, on generate_synthetic(N, 29) (the session's
+# measurements, benchmarks/RESULTS.md "[2/5] KaMinPar's memory"): compressed 425 MB at 3 M nodes / 87 M entries,
+# 1.29 GB at 7 M / 203 M, 2.85 GB at 14 M / 406 M; uncompressed 864 MB and 2.19 GB at the first two. With 48 B a
+# node for its node arrays and 16 for the partition it returns (a Python list, then an int64 array), that is per
+# entry 3.2 / 4.7 / 5.4 compressed and 8.3 / 9.1 uncompressed: it grows with N (random relabelled ids compress
+# worse, the coarse levels, never compressed, grow with them), ~0.8-1.5 per doubling of N. Hence a per-entry law
+# anchored at the largest measurement, ~1 more per doubling, and a 10 % margin (``kaminpar_entry_bytes``).
+KAMINPAR_BYTES_PER_NODE = 48 + 16
+KAMINPAR_ENTRY_LAW = {True: (14_000_000, 5.4), False: (7_000_000, 9.1)}   # compress -> (N measured, B an entry)
+KAMINPAR_MARGIN = 1.1
 NODE_BYTES = 106               # METIS's sum: ~90 during the repair + the book's 16
 REPAIR_NODE_BYTES = 90         # phase (b), with the vertex weights and the assignment
 SPLIT_NODE_BYTES = 8           # train, valid and test ids (int64), read for the train mask, held to the end
@@ -86,10 +87,15 @@ class MemoryPlan:
     phases: tuple[tuple[str, int], ...] = ()   # KaMinPar: each phase's estimate, for the summary
 
 
+def kaminpar_entry_bytes(num_nodes: int, compress: bool) -> float:
+    """KaMinPar's bytes per adjacency entry at ``num_nodes`` (the measured law above, with its margin)."""
+    anchor_nodes, anchor_bytes = KAMINPAR_ENTRY_LAW[compress]
+    return KAMINPAR_MARGIN * max(3.0, anchor_bytes + math.log2(max(num_nodes, 1) / anchor_nodes))
+
+
 def kaminpar_bytes(num_nodes: int, adjacency: int, compress: bool) -> int:
     """KaMinPar's own peak (its graph and coarse levels) for ``adjacency`` symmetric entries."""
-    per_entry = KAMINPAR_COMPRESSED_BYTES_PER_ENTRY if compress else KAMINPAR_BYTES_PER_ENTRY
-    return int(per_entry * adjacency) + KAMINPAR_BYTES_PER_NODE * num_nodes
+    return int(kaminpar_entry_bytes(num_nodes, compress) * adjacency) + KAMINPAR_BYTES_PER_NODE * num_nodes
 
 
 def kaminpar_phases(num_nodes: int, adjacency: int, num_parts: int, chunk: int, common: int,
@@ -145,18 +151,21 @@ def plan(budget: MemoryBudget, *, num_nodes: int, num_entries: int, num_parts: i
 
 def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_parts: int, chunk: int, common: int,
                    extra: int, parts: list[str]) -> MemoryPlan:
-    """KaMinPar's plan: the peak phase (module docstring), the first of the four choices that fits."""
+    """KaMinPar's plan: the peak phase (module docstring), the first of the four choices that fits, cheapest first:
+    streaming the CSR costs a spill copy (seconds), compression ~1.5x KaMinPar's time (113 against 75 s at 7 M
+    nodes), so in memory, streamed, in memory compressed, streamed compressed."""
     raw = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=False)
     packed = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=True)
     choices = [(max(e for _, e in phases), streamed, phases, compress)
-               for streamed in (False, True) for compress, phases in ((False, raw), (True, packed))]
+               for compress, phases in ((False, raw), (True, packed)) for streamed in (False, True)]
     # the first that fits, else the last (the smallest minimum), which the require below refuses
     minimum, streamed, phases, compress = next((c for c in choices if budget.fits(c[0] if c[1] else c[0] + extra)),
                                                choices[-1])
     what = ", ".join(parts + [f"the O(N) arrays ({REPAIR_NODE_BYTES + SPLIT_NODE_BYTES + NODE_PART_BYTES * num_parts}"
                               f" B a node in the balance repair)",
                               f"KaMinPar's compressed graph and coarse levels "
-                              f"({KAMINPAR_COMPRESSED_BYTES_PER_ENTRY} B an entry + {KAMINPAR_BYTES_PER_NODE} B a "
+                              f"({kaminpar_entry_bytes(num_nodes, True):.1f} B an entry + "
+                              f"{KAMINPAR_BYTES_PER_NODE} B a "
                               f"node, the peak phase: {', '.join(f'{n} {gib(e)}' for n, e in packed)})"])
     what += f" and {gib(chunk)} of chunk temporaries"
     budget.require(minimum, what)

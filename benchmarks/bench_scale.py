@@ -112,13 +112,14 @@ def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any
     if proc.returncode != 0:
         tail = (Path(args.root) / f"{stage}-{nodes}.log").read_text()[-2000:]
         raise SystemExit(f"{stage} at {nodes} nodes exited {proc.returncode}:\n{tail}")
-    summary = newest_summary(Path(args.root), stage)
+    key, summary = newest_summary(Path(args.root), stage)
     return {"stage": stage, "nodes": nodes, "repo": args.repo, "commit": commit(args.repo),
             "entries": summary.get("num_edges"), "budget": args.budget,
             "wall_s": round(wall, 1), "stage_wall_s": summary.get("wall_s"),
             "peak_anon_bytes": peak_anon, "stage_peak_anon_bytes": summary.get("peak_anon_bytes"),
             "peak_disk_bytes": peak_disk, "final_disk_bytes": du_bytes(args.root) - disk0,
-            "path": summary.get("canonical_path") or summary.get("path"), "load": os.getloadavg()[0]}
+            "path": summary.get("canonical_path") or summary.get("memory_path") or summary.get("csr")
+            or summary.get("path"), "key": key, "edge_cut": summary.get("edge_cut"), "load": os.getloadavg()[0]}
 
 
 def commit(repo: str) -> str:
@@ -126,9 +127,13 @@ def commit(repo: str) -> str:
     return out.stdout.strip()
 
 
-def newest_summary(root: Path, stage: str) -> dict[str, Any]:
+def newest_summary(root: Path, stage: str) -> tuple[str, dict[str, Any]]:
+    """(key, summary) of the stage's newest build under ``root``."""
     manifests = sorted((root / stage).glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(manifests[-1].read_text())["summary"] if manifests else {}
+    if not manifests:
+        return "", {}
+    manifest = json.loads(manifests[-1].read_text())
+    return manifest["key"], manifest["summary"]
 
 
 def measure(args: argparse.Namespace) -> None:

@@ -55,7 +55,7 @@ PRESETS = {"papers": ["num_features=128", "num_classes=172", "split=0.011,0.0011
 def settings(nodes: int, args: argparse.Namespace) -> list[str]:
     budget = [f"memory_budget_bytes={args.budget}"] if args.budget != "default" else []
     return [f"num_nodes={nodes}", f"avg_degree={args.avg_degree}", *PRESETS[args.preset], *budget,
-            "num_partitions=2", "epochs=1", f"hidden={args.hidden}"]
+            "num_partitions=2", "epochs=1", f"hidden={args.hidden}", *args.set]
 
 
 def tree_anon_bytes(pid: int) -> int:
@@ -142,6 +142,7 @@ def measure(args: argparse.Namespace) -> None:
     with open(args.out, "a") as out:
         for nodes in args.nodes:
             stages = DATA_STAGES + (FULL_STAGES if nodes in args.full_at else ())
+            stages = tuple(s for s in stages if not args.stages or s in args.stages)
             for stage in stages:
                 row = run_stage(stage, nodes, args)
                 if stage == "download":
@@ -207,6 +208,8 @@ def main() -> None:
     # exact inference holds two layer matrices of (own + halo rows) x hidden float32 per rank (stages/infer/halo.py):
     # at 14 M nodes and hidden 256 that is up to 2 x 14 GB per rank, beyond this 24 GiB host; 64 keeps it near 7 GB
     ap.add_argument("--hidden", type=int, default=64, help="the model's hidden width (train and infer)")
+    ap.add_argument("--set", action="append", default=[], help="another NAME=VALUE for every stage")
+    ap.add_argument("--stages", nargs="*", help="only these stages (their upstream must be built: --keep)")
     ap.add_argument("--poll-s", type=float, default=0.1)
     ap.add_argument("--keep", action="store_true", help="keep each size's artifacts (default: removed)")
     ap.add_argument("--fit", metavar="JSONL", help="print the table, fit and projections of a run's lines")

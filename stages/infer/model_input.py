@@ -39,13 +39,15 @@ class ModelInput:
 
 
 def model_input(model: torch.nn.Module, tables: Mapping[str, Tensor], *, partition: PartitionArtifact,
-                features: FeaturesArtifact, rank: int, local_world: int, setup: dict[str, Any]) -> ModelInput:
+                features: FeaturesArtifact, rank: int, local_world: int, setup: dict[str, Any],
+                host_budget: int | None = None) -> ModelInput:
     """The model to run and its input rows for rank ``rank``; ``setup["feature_store"]`` records where the features
-    were read from (RAM, or chunk-wise from Zarr past the host's memory budget)."""
+    were read from (RAM, or chunk-wise from Zarr past the host's memory budget ``host_budget``: the infer stage's
+    ``host_memory_budget_bytes``)."""
     bounds = partition.bounds()
     if not isinstance(model, HeteroModel):
         def features_path() -> DistFeatures:   # no cache: each row is read once per layer-0 chunk that needs it
-            store = open_part_store(features, rank, ranks_on_host=local_world)
+            store = open_part_store(features, rank, ranks_on_host=local_world, memory_budget_bytes=host_budget)
             setup["feature_store"] = store.kind
             return DistFeatures(store, bounds)
         return ModelInput(model, features_path)
@@ -54,14 +56,15 @@ def model_input(model: torch.nn.Module, tables: Mapping[str, Tensor], *, partiti
 
     def encoded() -> DistFeatures:
         rows = encode_own_rows(model.encoder, held, partition=partition, features=features, rank=rank,
-                               local_world=local_world, setup=setup)
+                               local_world=local_world, setup=setup, host_budget=host_budget)
         held.clear()
         return DistFeatures(InMemoryFeatureStore(rows), bounds)
     return ModelInput(model.body, encoded)
 
 
 def encode_own_rows(encoder: TypedInput, tables: Mapping[str, Tensor], *, partition: PartitionArtifact,
-                    features: FeaturesArtifact, rank: int, local_world: int, setup: dict[str, Any]) -> Tensor:
+                    features: FeaturesArtifact, rank: int, local_world: int, setup: dict[str, Any],
+                    host_budget: int | None = None) -> Tensor:
     """``[n_p, hidden]`` float32: the typed input of every own node of rank ``rank``, in lid order."""
     book = partition.book()
     table, offsets = book.range_table(), partition.schema.orig_offsets()
@@ -71,7 +74,7 @@ def encode_own_rows(encoder: TypedInput, tables: Mapping[str, Tensor], *, partit
     for t, name in enumerate(encoder.type_names):
         start, stop = table.type_range(rank, t)
         if name in encoder.lins:
-            store = open_part_store(features, rank, name, ranks_on_host=local_world)
+            store = open_part_store(features, rank, name, ranks_on_host=local_world, memory_budget_bytes=host_budget)
             kinds.add(store.kind)
             read = _store_reader(store)
         else:

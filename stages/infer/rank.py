@@ -108,7 +108,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         model, tables = load_model(store, trained, partition=partition, features=features)
         setup: dict[str, Any] = {}
         run = model_input(model, tables, partition=partition, features=features, rank=rank,
-                          local_world=local_world, setup=setup)
+                          local_world=local_world, setup=setup, host_budget=params.host_memory_budget_bytes)
         del model, tables   # the run holds what it needs (a typed model's tables only until layer 0 is encoded)
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None

@@ -18,8 +18,10 @@ comparison in one invocation; ``--preset products`` is the products-scale graph.
 one epoch on 2 ranks and run exact inference, with
 ``--hidden`` channels (64 by default: see the option's comment).
 
-The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * edges^b and peak memory ~ c + d * nodes by
-least squares, and the projection of both to papers100M and IGBH-full.
+The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * entries^b by least squares in log-log and
+its projection to papers100M and IGBH-full (one process, as measured: no parallel speed-up assumed), and the
+memory each stage needs there at least, from its own planner's constants (``minimum``): past that minimum a stage
+keeps within ``memory_budget_bytes`` by construction, so its peak is the budget.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 DATA_STAGES = ("download", "partition", "features", "hotness")
 FULL_STAGES = ("train", "infer")
+ALL_STAGES = DATA_STAGES + FULL_STAGES
+# what a stage's time grows with: the features stage copies feature bytes (128 float32 a node here), the others
+# walk the CSR
+SIZE_OF = {"download": "entries", "partition": "entries", "features": "feature_bytes", "hotness": "entries"}
+FEATURE_BYTES_PER_NODE = 128 * 4
 PAPERS = {"nodes": 111_059_956, "entries": 3_231_371_744, "feature_bytes": 111_059_956 * 128 * 4}
 # IGBH-full (MLPerf R-GAT): 547 M nodes, 5.8 B edges (11.6 B entries once reversed edges are added), 1024 float32
 # features per paper and author node (2.2 TB)
@@ -156,42 +163,59 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def fit(path: str) -> None:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    print("| stage | nodes | CSR entries | wall s | peak anon GiB | peak disk GiB | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = sorted((json.loads(line) for line in open(path) if line.strip()),
+                  key=lambda r: (ALL_STAGES.index(r["stage"]), r["nodes"]))
+    print("| stage | nodes | CSR entries | wall s | stage s | peak anon GiB | stage anon GiB | peak disk GiB | "
+          "kept GiB | path | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         print(f"| {r['stage']} | {r['nodes']:,} | {r['entries'] or 0:,} | {r['wall_s']:.0f} | "
-              f"{r['peak_anon_bytes'] / 2**30:.2f} | {r['peak_disk_bytes'] / 2**30:.1f} | {r['load']:.1f} |")
-    print("\n| stage | time ~ a·E^b: b | s per M entries at largest | memory ~ c + d·N: d B/node | papers100M "
-          "h | papers100M GiB | IGBH-full h | IGBH-full GiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+              f"{r.get('stage_wall_s') or 0:.0f} | {r['peak_anon_bytes'] / 2**30:.2f} | "
+              f"{(r.get('stage_peak_anon_bytes') or 0) / 2**30:.2f} | {r['peak_disk_bytes'] / 2**30:.1f} | "
+              f"{r['final_disk_bytes'] / 2**30:.1f} | {r.get('path') or ''} | {r['load']:.1f} |")
+    print("\n| stage | time ~ a·size^b: b | s per M entries (features: per GB) at the largest | papers100M h | "
+          "IGBH-full h | minimum at papers100M GiB | at IGBH-full GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for stage in DATA_STAGES:
         pts = [r for r in rows if r["stage"] == stage and r["entries"]]
         if len(pts) < 2:
             continue
-        law = growth(pts)
-        cells = [f"{law['b']:.2f}", f"{law['s_per_m_entries']:.2f}", f"{law['d']:.1f}"]
-        for target in (PAPERS, IGBH):
-            cells += [f"{project(law, target)[0] / 3600:.1f}", f"{project(law, target)[1] / 2**30:.1f}"]
+        law = growth(pts, size=SIZE_OF[stage])
+        cells = [f"{law['b']:.2f}", f"{law['s_per_m']:.2f}"]
+        cells += [f"{law['a'] * t[SIZE_OF[stage]] ** law['b'] / 3600:.1f}" for t in (PAPERS, IGBH)]
+        cells += [f"{minimum(stage, t) / 2**30:.1f}" for t in (PAPERS, IGBH)]
         print(f"| {stage} | " + " | ".join(cells) + " |")
 
 
-def growth(pts: list[dict[str, Any]]) -> dict[str, float]:
-    """Least-squares laws of one stage's points: ``wall_s = a * entries^b`` (log-log) and ``peak_anon = c + d *
-    nodes`` (the budget-bounded part is the constant, the O(N) arrays the slope)."""
-    e = np.array([r["entries"] for r in pts], dtype=float)
-    n = np.array([r["nodes"] for r in pts], dtype=float)
-    t = np.array([r["wall_s"] for r in pts], dtype=float)
-    m = np.array([r["peak_anon_bytes"] for r in pts], dtype=float)
-    b, log_a = np.polyfit(np.log(e), np.log(t), 1)
-    d, c = np.polyfit(n, m, 1)
-    return {"a": float(np.exp(log_a)), "b": float(b), "c": float(c), "d": float(d),
-            "s_per_m_entries": float(t[-1] / e[-1] * 1e6)}
+def growth(pts: list[dict[str, Any]], size: str) -> dict[str, float]:
+    """Least squares in log-log of one stage's points (sorted by size): ``stage_wall_s = a * size^b`` (the
+    stage's own time: the ~10 s of interpreter and Prefect start would flatten the small sizes), ``size`` the
+    graph's CSR entries or (features) its feature bytes; ``s_per_m``: seconds per million entries (per GB of
+    features) at the largest."""
+    x = np.array([r[size] if size in r else FEATURE_BYTES_PER_NODE * r["nodes"] for r in pts], dtype=float)
+    t = np.array([r.get("stage_wall_s") or r["wall_s"] for r in pts], dtype=float)   # without the process start
+    b, log_a = np.polyfit(np.log(x), np.log(t), 1)
+    per = 1e9 if size == "feature_bytes" else 1e6
+    return {"a": float(np.exp(log_a)), "b": float(b), "s_per_m": float(t[-1] / x[-1] * per)}
 
 
-def project(law: dict[str, float], target: dict[str, int]) -> tuple[float, float]:
-    """(seconds, peak anonymous bytes) of a stage on ``target`` by its fitted laws."""
-    return law["a"] * target["entries"] ** law["b"], law["c"] + law["d"] * target["nodes"]
+def minimum(stage: str, target: dict[str, int]) -> int:
+    """The stage's fixed minimum on ``target`` by its own planner's constants (what ``memory_budget_bytes`` must
+    at least be there): beyond it, every stage stays within the budget by construction, so the peak is the budget."""
+    from stages.download import streamed
+    from stages.features import stream
+    from stages.hotness import whole_csr
+    from stages.partition import footprint
+
+    n, e = target["nodes"], target["entries"]
+    if stage == "download":   # a `files` dataset (what papers100M or IGBH would be): its O(N) arrays, the writes
+        return streamed.NODE_BYTES * n + streamed.WRITE_BUFFERS * (64 << 20)
+    if stage == "partition":   # KaMinPar loaded compressed, 2 parts: the peak of its phases
+        chunk = min(footprint.CHUNK_EDGES, e) * footprint.CHUNK_BYTES_PER_ENTRY
+        return max(b for _, b in footprint.kaminpar_phases(n, e, 2, chunk, 0, compress=True))
+    if stage == "features":   # papers100M's 1.5 % split nodes
+        return stream.FIXED_BYTES_PER_NODE * n + stream.FIXED_BYTES_PER_SPLIT_NODE * int(0.015 * n)
+    return (whole_csr.FIXED_BYTES_PER_NODE + 8) * n
 
 
 def main() -> None:

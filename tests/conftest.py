@@ -68,3 +68,12 @@ def moto_server_path() -> str | None:
     """moto's S3-compatible server (the ``moto[server]`` dev extra): beside this interpreter, or on PATH."""
     beside = Path(sys.executable).with_name("moto_server")
     return str(beside) if beside.exists() else shutil.which("moto_server")
+
+
+def artifact_files(store: Any, manifest: Any) -> dict[str, bytes]:
+    """Every file of a local artifact but its manifest (whose summary holds timings), by relative path: what two
+    builds of one key must share byte for byte (the chunked and in-memory paths of a stage)."""
+    root = Path(store.root) / manifest.stage / manifest.key
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
+            if f.is_file() and f.name != "manifest.json"}
+

@@ -25,6 +25,7 @@ from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.features import write_part_features
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact
+from tests.conftest import artifact_files
 
 SCHEMES = ["auto", "float32", "float16", *QUANTISED]
 OUT_CHUNK_ROWS = 7   # every part's store takes several output chunks
@@ -56,13 +57,6 @@ def in_memory_body(store: ArtifactStore, params: features.Params, upstream: dict
     return body
 
 
-def files_of(manifest: Manifest, store: ArtifactStore) -> dict[str, bytes]:
-    """Every file of an artifact but its manifest (whose summary holds timings), by relative path."""
-    root = Path(store.root) / manifest.stage / manifest.key
-    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
-            if f.is_file() and f.name != "manifest.json"}
-
-
 @pytest.fixture
 def tiny_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stream chunks of ``STREAM_ROWS`` rows whatever the budget (the stage's floor is 1 024 rows)."""
@@ -78,7 +72,7 @@ def assert_streamed_as_in_memory(tmp_path: Path, store: ArtifactStore, upstream:
     want = reference.build(features.NAME, features.VERSION, params.key_params(), upstream,
                            in_memory_body(store, params, upstream))
     assert got.key == want.key
-    got_files, want_files = files_of(got, store), files_of(want, reference)
+    got_files, want_files = artifact_files(store, got), artifact_files(reference, want)
     assert sorted(got_files) == sorted(want_files)
     assert [f for f in got_files if got_files[f] != want_files[f]] == []
     s = got.summary

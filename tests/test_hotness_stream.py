@@ -4,7 +4,6 @@ anything is written; and an int32 CSR samples the batches an int64 one does."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.partition import PartitionArtifact
 from tests._sampler_graphs import power_law_graph
 from tests._train_pipeline import build_without_prefect
+from tests.conftest import artifact_files
 
 # 20 000 nodes: the stage's O(N) minimum (~3 MiB) is above memory_budget_bytes' least value (1 MiB), so a budget
 # can be too small; 64 MiB is above that minimum and below the interpreter's own anonymous memory, so the
@@ -34,18 +34,9 @@ def _upstream(root: Path, **values: Any) -> tuple[ArtifactStore, dict[str, Manif
                                   "num_classes": 4, "num_partitions": 3, "until": "features", **values})
 
 
-def _tree_digests(store: ArtifactStore, m: Manifest) -> dict[str, str]:
-    """sha256 of every file of the hot-<p>.zarr stores (chunks and metadata), by relative path."""
-    root = os.path.join(store.root, "hotness", m.key)
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            if rel.startswith("hot-"):
-                with open(path, "rb") as f:
-                    out[rel] = hashlib.sha256(f.read()).hexdigest()
-    return out
+def _plan_files(store: ArtifactStore, m: Manifest) -> dict[str, bytes]:
+    """The hot-<p>.zarr stores' files (chunks and metadata), by relative path."""
+    return {rel: data for rel, data in artifact_files(store, m).items() if rel.startswith("hot-")}
 
 
 def _figures(m: Manifest) -> dict[str, Any]:
@@ -60,13 +51,13 @@ def _check_mapped_equals_default(tmp_path: Path, params: dict[str, Any], **graph
     upstream = {"partition": m["partition"], "features": m["features"]}
     default = hotness.run(store, hotness.Params(**params), upstream, progress=False)
     assert "in memory" in default.summary["csr"]
-    digests = _tree_digests(store, default)   # before force rebuilds the key in place
+    plans = _plan_files(store, default)   # before force rebuilds the key in place
     mapped = hotness.run(store, hotness.Params(memory_budget_bytes=MAPPED_BUDGET, **params), upstream,
                          progress=False, force=True)
     assert mapped.key == default.key and "memory-mapped" in mapped.summary["csr"]
     assert _figures(mapped) == _figures(default)
     assert "Sampled from" in hotness.report(mapped).markdown and "memory-mapped" in hotness.report(mapped).markdown
-    assert digests and _tree_digests(store, mapped) == digests
+    assert plans and _plan_files(store, mapped) == plans
     assert not [n for n in os.listdir(os.path.join(store.root, "hotness")) if n.startswith(".tmp")], "scratch left"
 
 

@@ -16,8 +16,9 @@ from stages.partition import stage as partition
 from stages.partition.assign import assign_parts
 from storage import InputError
 from storage.graph import GraphArtifact
+from tests.conftest import artifact_files
 from tests.test_partition_compute import community_graph
-from tests.test_partition_stream import _download, _files
+from tests.test_partition_stream import _download
 
 GIB = 1 << 30
 
@@ -90,7 +91,7 @@ def test_compressed_build_is_byte_identical(tmp_path: Path, monkeypatch: pytest.
     params = partition.Params(num_partitions=3, method="kaminpar")
     default = partition.run(store, params, {"download": dl}, progress=False)
     assert default.summary["kaminpar_compressed"] is False
-    before = _files(store, default)
+    before = artifact_files(store, default)
     art = GraphArtifact(store, dl)
     entries = int(art.zarr_array("indices").shape[0])
     # on 3000 nodes the repair is the peak phase: make the uncompressed graph dear enough that only the
@@ -103,6 +104,6 @@ def test_compressed_build_is_byte_identical(tmp_path: Path, monkeypatch: pytest.
                           force=True, progress=False)
     assert small.key == default.key
     assert small.summary["kaminpar_compressed"] is True and small.summary["memory_path"] == "streamed"
-    after = _files(store, small)
+    after = artifact_files(store, small)
     assert sorted(after) == sorted(before) and [k for k in before if before[k] != after[k]] == []
     assert small.summary["edge_cut"] == default.summary["edge_cut"]

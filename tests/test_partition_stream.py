@@ -23,6 +23,7 @@ from storage.partition import PartitionArtifact
 from storage.partition_stream import ArrayAppender
 from storage.zarr_io import open_array, open_group, read_array, write_array
 from tests._train_pipeline import build_without_prefect
+from tests.conftest import artifact_files
 
 GRAPH = {"num_nodes": 3000, "avg_degree": 10, "num_features": 4, "num_classes": 3, "seed": 5}
 
@@ -37,19 +38,6 @@ def node_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore,
     return _download(tmp_path_factory.mktemp("art"))
 
 
-def _files(store: ArtifactStore, m: Manifest) -> dict[str, bytes]:
-    """Every file of a partition build but its manifest (Zarr chunks and metadata), by relative path."""
-    root = os.path.join(store.root, "partition", m.key)
-    out = {}
-    for d, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(d, name)
-            if name != "manifest.json":
-                with open(path, "rb") as f:
-                    out[os.path.relpath(path, root)] = f.read()
-    return out
-
-
 def _tiny_budget(store: ArtifactStore, dl: Manifest, params: partition.Params) -> int:
     """The streamed path's own minimum: a budget that forces it (the in-memory estimate is above)."""
     plan = partition.memory_plan(GraphArtifact(store, dl), params)
@@ -61,14 +49,14 @@ def _same_build_streamed(store: ArtifactStore, dl: Manifest, monkeypatch: pytest
     params = partition.Params(num_partitions=3, **kw)
     default = partition.run(store, params, {"download": dl}, progress=False)
     assert default.summary["memory_path"] == "in-memory"
-    before = _files(store, default)
+    before = artifact_files(store, default)
     budget = _tiny_budget(store, dl, params)
     # many row chunks on a small graph, so the chunked passes really chunk
     monkeypatch.setattr(csr_ops.row_chunks, "__defaults__", (2048,))
     small = partition.run(store, params.model_copy(update={"memory_budget_bytes": budget}), {"download": dl},
                           force=True, progress=False)
     assert small.key == default.key and small.summary["memory_path"] == "streamed"
-    after = _files(store, small)
+    after = artifact_files(store, small)
     assert sorted(after) == sorted(before)
     assert [k for k in before if before[k] != after[k]] == []
     assert any(k.endswith("/c/0") for k in after)   # chunk files compared, not only metadata

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from stages.meter import anon_rss_bytes
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_STAGES = ("download", "partition", "features", "hotness")
 FULL_STAGES = ("train", "infer")
@@ -73,9 +75,8 @@ def tree_anon_bytes(pid: int) -> int:
         if p in seen:
             continue
         seen.add(p)
+        total += anon_rss_bytes(p) or 0
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
             with open(f"/proc/{p}/task/{p}/children") as f:
                 stack.extend(int(c) for c in f.read().split())
         except (OSError, ValueError):

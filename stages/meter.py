@@ -21,28 +21,26 @@ def _reset_kernel_peak() -> bool:
         return False
 
 
-def _kernel_peak() -> int | None:
+def _status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A kB field of ``/proc/<pid>/status`` (``VmHWM``, ``RssAnon``) in bytes; None where /proc does not say."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def _kernel_peak() -> int | None:
+    return _status_bytes("VmHWM")
 
 
 def anon_rss_bytes(pid: int | str = "self") -> int | None:
     """Resident anonymous memory (``RssAnon``) of a process: heap arrays, not the page cache of mapped files, which
     is what ``memory_budget_bytes`` bounds (``stages.memory``); None where /proc does not say."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return _status_bytes("RssAnon", pid)
 
 
 @contextmanager

@@ -13,51 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-import zarr
-import zarr.codecs
 
 from storage.partition import _part_name, id_dtype, part_attrs, write_link_arrays
 from storage.store import StageWriter
-from storage.zarr_io import chunk_rows_for, open_group, write_array
-
-
-class ArrayAppender:
-    """A row-chunked array of known final ``shape`` (write_array's chunks and crc32c codec), filled by appending
-    blocks of rows in order; a whole chunk is written as soon as it is complete."""
-
-    def __init__(self, group: zarr.Group, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        rows = max(1, min(chunk_rows_for(shape[0], row_bytes), shape[0] or 1))   # as write_array
-        self.array = group.create_array(name, shape=shape, dtype=dtype, chunks=(rows, *shape[1:]),
-                                        compressors=[zarr.codecs.Crc32cCodec()], fill_value=0, overwrite=True)
-        self.rows, self.done = rows, 0
-        self._pending: list[np.ndarray] = []
-        self._pending_rows = 0
-
-    def append(self, block: np.ndarray) -> None:
-        if block.shape[0] == 0:
-            return
-        self._pending.append(np.asarray(block, dtype=self.array.dtype))
-        self._pending_rows += int(block.shape[0])
-        if self._pending_rows >= self.rows:
-            self._flush(final=False)
-
-    def close(self) -> None:
-        self._flush(final=True)
-        if self.done != self.array.shape[0]:
-            raise ValueError(f"{self.array.path}: {self.done} rows appended, {self.array.shape[0]} expected")
-
-    def _flush(self, final: bool) -> None:
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
-        whole = data.shape[0] if final else data.shape[0] // self.rows * self.rows
-        for lo in range(0, whole, self.rows):
-            self.array[self.done + lo:self.done + min(lo + self.rows, whole)] = data[lo:min(lo + self.rows, whole)]
-        self.done += whole
-        rest = data[whole:]
-        self._pending = [rest.copy()] if rest.shape[0] else []   # a copy: the chunk's big buffer can go
-        self._pending_rows = int(rest.shape[0])
+from storage.zarr_io import ChunkAppender, create_rows_array, open_group, write_array
 
 
 def write_part_streamed(writer: StageWriter, part: int, start_gid: int, indptr: np.ndarray,
@@ -72,9 +31,9 @@ def write_part_streamed(writer: StageWriter, part: int, start_gid: int, indptr: 
     indptr = np.asarray(indptr, dtype=np.int64)
     num_edges = int(indptr[-1])
     write_array(g, "indptr", indptr)
-    indices = ArrayAppender(g, "indices", (num_edges,), id_dtype(num_nodes))
-    attr = None if edge_attr_shape is None else \
-        ArrayAppender(g, "edge_attr", (num_edges, edge_attr_shape[0]), np.dtype(edge_attr_shape[1]))
+    indices = ChunkAppender(create_rows_array(g, "indices", (num_edges,), id_dtype(num_nodes)))
+    attr = None if edge_attr_shape is None else ChunkAppender(
+        create_rows_array(g, "edge_attr", (num_edges, edge_attr_shape[0]), np.dtype(edge_attr_shape[1])))
     for gids, attrs in chunks:
         indices.append(gids)
         if attr is not None:

@@ -149,6 +149,55 @@ def create_rows_array(group: zarr.Group, name: str, shape: tuple[int, ...], dtyp
     return arr
 
 
+class ChunkAppender:
+    """Fills a row-chunked ``array`` (``create_rows_array``) in row order from blocks of any size, making exactly
+    ``write_array``'s writes: whole chunks written as they complete (a block's whole chunks straight from it, the
+    rest through one chunk-sized buffer), the last one partial at ``close``. At most one chunk of rows is held."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.chunk = max(1, int(array.chunks[0]))
+        self.written = 0   # rows in the array
+        self.fill = 0      # rows in the buffer
+        self._buffer: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        """Rows appended so far."""
+        return self.written + self.fill
+
+    def append(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=self.array.dtype)
+        while rows.shape[0]:
+            if self.fill == 0 and rows.shape[0] >= self.chunk:   # whole chunks: written without a copy
+                whole = rows.shape[0] - rows.shape[0] % self.chunk
+                self.array[self.written:self.written + whole] = rows[:whole]
+                self.written += whole
+                rows = rows[whole:]
+                continue
+            if self._buffer is None:
+                self._buffer = np.empty((self.chunk, *self.array.shape[1:]), dtype=self.array.dtype)
+            take = min(self.chunk - self.fill, rows.shape[0])
+            self._buffer[self.fill:self.fill + take] = rows[:take]
+            self.fill += take
+            rows = rows[take:]
+            if self.fill == self.chunk:
+                self._flush()
+
+    def close(self) -> None:
+        """Write the last, partial chunk; ValueError unless exactly the array's rows were appended."""
+        self._flush()
+        self._buffer = None
+        if self.written != self.array.shape[0]:
+            raise ValueError(f"{self.array.path}: {self.written} rows appended, {self.array.shape[0]} expected")
+
+    def _flush(self) -> None:
+        if self.fill and self._buffer is not None:
+            self.array[self.written:self.written + self.fill] = self._buffer[:self.fill]
+            self.written += self.fill
+            self.fill = 0
+
+
 def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: int | None = None,
                 compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None,
                 progress: bool = False, dtype: np.dtype | type | None = None) -> zarr.Array:

@@ -20,8 +20,7 @@ from stages.partition.report import partition_report
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
 from storage.partition import PartitionArtifact
-from storage.partition_stream import ArrayAppender
-from storage.zarr_io import open_array, open_group, read_array, write_array
+from storage.zarr_io import ChunkAppender, create_rows_array, open_array, open_group, read_array, write_array
 from tests._train_pipeline import build_without_prefect
 from tests.conftest import artifact_files
 
@@ -126,16 +125,15 @@ def test_ids_are_int32_on_disk_int64_when_read(node_graph):
         assert np.array_equal(csr.indices, read_array(part_z, "indices"))
 
 
-def test_array_appender_writes_write_arrays_bytes(tmp_path, monkeypatch):
+def test_chunk_appender_writes_write_arrays_bytes(tmp_path, monkeypatch):
     """Blocks of any size, appended, give write_array's chunk files (several chunks, a partial last one)."""
-    import storage.partition_stream as ps
     import storage.zarr_io as zio
 
     monkeypatch.setattr(zio, "chunk_rows_for", lambda n, b, *a, **k: 1000)
-    monkeypatch.setattr(ps, "chunk_rows_for", lambda n, b, *a, **k: 1000)
     data = np.random.default_rng(0).integers(0, 1 << 30, size=(4321, 2)).astype(np.int32)
     write_array(open_group(str(tmp_path / "a.zarr"), mode="w"), "x", data)
-    out = ArrayAppender(open_group(str(tmp_path / "b.zarr"), mode="w"), "x", data.shape, data.dtype)
+    out = ChunkAppender(create_rows_array(open_group(str(tmp_path / "b.zarr"), mode="w"), "x", data.shape,
+                                          data.dtype))
     for lo, hi in ((0, 7), (7, 1500), (1500, 1501), (1501, 4000), (4000, 4321)):
         out.append(data[lo:hi])
     out.close()

@@ -40,7 +40,7 @@ from storage.errors import ArtifactError
 from storage.features import PartFeaturesWriter
 from storage.partition import PartitionBook
 from storage.progress import progress as tqdm
-from storage.zarr_io import read_rows
+from storage.zarr_io import ChunkAppender, read_rows
 
 # source bytes a streamed chunk holds at most: one Zarr chunk of the download stage's x (its 64 MiB default, so
 # every chunk is decoded once); with it the stage ran 1 M nodes x 128 float32 in 5.0-5.5 s against 5.7-5.9 s for the
@@ -116,48 +116,25 @@ def row_chunks(source: zarr.Array, rows: int) -> Iterator[tuple[int, np.ndarray]
 
 
 class _PartBuffers:
-    """One output chunk per part: rows are appended in tlid order and written to the part's ``x`` in whole chunks
-    (the last one as long as the part's rows leave it)."""
+    """One appender per part (``storage.zarr_io.ChunkAppender``: at most one output chunk held each): rows come in
+    tlid order and go to the part's ``x`` in whole chunks, the last one as long as the part's rows leave it."""
 
-    def __init__(self, arrays: list[zarr.Array], t: TypeStream, dtype: np.dtype) -> None:
-        self.arrays, self.t = arrays, t
-        self.chunks = [int(a.chunks[0]) for a in arrays]   # the stores' own chunks: at most the part's rows
-        self.buffers = [np.empty((c, t.num_columns), dtype=dtype) for c in self.chunks]
-        self.fill = [0] * len(arrays)      # rows in each buffer
-        self.written = [0] * len(arrays)   # rows of each part in its store
+    def __init__(self, arrays: list[zarr.Array], t: TypeStream) -> None:
+        self.t = t
+        self.appenders = [ChunkAppender(a) for a in arrays]
 
     def next_tlid(self, p: int) -> int:
-        return self.written[p] + self.fill[p]
+        return self.appenders[p].count
 
     def append(self, p: int, rows: np.ndarray) -> None:
-        buf, arr, chunk = self.buffers[p], self.arrays[p], self.chunks[p]
-        while rows.shape[0]:
-            if self.fill[p] == 0 and rows.shape[0] >= chunk:   # a whole chunk: written without a copy
-                whole = rows.shape[0] - rows.shape[0] % chunk
-                arr[self.written[p]:self.written[p] + whole] = rows[:whole]
-                self.written[p] += whole
-                rows = rows[whole:]
-                continue
-            take = min(chunk - self.fill[p], rows.shape[0])
-            buf[self.fill[p]:self.fill[p] + take] = rows[:take]
-            self.fill[p] += take
-            rows = rows[take:]
-            if self.fill[p] == chunk:
-                self._flush(p)
-
-    def _flush(self, p: int) -> None:
-        n = self.fill[p]
-        self.arrays[p][self.written[p]:self.written[p] + n] = self.buffers[p][:n]
-        self.written[p] += n
-        self.fill[p] = 0
+        self.appenders[p].append(rows)
 
     def close(self) -> None:
-        for p in range(len(self.arrays)):
-            if self.fill[p]:
-                self._flush(p)
-            if self.written[p] != self.t.part_rows[p]:
-                raise ArtifactError(f"part {p} got {self.written[p]} rows of {self.t.name}, its book says "
+        for p, appender in enumerate(self.appenders):
+            if appender.count != self.t.part_rows[p]:
+                raise ArtifactError(f"part {p} got {appender.count} rows of {self.t.name}, its book says "
                                     f"{self.t.part_rows[p]}; rerun the partition stage")
+            appender.close()
 
 
 def stream_type(t: TypeStream, codec: FeatureCodec, rows: int, book: PartitionBook, type_starts: list[int],
@@ -165,8 +142,7 @@ def stream_type(t: TypeStream, codec: FeatureCodec, rows: int, book: PartitionBo
     """Write every part's rows of ``t`` (coded with ``codec``) into its store, streaming the source in chunks of
     ``rows`` rows; ``type_starts[p]``: part p's first gid of the type."""
     num_parts = book.num_partitions
-    out = _PartBuffers([w.x[t.name] for w in writers], t, writers[0].schemes[t.name].code_dtype if writers
-                       else np.dtype(np.uint8))
+    out = _PartBuffers([w.x[t.name] for w in writers], t)
     order_dtype = np.int16 if num_parts < 1 << 15 else np.int64   # a stable argsort of int16 is a radix sort
     steps = -(-t.num_rows // rows)
     for lo, block in tqdm(row_chunks(t.source, rows), total=steps, desc=f"features: stream {t.name}",

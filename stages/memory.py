@@ -73,9 +73,5 @@ class MemoryBudget:
         """Whether an in-memory path needing ``need`` bytes stays within the budget."""
         return need <= self.bytes
 
-    def rows(self, row_bytes: int, *, share: float = 1.0, minimum: int = 1) -> int:
-        """How many rows of ``row_bytes`` a chunk may hold in ``share`` of the budget (at least ``minimum``)."""
-        return max(minimum, int(self.bytes * share) // max(row_bytes, 1))
-
     def describe(self) -> str:
         return f"{gib(self.bytes)} ({self.source})"

@@ -36,14 +36,6 @@ def spill_array(arr: zarr.Array, directory: str, name: str, *, dtype: np.dtype |
     return np.load(path, mmap_mode="r")
 
 
-def spill_ndarray(data: np.ndarray, directory: str, name: str) -> np.ndarray:
-    """An array a stage built, moved out of anonymous memory: written to ``<directory>/<name>.npy`` and returned as a
-    read-only memory map (the caller drops its own reference)."""
-    path = os.path.join(directory, f"{name}.npy")
-    np.save(path, data)
-    return np.load(path, mmap_mode="r")
-
-
 def spill_append(path: str, data: np.ndarray) -> None:
     """Append ``data``'s raw bytes to the spill file ``path`` (created if missing): the external sort's bucket
     and output runs (``stages.download.external_sort``); a full disk raises the OSError the store reports."""

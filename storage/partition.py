@@ -41,7 +41,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, write_array
 
 _BOOK = "book.zarr"
 # int32 ids fit below this many nodes (the largest gid is N - 1)
@@ -281,14 +281,8 @@ class PartitionArtifact(ArtifactHandle):
         return np.concatenate([np.diff(read_array(open_group(self._url(_part_name(p))), "indptr")[::r])
                                for p in range(self.num_partitions)])
 
-    def mapped_csr(self, p: int, directory: str) -> tuple[np.ndarray, np.ndarray]:
-        """Part p's ``(indptr, indices)`` as read-only memory maps of spill files in ``directory`` (a
-        ``StageWriter.scratch``), in their on-disk dtypes: read at random through the page cache instead of held as
-        anonymous memory (``storage.spill``; the copy holds one 64 MiB block at a time)."""
-        # imported here, not at the top: this method is the file's only change of the hotness work
-        from storage.spill import spill_array
-        from storage.zarr_io import open_array
-
+    def csr_arrays(self, p: int) -> tuple[zarr.Array, zarr.Array]:
+        """Part p's ``(indptr, indices)`` Zarr arrays opened, not read, in their on-disk dtypes: for a stage that
+        copies them block by block (``stages.hotness.whole_csr``) instead of holding a part as int64."""
         g = open_group(self._url(_part_name(p)))
-        return (spill_array(open_array(g, "indptr"), directory, f"part-{p}-indptr"),
-                spill_array(open_array(g, "indices"), directory, f"part-{p}-indices"))
+        return open_array(g, "indptr"), open_array(g, "indices")

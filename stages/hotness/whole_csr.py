@@ -17,6 +17,7 @@ import numpy as np
 
 from stages.memory import MemoryBudget, gib
 from storage.partition import PartitionArtifact
+from storage.zarr_io import read_into, read_rows
 
 # The stage's anonymous memory per node at its peak (one partition being planned), besides indptr's 8 bytes per
 # (node, edge type) row: in-degree, the degree ranking and the sampler's node map (8 + 8 + 4) live throughout, the
@@ -27,7 +28,7 @@ from storage.partition import PartitionArtifact
 # a budget it accepts holds (at 14 M nodes: 2.2 GB). A typed graph adds each gid's type and row width (2 x 8).
 FIXED_BYTES_PER_NODE = 146
 TYPED_BYTES_PER_NODE = 16
-_COPY_ROWS = 8 << 20   # edges copied per step into the concatenation: 64 MiB of an int64 part, the spill chunk
+_COPY_ROWS = 8 << 20   # edges copied per step into the concatenation (rounded to whole Zarr chunks): 32-64 MiB
 
 
 @dataclass(frozen=True)
@@ -86,22 +87,19 @@ def assemble(partition: PartitionArtifact, layout: CsrLayout, directory: str | N
         indices = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(num_edges,))
     row = 0
     for p in range(len(layout.edge_bounds) - 1):
-        if directory is None:
-            part = partition.csr(p)
-            part_indptr, part_indices = part.indptr, part.indices
-        else:
-            part_indptr, part_indices = partition.mapped_csr(p, directory)
+        zarr_indptr, zarr_indices = partition.csr_arrays(p)
+        part_indptr = read_into(zarr_indptr)   # O(n_p): its rows are the minimum's
         lo = int(layout.edge_bounds[p])
         rows = part_indptr.shape[0] - 1
         np.add(part_indptr[1:], lo, out=indptr[row + 1:row + 1 + rows])
-        for a in range(0, part_indices.shape[0], _COPY_ROWS):   # cast block by block: no whole-part temporary
-            block = part_indices[a:a + _COPY_ROWS]
+        # straight from Zarr into the concatenation, whole source chunks at a time: no int64 copy of the part, no
+        # spill of it (the mapped path wrote each part twice before, ~1.5x the int64 edges)
+        chunk = max(1, int(zarr_indices.chunks[0]))
+        step = max(chunk, _COPY_ROWS // chunk * chunk)
+        for a in range(0, int(zarr_indices.shape[0]), step):
+            block = read_rows(zarr_indices, a, a + step)
             indices[lo + a:lo + a + block.shape[0]] = block
         row += rows
-        del part_indptr, part_indices
-        if directory is not None:   # the part's spill files are copied: give their disk back
-            for name in ("indptr", "indices"):
-                os.remove(os.path.join(directory, f"part-{p}-{name}.npy"))
     if row != indptr.shape[0] - 1:
         raise ValueError(f"the parts hold {row} CSR rows, the graph {indptr.shape[0] - 1}")
     if path is None or num_edges == 0:

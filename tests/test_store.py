@@ -142,3 +142,18 @@ def test_manifest_is_typed_and_its_json_keeps_its_keys(tmp_path: Path):
     (tmp_path / "s" / m.key / "manifest.json").write_text(json.dumps({**on_disk, "files": ["data.json"]}))
     with pytest.raises(ArtifactError, match=r"corrupted manifest .*manifest\.json \(bad fields: files\)"):
         store.load("s", m.key)
+
+
+def test_a_killed_builds_scratch_dir_is_removed_by_the_next_attempt(tmp_path):
+    """A stage SIGKILLed while it spills leaves ``<stage>/.tmp-<key>-<id>-scratch-<id>`` (its ``with`` never
+    exits): the next attempt at the key removes it with the work directory, before it starts."""
+    from storage import leftovers
+
+    store = ArtifactStore(str(tmp_path))
+    with store.writing("partition", "0123456789abcdef", version=1, params={}, upstream={}) as writer:
+        scratch_cm = writer.scratch()
+        scratch = scratch_cm.__enter__()   # left open, as a kill leaves it
+        (Path(scratch) / "indices.npy").write_bytes(b"x" * 10)
+    assert Path(scratch).is_dir()   # the publish does not touch it: only the next attempt or clean does
+    removed = leftovers.remove_unfinished(store, "partition", "0123456789abcdef")
+    assert Path(scratch) in removed and not Path(scratch).exists()

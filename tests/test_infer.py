@@ -349,10 +349,11 @@ def test_launcher_failures_are_said_as_inference():
 
 
 def test_layer_matrices_read_a_zarr_feature_store_piece_by_piece(tmp_path):
-    """Past the memory budget the rank's features stay in Zarr: layer 0 gathers each chunk's rows from it (no
-    float32 copy of x), the later layers use the matrices; the same outputs as from RAM."""
+    """Past the memory budget the rank's features stay in Zarr: layer 0's matrix reads them in row pieces (no
+    whole-x copy in RAM); with a budget of 0 the matrices are memory-mapped too; the same outputs as from RAM."""
     import zarr
 
+    from stages.infer.matrices import MatrixSpace
     from stages.runtime.feature_store import ZarrFeatureStore
 
     indptr, indices, _ = _random_graph()
@@ -362,15 +363,46 @@ def test_layer_matrices_read_a_zarr_feature_store_piece_by_piece(tmp_path):
                             dtype="float32")
     array[:] = x.numpy()
     model = build_model("gcn", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
-    in_ram, _, engine = _run_one_process(model, 2, x, indptr, indices, chunk_edges=100)
+    in_ram, hidden_ram, engine = _run_one_process(model, 2, x, indptr, indices, chunk_edges=100)
     n = x.shape[0]
-    assert engine.from_matrices and n > 100
+    assert engine.from_matrices and n > 100 and engine.space.mapped_count == 0
+    scratch = tmp_path / "scratch"
     zarr_engine = Inference(model, 2, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), engine.degrees,
-                            chunk_edges=100)
+                            chunk_edges=100, space=MatrixSpace(0, str(scratch)))
+    hidden: dict[int, torch.Tensor] = {}
     with torch.inference_mode():
-        from_zarr = zarr_engine.run(lambda: DistFeatures(ZarrFeatureStore(array), [0, n]), [], lambda _l, _r: None)
-    torch.testing.assert_close(from_zarr, in_ram)
-    assert zarr_engine.stats[0].remote_rows == 0 and zarr_engine.stats[0].chunks > 1
+        from_zarr = zarr_engine.run(lambda: DistFeatures(ZarrFeatureStore(array), [0, n]), [0],
+                                    lambda layer, rows: hidden.__setitem__(layer, rows.clone()))
+    torch.testing.assert_close(from_zarr, in_ram, rtol=0, atol=0)   # the same operations on the same values
+    torch.testing.assert_close(hidden[0], hidden_ram[0], rtol=0, atol=0)
+    space = zarr_engine.space
+    # every matrix mapped: layer 0's [n, 8], layer 1's input [n, 16] and the logits [n, 3]; none held in RAM
+    assert space.mapped_count == 3 and space.mapped_bytes == n * (8 + 16 + 3) * 4 and space.peak_held_bytes == 0
+    assert isinstance(from_zarr, torch.Tensor) and list(scratch.iterdir()) == []   # unlinked once mapped
+
+
+def test_a_layer_matrix_takes_ram_while_it_fits_the_budget_beside_what_is_held(tmp_path):
+    """x in RAM counts against the rank's budget until layer 0's matrix holds its rows; each later matrix takes
+    RAM if it fits beside its input, else it is mapped."""
+    from stages.infer.matrices import MatrixSpace
+
+    indptr, indices, _ = _random_graph()
+    n = indptr.shape[0] - 1
+    torch.manual_seed(3)
+    x = torch.randn(n, 8)
+    model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
+    ref, _, _ = _run_one_process(model, 3, x, indptr, indices, chunk_edges=150)
+    # a budget of 17 columns' rows: x (8) + layer 0's matrix (8) fit; layer 1's [n, 16] does not fit beside its
+    # input (8) and is mapped; layer 2's [n, 16] then fits (its input mapped); the logits [n, 3] beside it do not
+    budget = n * 4 * 17
+    out, _, engine = _run_one_process(model, 3, x, indptr, indices, chunk_edges=150,
+                                      space=MatrixSpace(budget, str(tmp_path)))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    space = engine.space
+    assert space.mapped_count == 2 and space.mapped_bytes == n * 4 * (16 + 3)
+    assert space.peak_held_bytes == n * 4 * 16 and space.held_bytes == 0   # every input released
+    with pytest.raises(ValueError, match="scratch directory"):
+        MatrixSpace(0).empty(2, 2)
 
 
 @pytest.mark.parametrize("kind, split, fanouts", [("gcn", 170, None), ("sage", 0, None), ("sage", 130, (3, 2))])

@@ -17,10 +17,12 @@ exchange's buffers.
 
 Memory per rank: the layer matrices M_l = (n_p + H) * C_l * 4 bytes, two at a time (the input and the output
 being computed), and at layer 0 the features x as well while their rows are copied: a peak of
-max(x + M_0, M_0 + M_1), plus a chunk's CSR and its (b - a) * C outputs and one halo piece on the wire. H can
-approach N - n_p when the partition cuts many edges: ~1 M for n_p = 1.2 M on the products-scale synthetic graph
-(from the 4.7 GiB exchanged over its 3 layers). Features kept in Zarr (past the host's memory budget) are not
-copied: layer 0 then gathers each chunk's rows (``Inference._layer``) and the matrices start at layer 1. Sampled
+max(x + M_0, M_0 + M_1), plus a chunk's CSR and its (b - a) * C outputs and one halo piece on the wire (at most
+``layerwise.HALO_PIECE_BYTES``). A matrix that does not fit the rank's host memory budget beside what the rank
+already holds is a memory-mapped file (``stages.infer.matrices``): page cache, not anonymous memory. H can approach
+N - n_p when the partition cuts many edges: ~1 M for n_p = 1.2 M on the products-scale synthetic graph (from the
+4.7 GiB exchanged over its 3 layers). Features kept in Zarr (past the budget) are not held: layer 0's matrix reads
+the rank's rows in row pieces, and the peers' halo requests (sorted gids) read each Zarr chunk about once. Sampled
 inference (``fanouts``) fetches the whole halo too: exact inference's bytes, where the per-chunk gather fetched
 only the sampled sources (4.7 vs 3.3 GiB at products scale, in half the time).
 """
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stages.infer.matrices import MatrixSpace
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
@@ -79,10 +82,12 @@ class Halo:
         return DistFeatures(InMemoryFeatureStore(matrix[:self.n]), bounds)
 
 
-def layer0_matrix(features: DistFeatures, halo: Halo, piece_rows: int) -> tuple[Tensor, int]:
-    """Layer 0's input ``[n + H, F]`` as float32: the own rows read from the rank's store in pieces, the halo from
-    their owners. Collective. Returns it and the bytes received."""
-    matrix = torch.empty((halo.rows, features.num_features), dtype=torch.float32)
+def layer0_matrix(features: DistFeatures, halo: Halo, piece_rows: int, space: MatrixSpace | None = None
+                  ) -> tuple[Tensor, int]:
+    """Layer 0's input ``[n + H, F]`` as float32 (in ``space``: RAM or memory-mapped): the own rows read from the
+    rank's store in pieces (a Zarr store's in row order, each chunk decoded once), the halo from their owners.
+    Collective. Returns it and the bytes received."""
+    matrix = (space or MatrixSpace()).empty(halo.rows, features.num_features)
     for start in range(0, halo.n, piece_rows):
         stop = min(start + piece_rows, halo.n)
         matrix[start:stop] = features.decode(features.store.gather(torch.arange(start, stop, dtype=torch.long)))

@@ -65,7 +65,7 @@ from stages.infer.chunks import (
     plan_chunks,
 )
 from stages.infer.halo import Halo, extended_degrees, layer0_matrix
-from stages.runtime.collectives import max_over_ranks
+from stages.infer.matrices import MatrixSpace
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.feature_store import InMemoryFeatureStore
@@ -75,6 +75,11 @@ from stages.runtime.typed_batch import set_types
 from stages.train.blocks import BatchGraph, Block
 from stages.train.loader import with_degrees
 from stages.train.model import is_block_model, needs_degrees, seed_logits
+
+# rows per halo piece at most this many bytes: the exchange holds a few copies of a piece (the owner's answer, the
+# wire, the received rows), ~256 MiB a rank; at 14 M nodes a piece of chunk_edges = 2^22 rows x 64 columns was
+# 1 GiB and pushed a rank to 11.8 GiB (benchmarks/RESULTS.md "[2/5] Growth")
+HALO_PIECE_BYTES = 64 << 20
 
 LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
 
@@ -142,6 +147,7 @@ class Inference:
     # an edge-aware model's edge features: float32 [e_p, D], the rank's own edges' rows by elid; a target's in-edges
     # are all its owner's, so every layer reads them locally
     edge_attr: Tensor | None = None
+    space: MatrixSpace = field(default_factory=MatrixSpace)   # RAM or memory-mapped layer matrices
     stats: list[LayerStats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -204,33 +210,34 @@ class Inference:
         model: Any = self.model
         halo = Halo.of(self.csr)
         deg = extended_degrees(self.degrees, halo) if self.degrees is not None else None
-        features = open_features()   # only here: x is released once layer 0 has read it
-        first_stats = LayerStats(0)
+        features = open_features()   # only here: x is released once layer 0's matrix holds its rows
         start = time.perf_counter()
-        # features kept in Zarr (past the host's memory budget) stay there: layer 0 gathers each chunk's rows, as
-        # a float32 [n + H, F] copy could exceed the budget x did not fit; every rank takes the same path
-        if max_over_ranks(int(features.store.kind != "memory")):
-            first = self._layer(model, 0, features)
-            matrix = torch.empty((halo.n if self.num_layers == 1 else halo.rows, first.shape[1]), dtype=first.dtype)
-            matrix[:halo.n] = first
-            del first, features
-            self._hidden_done(0, matrix[:halo.n], keep, on_hidden)
-            done = 1
-        else:
-            matrix, first_stats.remote_bytes = layer0_matrix(features, halo, self.chunk_edges)
-            del features
-            done = 0
-        for layer in range(done, self.num_layers):
-            stats = first_stats if layer == 0 else LayerStats(layer)
+        # x in RAM counts against the rank's budget until the matrix has copied it; x kept in Zarr (past the
+        # budget) is read in row pieces, and its halo rows are the peers' sorted gathers from their Zarr stores
+        x_bytes = features.store.num_rows * features.store.row_bytes if features.store.kind == "memory" else 0
+        self.space.charge(x_bytes)
+        matrix, first_remote = layer0_matrix(features, halo, self._piece_rows(features.store.row_bytes),
+                                             self.space)
+        del features
+        self.space.free(x_bytes)
+        for layer in range(self.num_layers):
+            stats = LayerStats(layer, remote_bytes=first_remote)
             if layer > 0:
                 start = time.perf_counter()
-                stats.remote_bytes = halo.fill(matrix, halo.own_source(matrix, self.bounds), self.chunk_edges)
+                stats.remote_bytes = halo.fill(matrix, halo.own_source(matrix, self.bounds),
+                                               self._piece_rows(matrix.shape[1] * matrix.element_size()))
             stats.remote_rows, stats.source_rows = halo.size, halo.rows
-            matrix = self._matrix_layer(model, layer, matrix, halo, deg, stats)
+            out = self._matrix_layer(model, layer, matrix, halo, deg, stats)
+            self.space.release(matrix)
+            matrix = out
             stats.seconds = round(time.perf_counter() - start, 3)
             self.stats.append(stats)
             self._hidden_done(layer, matrix[:halo.n], keep, on_hidden)
         return matrix
+
+    def _piece_rows(self, row_bytes: int) -> int:
+        """Rows per halo piece: ``chunk_edges``, and at most ``HALO_PIECE_BYTES`` of rows."""
+        return max(1, min(self.chunk_edges, HALO_PIECE_BYTES // max(row_bytes, 1)))
 
     def _matrix_layer(self, model: Any, layer: int, matrix: Tensor, halo: Halo, deg: Tensor | None,
                       stats: LayerStats) -> Tensor:
@@ -247,12 +254,12 @@ class Inference:
             block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, matrix, block, last)
             if out is None:
-                out = torch.empty((rows, h.shape[1]), dtype=h.dtype)
+                out = self.space.empty(rows, h.shape[1], h.dtype)
             out[a:b] = h
             stats.chunks += 1
             stats.edges += int(nbr_gid.numel())
         if out is None:   # a rank without nodes: it still joins the peers' halo exchanges, rows of the same dtype
-            out = torch.empty((rows, layer_width(model, layer)), dtype=matrix.dtype)
+            out = self.space.empty(rows, layer_width(model, layer), matrix.dtype)
         return out
     # ---- the layer-wise path with a per-chunk gather of the sources' rows (any block model) ------------------------
     def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
@@ -261,7 +268,8 @@ class Inference:
         del features   # layer 0's source only
         h = torch.empty(0)
         for layer in range(self.num_layers):
-            h = self._layer(model, layer, source)
+            previous, h = h, self._layer(model, layer, source)
+            self.space.release(previous)   # after the layer that read it: the two are held at once
             self._hidden_done(layer, h, keep, on_hidden)
             if layer < self.num_layers - 1:
                 source = DistFeatures(InMemoryFeatureStore(h), self.bounds)   # the next layer reads these rows
@@ -286,7 +294,7 @@ class Inference:
             block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, rows, block, last)
             if out is None:
-                out = torch.empty((self.csr.num_nodes, h.shape[1]), dtype=h.dtype)
+                out = self.space.empty(self.csr.num_nodes, h.shape[1], h.dtype)
             out[a:b] = h
             remote = int(((n_id[b - a:] < lo) | (n_id[b - a:] >= lo + self.csr.num_nodes)).sum())
             stats.chunks += int(b > a)

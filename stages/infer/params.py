@@ -36,12 +36,13 @@ class Params(StageParams):
                                                              "the job")
     rank_threads: int | None = runtime(None, ge=1, description="torch threads per inference rank; null: this "
                                                                "node's CPUs / its ranks")
-    # a rank's exact inference holds x and its layer-0 matrix (own + halo rows) at once: 10.8 GiB a rank at 14 M
-    # nodes x 128 features on 2 ranks, which the OOM killer ended on a 24 GiB host (benchmarks/RESULTS.md "[2/5]
-    # Growth"); 0 leaves x in Zarr and starts the matrices at layer 1
-    host_memory_budget_bytes: int | None = runtime(None, ge=0, description="feature rows in RAM per rank; null: "
-                                                   "half the available RAM shared by the host's ranks; 0: read "
-                                                   "Zarr (less memory: x is not held beside the layer matrices)")
+    # a rank's exact inference holds x and two layer matrices (own + halo rows): 10.8-11.8 GiB a rank at 14 M nodes
+    # x 128 features on 2 ranks, which the OOM killer ended on a 24 GiB host (benchmarks/RESULTS.md "[2/5]
+    # Growth"); past this budget x stays in Zarr and the matrices are memory-mapped (stages.infer.matrices)
+    host_memory_budget_bytes: int | None = runtime(None, ge=0, description="feature rows and layer matrices in "
+                                                   "RAM per rank; null: half the available RAM shared by the "
+                                                   "host's ranks; 0: none (x read from Zarr, the layer matrices "
+                                                   "memory-mapped files in the job's scratch directory)")
 
     @field_validator("fanouts")
     @classmethod

@@ -16,10 +16,12 @@ import torch
 
 from stages.infer.layerwise import Inference
 from stages.infer.link import ENCODER, is_link, submodule_state
-from stages.infer.model_input import model_input
+from stages.infer.matrices import MatrixSpace
+from stages.infer.model_input import PIECE_ROWS, model_input
 from stages.infer.params import Params, train_params
 from stages.infer.spec import InferSpec
 from stages.meter import measure
+from stages.runtime.feature_store import host_budget
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.model import needs_degrees
@@ -113,8 +115,9 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
         edge_attr = torch.from_numpy(partition.edge_attr(rank)).float() if model_edge_dim(partition, trained) else None
+        space = MatrixSpace(host_budget(params.host_memory_budget_bytes, local_world), spec.scratch_dir)
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
-                           params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr)
+                           params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr, space=space)
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:
@@ -122,7 +125,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
 
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
             out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
-            classes = None if link else (out.argmax(dim=1), torch.softmax(out, dim=1))
+            classes = None if link else softmax_in_place(out)
         if classes is None:   # a link model's outputs are the embeddings themselves
             write_part_link_embeddings(group, part=rank, start_gid=lo, emb=out.numpy(),
                                        embedding_layers=engine.observed_layers)
@@ -134,10 +137,22 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
               "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
               "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],
               "peak_rss_bytes": cost["peak_rss_bytes"], "start_rss_bytes": cost["start_rss_bytes"],
-              "peak_rss_source": cost["peak_rss_source"]}
+              "peak_rss_source": cost["peak_rss_source"], "matrices": space.figures()}
     if classes is None:
         return {**record, "embedding_width": int(out.shape[1])}
     return {**record, **class_figures(partition, part, rank, classes[0], int(out.shape[1]))}
+
+
+def softmax_in_place(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(argmax, probabilities)`` of ``logits`` [n, C], the probabilities written over the logits a piece of
+    ``PIECE_ROWS`` rows at a time: at 14 M nodes and 172 classes a rank's logits are 4.8 GB (maybe memory-mapped),
+    which a second whole-size softmax output would double."""
+    pred = torch.empty(logits.shape[0], dtype=torch.long)
+    for a in range(0, logits.shape[0], PIECE_ROWS):
+        piece = logits[a:a + PIECE_ROWS]
+        pred[a:a + PIECE_ROWS] = piece.argmax(dim=1)
+        piece.copy_(torch.softmax(piece, dim=1))
+    return pred, logits
 
 
 def class_figures(partition: PartitionArtifact, part: PartFeatures, rank: int, pred: torch.Tensor,

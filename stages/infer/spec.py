@@ -21,6 +21,7 @@ class InferSpec(JobSpec):
     params: dict[str, Any]    # stages.infer.params.Params, all fields (runtime ones included)
     out_url: str              # the artifact being written (StageWriter.url): each rank writes its part-<p>.zarr
     result_dir: str           # local: rank 0 writes metrics.json, a failing rank error-<r>.json (storage.train)
+    scratch_dir: str          # local: layer matrices past the host memory budget, mapped (stages.infer.matrices)
 
 
 def ranks_path(result_dir: str | os.PathLike[str]) -> str:

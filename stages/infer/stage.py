@@ -181,7 +181,8 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
         results.mkdir(parents=True)
         spec = InferSpec(artifacts=store.root, key=key, partition_key=upstream["partition"].key,
                          features_key=upstream["features"].key, train_key=upstream["train"].key,
-                         params=params.model_dump(mode="json"), out_url=writer.url, result_dir=str(results))
+                         params=params.model_dump(mode="json"), out_url=writer.url, result_dir=str(results),
+                         scratch_dir=str(job / "scratch"))
         spec_file = str(Path(job, "spec.json"))
         spec.save(spec_file)
         env = {"OMP_NUM_THREADS": str(rank_threads(params.rank_threads, num_partitions)),
@@ -268,7 +269,8 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
              "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
-             "layer_s": [layer["seconds"] for layer in r["layers"]]} for r in m["ranks"]]
+             "layer_s": [layer["seconds"] for layer in r["layers"]],
+             "mapped_mib": round(r["matrices"]["mapped_bytes"] / 2**20, 1)} for r in m["ranks"]]
 
 
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
@@ -281,8 +283,9 @@ def _summary(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ranks_table(s: dict[str, Any]) -> list[dict[str, Any]]:
-    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "wall_s", "peak_rss_mib")
-    return [{c: r[c] for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
+    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "mapped_mib", "wall_s",
+            "peak_rss_mib")
+    return [{c: r.get(c) for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
 
 
 def report(manifest: Manifest) -> Report:

@@ -25,6 +25,7 @@ from stages.train.rank_data import degree_path
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS
 from storage.infer_artifact import InferArtifact
+from storage.leftovers import infer_job_dir
 from tests._infer_pipeline import Reference, build_to_train, full_graph_reference
 
 ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph
@@ -191,6 +192,20 @@ def test_sampled_inference_is_an_artifact_of_its_own(sage2: Case):
     prob = np.asarray(art.node_array("prob")[:])
     np.testing.assert_allclose(prob.sum(1), 1.0, atol=1e-5)
     assert np.abs(prob - sage2.reference.prob).max() > 1e-3   # not the exact outputs
+
+
+@pytest.mark.slow
+def test_a_zero_host_budget_reads_zarr_and_maps_every_matrix_with_the_same_outputs(sage2: Case):
+    """``host_memory_budget_bytes=0``: the ranks read x from Zarr and map their layer matrices in the job's scratch
+    directory (removed with the job); the rebuilt artifact (same key: a runtime setting) has the same bytes."""
+    before = np.asarray(sage2.artifact.node_array("prob")[:])
+    rebuilt = infer.run(sage2.store, Params(host_memory_budget_bytes=0, rank_threads=1, chunk_edges=2000),
+                        {u: sage2.manifests[u] for u in infer.UPSTREAM}, force=True, log=lambda line: None)
+    assert rebuilt.key == sage2.manifest.key and rebuilt.build_id != sage2.manifest.build_id
+    ranks = rebuilt.summary["ranks"]
+    assert all(r["feature_store"] == "zarr" and r["mapped_mib"] > 0 for r in ranks)
+    np.testing.assert_array_equal(np.asarray(InferArtifact(sage2.store, rebuilt).node_array("prob")[:]), before)
+    assert not infer_job_dir(sage2.store, rebuilt.key).exists()   # its scratch directory with it
 
 
 # ---- in one process: the computation, the params, the checks ----------------------------------------------------

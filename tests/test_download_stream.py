@@ -16,6 +16,7 @@ from stages.download.external_sort import array_chunks, csr_chunks, external_csr
 from storage import ArtifactStore, InputError
 from storage.graph import GraphArtifact
 from storage.write_errors import StoreWriteError
+from storage.zarr_io import open_group, read_array, write_array, write_columns
 
 
 def _edges(rng: np.random.Generator, n: int, e: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
@@ -134,3 +135,14 @@ def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), params, {}, progress=False)
     assert not _leftovers(root) and not (root / "download").exists()
+
+
+def test_a_split_longer_than_one_chunk_is_written_by_column_chunks(tmp_path: Path) -> None:
+    pairs = np.random.default_rng(0).integers(0, 1000, (50_000, 2)).astype(np.int32)
+    root = open_group(str(tmp_path / "g.zarr"), mode="w")
+    arr = write_columns(root, "cut", pairs.T, dtype=np.int32, chunk_columns=9_000)   # a transposed view, as streamed
+    assert arr.chunks == (2, 9_000) and np.array_equal(read_array(root, "cut"), pairs.T)
+    # what fits one chunk is write_array's one chunk, byte for byte: splits written before keep their bytes
+    write_columns(root, "one", pairs.T[:, :7000], dtype=np.int32)
+    write_array(root, "old", pairs.T[:, :7000], dtype=np.int32)
+    assert (tmp_path / "g.zarr/one/c/0/0").read_bytes() == (tmp_path / "g.zarr/old/c/0/0").read_bytes()

@@ -41,7 +41,7 @@ Writing: ``write_graph`` writes every array chunk by chunk, casting each chunk t
 whose ``indices`` or features are memory maps larger than memory (the download stage's external-sort path) is
 written with the same chunking, hence the same bytes, as an in-memory one. The ``edge_split/*`` arrays [2, E_s]
 are chunked along their columns (``zarr_io.write_columns``: ~64 MiB chunks, one chunk up to 8 M int32 pairs, as
-they always were), so a train split held as a memory map is written a
+they always were), so a train split held as a memory map (``stages.download.edge_split_stream``) is written a
 chunk at a time too.
 """
 

@@ -14,7 +14,9 @@ sequential passes over ``indices``:
    memory-mapped from the scratch directory, int32 below 2^31 pairs: 4 P bytes of page cache and disk (240 MB at
    120 M symmetrised entries, removed once read) instead of 8 P of anonymous memory (480 MB there), which a
    budget in the streaming minimum would have cost. It is shuffled through a plain ``ndarray`` view: numpy takes
-   its C path for ``type(x) is np.ndarray`` only, and a ``np.memmap`` falls to a Python loop 270x slower;
+   its C path for ``type(x) is np.ndarray`` only, and a ``np.memmap`` falls to a Python loop 270x slower. The
+   shuffle's swaps are random: while the 4 P bytes stay in the page cache they cost what they cost in memory;
+   past the free memory (P of billions) each would be a disk read, the limit of this choice;
 3. the pairs: held-out ones gathered in memory (valid and test are ``1 - train`` of P, int64 as ``split_edges``
    returns them), the rest, in order (``split_edges``'s sorted train positions), appended to a spill file of
    (src, dst) rows: the train split is its transposed memory map, which ``write_graph`` writes column chunk by

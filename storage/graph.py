@@ -39,7 +39,10 @@ opens one array (e.g. ``indices``) for a consumer that streams it chunk by chunk
 
 Writing: ``write_graph`` writes every array chunk by chunk, casting each chunk to its stored dtype, so a ``Graph``
 whose ``indices`` or features are memory maps larger than memory (the download stage's external-sort path) is
-written with the same chunking, hence the same bytes, as an in-memory one.
+written with the same chunking, hence the same bytes, as an in-memory one. The ``edge_split/*`` arrays [2, E_s]
+are chunked along their columns (``zarr_io.write_columns``: ~64 MiB chunks, one chunk up to 8 M int32 pairs, as
+they always were), so a train split held as a memory map (``stages.download.edge_split_stream``) is written a
+chunk at a time too.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from storage.zarr_io import (
     read_array,
     read_into,
     write_array,
+    write_columns,
 )
 
 SPLITS = ("train", "valid", "test")
@@ -194,7 +198,7 @@ def write_graph(writer: StageWriter, graph: Graph, *, progress: bool = False) ->
             raise ValueError(f"edge splits {sorted(graph.edge_splits)} need all of {SPLITS} and link_edge_type")
         edge_split = root.create_group("edge_split")
         for name in SPLITS:
-            write_array(edge_split, name, graph.edge_splits[name], dtype=ids)
+            write_columns(edge_split, name, graph.edge_splits[name], dtype=ids)
     if graph.edge_split_negatives:
         check_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval)
         negatives = root.create_group("edge_split_neg")

@@ -138,12 +138,18 @@ def create_rows_array(group: zarr.Group, name: str, shape: tuple[int, ...], dtyp
     row_bytes = np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
     rows = chunk_rows or chunk_rows_for(shape[0], row_bytes)
     rows = max(1, min(rows, shape[0] or 1))
+    return _create_array(group, name, shape, dtype, (rows, *shape[1:]), compressor, attrs)
+
+
+def _create_array(group: zarr.Group, name: str, shape: tuple[int, ...], dtype: np.dtype, chunks: tuple[int, ...],
+                  compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None) -> zarr.Array:
+    """The empty array with these chunks and this module's codecs (optional Blosc, then crc32c)."""
     codecs: list[Any] = []
     if compressor:
         codecs.append(zarr.codecs.BloscCodec(cname=compressor, clevel=3, shuffle="shuffle"))
     codecs.append(zarr.codecs.Crc32cCodec())
-    arr = group.create_array(name, shape=shape, dtype=dtype, chunks=(rows, *shape[1:]), compressors=codecs,
-                             fill_value=0, overwrite=True)
+    arr = group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, compressors=codecs, fill_value=0,
+                             overwrite=True)
     if attrs:
         arr.attrs.update(dict(attrs))
     return arr
@@ -216,6 +222,29 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: i
     bar = tqdm(steps, desc=f"write {name}", unit="chunk", disable=not progress or len(steps) < 4, leave=False)
     for start in bar:
         arr[start:start + rows] = np.ascontiguousarray(data[start:start + rows], dtype=out_dtype)
+    return arr
+
+
+def write_columns(group: zarr.Group, name: str, data: np.ndarray, *, dtype: np.dtype | type | None = None,
+                  chunk_columns: int | None = None) -> zarr.Array:
+    """Write a ``[K, E]`` array of a few long rows (the edge splits' (src, dst) pairs) chunked along its columns,
+    about ``DEFAULT_CHUNK_BYTES`` a chunk, stored as ``dtype``: only one chunk of ``data`` (a memory map, or a
+    transposed view of one) is made contiguous at a time.
+
+    ``write_array`` cuts rows, and K = 2 rows are one chunk: the whole array held at once, 3 times over while Zarr
+    encodes it (1.2 GB for 51 M int32 pairs). An array that fits one chunk (up to 8 M int32 pairs) is written by
+    ``write_array``, so its bytes are what they always were; a longer one gets chunks ``(K, columns)``, which
+    every reader reads alike. ``chunk_columns`` overrides the columns per chunk.
+    """
+    data = np.asarray(data)   # a view of a memory map, never a copy
+    out_dtype = np.dtype(dtype or data.dtype)
+    k, e = data.shape
+    cols = chunk_columns or chunk_rows_for(e, k * out_dtype.itemsize)
+    if cols >= e:
+        return write_array(group, name, data, dtype=out_dtype)
+    arr = _create_array(group, name, data.shape, out_dtype, (k, cols))
+    for start in range(0, e, cols):
+        arr[:, start:start + cols] = np.ascontiguousarray(data[:, start:start + cols], dtype=out_dtype)
     return arr
 
 

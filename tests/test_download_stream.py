@@ -1,5 +1,6 @@
 """The download stage under a memory budget: the external sort builds the in-memory path's CSR, a streamed build
-writes the same bytes under the same key, a too-small budget or a full disk leaves nothing behind."""
+(task=link included: its held-out edge split) writes the same bytes under the same key, a too-small budget or a
+full disk leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import pytest
 
 from stages.download import stage as download
 from stages.download.canonical import to_csr_incoming
+from stages.download.edge_split_stream import HELD_PAIR_BYTES, _held_positions
 from stages.download.external_sort import array_chunks, csr_chunks, external_csr
+from stages.download.streamed import choose
+from stages.memory import MemoryBudget
 from storage import ArtifactStore, InputError
 from storage.graph import GraphArtifact
 from storage.write_errors import StoreWriteError
+from storage.zarr_io import open_group, read_array, write_array, write_columns
 
 
 def _edges(rng: np.random.Generator, n: int, e: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
@@ -54,9 +59,11 @@ def test_external_sort_of_no_edges(tmp_path: Path) -> None:
 SYNTHETIC = {"dataset": "synthetic", "num_nodes": 20_000, "avg_degree": 10.0, "num_features": 6, "num_classes": 4}
 
 
-def _files_dataset(d: Path, n: int = 3000, e: int = 100_000) -> Path:
+def _files_dataset(d: Path, n: int = 3000, e: int = 100_000, directed: bool = False) -> Path:
     rng = np.random.default_rng(1)
     d.mkdir()
+    if directed:
+        (d / "meta.json").write_text('{"directed": true}')
     src, dst = _edges(rng, n, e, np.int64)
     np.save(d / "edge_index.npy", np.stack([src, dst]))
     np.save(d / "x.npy", rng.standard_normal((n, 5)).astype(np.float32))
@@ -116,21 +123,105 @@ def test_a_source_that_does_not_stream_names_its_estimate(tmp_path: Path) -> Non
     assert not (tmp_path / "root" / "download").exists()
 
 
-def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
+def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int, prefix: str = "") -> list[str]:
+    """Spill appends to files named ``prefix*`` fail with ENOSPC after ``writes`` of them; the list of their
+    paths, as they are tried."""
+    calls: list[str] = []
 
     def full(path: str, data: np.ndarray) -> None:
-        calls.append(path)
-        if len(calls) > 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        if os.path.basename(path).startswith(prefix):
+            calls.append(path)
+            if len(calls) > writes:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         with open(path, "ab") as f:
             data.tofile(f)
 
     monkeypatch.setattr("storage.spill.spill_append", full)
+    return calls
+
+
+def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _disk_full_after(monkeypatch, 3)
     root = tmp_path / "root"
     params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")),
                              memory_budget_bytes=3 << 20)
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), params, {}, progress=False)
     assert not _leftovers(root) and not (root / "download").exists()
+
+
+def test_the_permutation_is_numpys_shuffled_on_disk(tmp_path: Path) -> None:
+    # split_edges draws default_rng(seed).permutation(P); the streamed split shuffles a memory-mapped int32 arange
+    # instead: this holds only while numpy's permutation(int) is arange + shuffle and the draws ignore the dtype
+    for num_pairs, seed in ((0, 0), (1, 3), (5, 1), (100_003, 7)):
+        order = np.random.default_rng(seed).permutation(num_pairs)
+        n_valid, n_test = num_pairs // 10, num_pairs // 5
+        valid, test = _held_positions(num_pairs, n_valid, n_test, seed, str(tmp_path), block=4096)
+        assert np.array_equal(valid, np.sort(order[:n_valid]))
+        assert np.array_equal(test, np.sort(order[n_valid:n_valid + n_test]))
+        assert os.listdir(tmp_path) == []   # the permutation's file is removed once read
+
+
+def test_a_split_longer_than_one_chunk_is_written_by_column_chunks(tmp_path: Path) -> None:
+    pairs = np.random.default_rng(0).integers(0, 1000, (50_000, 2)).astype(np.int32)
+    root = open_group(str(tmp_path / "g.zarr"), mode="w")
+    arr = write_columns(root, "cut", pairs.T, dtype=np.int32, chunk_columns=9_000)   # a transposed view, as streamed
+    assert arr.chunks == (2, 9_000) and np.array_equal(read_array(root, "cut"), pairs.T)
+    # what fits one chunk is write_array's one chunk, byte for byte: splits written before keep their bytes
+    write_columns(root, "one", pairs.T[:, :7000], dtype=np.int32)
+    write_array(root, "old", pairs.T[:, :7000], dtype=np.int32)
+    assert (tmp_path / "g.zarr/one/c/0/0").read_bytes() == (tmp_path / "g.zarr/old/c/0/0").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["files", "files-directed", "synthetic-link"])
+def test_a_streamed_link_split_writes_the_same_bytes_under_the_same_key(tmp_path: Path, kind: str) -> None:
+    # budgets below the in-memory estimates (~29 MB, ~35 MB) and above the streaming minima (~1.5 MB, ~5.3 MB)
+    files = {"dataset": "files", "path": str(_files_dataset(tmp_path / "data", directed=kind == "files-directed"))} \
+        if kind != "synthetic-link" else None
+    params, budget = (files, 3 << 20) if files else (SYNTHETIC | {"dataset": "synthetic-link"}, 6 << 20)
+    built = {}
+    for name, limit in (("memory", None), ("stream", budget)):
+        built[name] = download.run(ArtifactStore(tmp_path / name), download.Params(
+            **params, task="link", link_split=(0.8, 0.05, 0.15), seed=4, memory_budget_bytes=limit), {},
+            progress=False)
+        assert not _leftovers(tmp_path / name)
+    memory, stream = built["memory"], built["stream"]
+    assert memory.summary["canonical_path"] == "in-memory" and "link_split_chunks" not in memory.summary
+    assert stream.summary["canonical_path"] == "external sort" and stream.summary["link_split_chunks"] > 1
+    assert stream.summary["directed"] is (kind == "files-directed")
+    assert stream.key == memory.key
+    assert stream.summary["edge_split_sizes"]["valid"] > 0
+    assert _chunk_files(tmp_path / "memory") == _chunk_files(tmp_path / "stream")
+
+
+def test_the_link_minimum_holds_the_held_out_pairs(tmp_path: Path) -> None:
+    path = str(_files_dataset(tmp_path / "data"))
+    budget = MemoryBudget(3 << 20, "download", "memory_budget_bytes")
+    node = choose(download.Params(dataset="files", path=path), budget)
+    params = download.Params(dataset="files", path=path, task="link", link_split=(0.8, 0.05, 0.15))
+    link = choose(params, budget)
+    assert node.streamed and link.streamed
+    assert link.minimum - node.minimum >= 0.2 * 100_000 * HELD_PAIR_BYTES   # at most one pair per listed edge
+    with pytest.raises(InputError, match=r"held-out valid/test edges.* raise memory_budget_bytes to"):
+        choose(params, MemoryBudget(link.minimum - 1, "download", "memory_budget_bytes"))
+
+
+def test_a_full_disk_during_the_link_split_leaves_nothing_half_written(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _disk_full_after(monkeypatch, 3, "link-")   # the split's spills only: the sort before it completes
+    root = tmp_path / "root"
+    params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")), task="link",
+                             memory_budget_bytes=3 << 20)
+    with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
+        download.run(ArtifactStore(root), params, {}, progress=False)
+    assert len(calls) == 4 and not _leftovers(root) and not (root / "download").exists()
+
+
+def test_a_wrong_link_edge_type_fails_before_the_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spilled = _disk_full_after(monkeypatch, 1 << 30)   # records every spill, fails none
+    params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")), task="link",
+                             link_edge_type="cites", memory_budget_bytes=3 << 20)
+    with pytest.raises(InputError, match=r"link_edge_type.*cites") as err:
+        download.run(ArtifactStore(tmp_path / "root"), params, {}, progress=False)
+    assert "\n" not in str(err.value) and spilled == [] and not (tmp_path / "root" / "download").exists()

@@ -20,9 +20,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from stages.runtime.fanouts import match_edge_type
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
-from storage.schema import EdgeType
+from storage.schema import EdgeType, GraphSchema
 
 
 def edge_entries(graph: Graph, edge_type: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -53,6 +54,26 @@ def check_link_split(fractions: tuple[float, float, float]) -> None:
                          f"non-negative, summing to 1, with train > 0 (e.g. 0.85,0.05,0.10)")
 
 
+def link_edge_type_index(schema: GraphSchema, link_edge_type: str | None) -> int:
+    """The edge type ``link_edge_type`` names (``src___rel___dst`` or a unique relation name; None: the only
+    one), InputError otherwise."""
+    names = [e.as_tuple() for e in schema.edge_types]
+    if link_edge_type is None and len(names) > 1:
+        raise InputError(f"task=link on a typed graph: set link_edge_type to the edge type to predict (one of "
+                         f"{', '.join(e.key for e in schema.edge_types)})")
+    try:
+        return 0 if link_edge_type is None else match_edge_type(link_edge_type, names, "link_edge_type")
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
+def split_sizes(num_pairs: int, fractions: tuple[float, float, float]) -> tuple[int, int]:
+    """``(n_valid, n_test)`` of ``num_pairs`` positives: the first ``n_valid`` of the seed's permutation are
+    valid, the next ``n_test`` test, the rest train (at most ``num_pairs`` held out: each rounds by at most 1/2
+    and the train fraction is positive)."""
+    return int(round(fractions[1] * num_pairs)), int(round(fractions[2] * num_pairs))
+
+
 def split_edges(graph: Graph, edge_type: int, fractions: tuple[float, float, float], seed: int
                 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """``(message-passing graph, {split: int64 [2, E_split] (src, dst) orig ids})`` (module docstring); the graph
@@ -64,7 +85,7 @@ def split_edges(graph: Graph, edge_type: int, fractions: tuple[float, float, flo
     keep = src < dst if symmetric else np.ones(src.shape[0], dtype=bool)   # one entry per undirected pair
     pairs = np.stack([src[keep], dst[keep]])
     order = np.random.default_rng(seed).permutation(pairs.shape[1])
-    n_valid, n_test = (int(round(f * pairs.shape[1])) for f in fractions[1:])
+    n_valid, n_test = split_sizes(pairs.shape[1], fractions)
     cut = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
     splits = {s: pairs[:, np.sort(cut[s])] for s in SPLITS}
     n = graph.num_nodes

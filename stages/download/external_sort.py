@@ -171,16 +171,24 @@ def csr_chunks(indptr: np.ndarray, indices: np.ndarray, edges_per_chunk: int) ->
     """(src, dst) chunks of an incoming CSR (``indices`` may be a memory map), rows cut where a chunk holds about
     ``edges_per_chunk`` edges (a row is never split): the CSR ``indices.npy`` input and the synthetic top-up."""
     def passes() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        n = indptr.shape[0] - 1
-        row = 0
-        while row < n:
-            end = int(np.searchsorted(indptr, int(indptr[row]) + edges_per_chunk, side="right")) - 1
-            end = min(n, max(end, row + 1))
+        for row, end in row_ranges(indptr, edges_per_chunk):
             lo, hi = int(indptr[row]), int(indptr[end])
             dst = np.repeat(np.arange(row, end, dtype=np.int64), np.diff(indptr[row:end + 1]))
             yield np.asarray(indices[lo:hi]), dst
-            row = end
     return passes
+
+
+def row_ranges(indptr: np.ndarray, edges_per_chunk: int) -> Iterator[tuple[int, int]]:
+    """``(row, end)``: consecutive row ranges of a CSR holding about ``edges_per_chunk`` entries each (a row is
+    never split) and at most ``edges_per_chunk`` rows, so that a chunk's per-row temporaries are bounded too where
+    most rows are empty."""
+    n = indptr.shape[0] - 1
+    row = 0
+    while row < n:
+        end = int(np.searchsorted(indptr, int(indptr[row]) + edges_per_chunk, side="right")) - 1
+        end = min(n, row + max(1, edges_per_chunk), max(end, row + 1))
+        yield row, end
+        row = end
 
 
 def array_chunks(src: np.ndarray, dst: np.ndarray, edges_per_chunk: int) -> EdgeChunks:

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from stages.choices import LINK_DATASETS, OGBL_DATASETS, TYPED_OGB_DATASETS, Dataset, TaskName
 from stages.download.canonical import check_classes, check_finite
-from stages.download.edge_split import check_link_split, split_edges
+from stages.download.edge_split import check_link_split, link_edge_type_index, split_edges
 from stages.download.streamed import choose, load_streamed
 from stages.download.synthetic import check_synthetic, generate_synthetic
 from stages.download.synthetic_hetero import check_synthetic_hetero, generate_synthetic_hetero, type_counts
@@ -22,7 +22,6 @@ from stages.download.typed_files import is_typed_dir, load_typed_files
 from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
-from stages.runtime.fanouts import match_edge_type
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
@@ -142,15 +141,7 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     graph = load_dataset(params, download_dir=download_dir, progress=progress)
     if params.task != "link" or params.dataset in OGBL_DATASETS:
         return graph
-    names = [e.as_tuple() for e in graph.schema.edge_types]
-    if params.link_edge_type is None and len(names) > 1:
-        raise InputError(f"task=link on a typed graph: set link_edge_type to the edge type to predict (one of "
-                         f"{', '.join(e.key for e in graph.schema.edge_types)})")
-    try:
-        edge_type = 0 if params.link_edge_type is None else match_edge_type(params.link_edge_type, names,
-                                                                            "link_edge_type")
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    edge_type = link_edge_type_index(graph.schema, params.link_edge_type)
     return split_edges(graph, edge_type, params.link_split, params.seed)[0]
 
 

@@ -1,11 +1,13 @@
 """The download stage under ``memory_budget_bytes`` (``stages.memory``): which path builds the canonical graph.
 
 ``choose`` estimates the in-memory path's peak anonymous memory. When it fits the budget, the in-memory path runs
-(products-scale speed unchanged); otherwise a homogeneous ``files`` dataset (no ``edge_attr.npy``) or ``synthetic``
-graph (no edge features, task=node) takes the streaming path: the CSR from ``external_sort`` in the budget left
-after the O(N) arrays, ``x`` and ``indices`` as memory maps written chunk by chunk, the same bytes. Every other
-source (typed, OGB, edge features, link splits) does not stream yet: beyond the budget it fails in one line naming
-its estimate. OGB's size is unknown before its download: it always runs in memory.
+(products-scale speed unchanged); otherwise a homogeneous ``files`` dataset (no ``edge_attr.npy``) or
+``synthetic`` / ``synthetic-link`` graph (no edge features) takes the streaming path: the CSR from
+``external_sort`` in the budget left after the O(N) arrays, ``x`` and ``indices`` as memory maps written chunk by
+chunk; with task=link, then the held-out edge split from that memory-mapped CSR (``edge_split_stream``): the
+same bytes. Every other source (typed graphs, OGB and ogbl-*, edge features) does not stream yet: beyond the
+budget it fails in one line naming its estimate. OGB's size is unknown before its download: it always runs in
+memory.
 
 The estimates (bytes) and the numbers that decide them:
 
@@ -13,12 +15,17 @@ The estimates (bytes) and the numbers that decide them:
   ``indices``; ``8 E`` directed) + ``E`` (self-loop mask) + ``8 E`` for a CSR input (its destinations, repeated)
   + ``NODE_BYTES`` per node + the write buffers; edge features add ``64 E + 12 E D`` (the stable argsort's index
   and keys, the float32 copies);
+- task=link adds ``SPLIT_ENTRY_BYTES`` per CSR entry (``edge_split.split_edges``; a ``files`` dataset's entries
+  taken as 2 per listed edge when symmetrised, an upper bound);
 - in-memory ``synthetic``: ``33`` bytes per urn entry (~``avg_degree / 2`` per node: the int32 urn, the drawn
   ends, their relabelled copies, then two int64 keys and a mask), the float32 ``x`` (``4 F`` per node),
   ``SYNTH_NODE_BYTES`` per node, one draw block (``DRAW_BYTES`` per entry) and the write buffers: at 1 M nodes,
   avg_degree 20 and 64 features ~0.77 GB, so a 256 MiB budget streams it;
-- streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node) plus the largest
-  of one sort bucket's floor, the write buffers and (synthetic) one draw block.
+- streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node), with task=link
+  the split's held-out pairs (``HELD_PAIR_BYTES`` each: valid + test fractions of the pairs, ``avg_degree N / 2``
+  for synthetic, at most one per listed edge for ``files``), plus the largest of one sort bucket's floor, the
+  write buffers, (synthetic) one draw block and (task=link) the split's floor of one row chunk. The split's
+  permutation is not in it: it is shuffled on disk (``edge_split_stream``, pass 2).
 """
 
 from __future__ import annotations
@@ -29,11 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.download.edge_split import link_edge_type_index
+from stages.download.edge_split_stream import (
+    HELD_PAIR_BYTES,
+    MIN_SCAN_ENTRIES,
+    SCAN_BYTES_PER_ENTRY,
+    split_edges_streamed,
+)
 from stages.download.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, external_csr
 from stages.download.synthetic import EDGE_BLOCK, generate_synthetic
 from stages.memory import MemoryBudget, gib
 from storage.errors import InputError
 from storage.graph import Graph, index_dtype
+from storage.schema import GraphSchema
 from storage.zarr_io import chunk_rows_for
 
 if TYPE_CHECKING:
@@ -49,6 +64,10 @@ NODE_BYTES = 48
 SYNTH_NODE_BYTES = 112
 URN_ENTRY_BYTES = 33
 DRAW_BYTES = 18   # synthetic._draw_ends: per entry of a block
+# per CSR entry, edge_split.split_edges in memory: 13.7 GiB measured at 120 M entries (122 B), 117 B at 3 M; its
+# int64 entry/src/dst copies (24), the pairs and their stack (16), the splits and the permutation (12), the keys
+# and np.isin's concatenation, argsort and sorted copy, twice when symmetric (~50), the kept copy (8)
+SPLIT_ENTRY_BYTES = 124
 
 
 @dataclass(frozen=True)
@@ -67,10 +86,13 @@ def choose(params: Params, budget: MemoryBudget) -> PathChoice:
         raise InputError(f"download: {why} is built in memory (it does not stream yet) and needs about "
                          f"{gib(estimate)}, more than memory_budget_bytes={budget.bytes} ({budget.describe()}); "
                          f"raise memory_budget_bytes to {estimate} or more")
-    minimum = _resident(params) + max(MIN_BUCKET_KEYS * BUCKET_BYTES_PER_KEY, _write_buffers(params),
-                                      _draw_block(params))
-    budget.require(minimum, "the streaming path's O(N) arrays (indptr, y, splits), one sort bucket and one chunk "
-                            "write")
+    link = params.task == "link"
+    minimum = _resident(params) + _held_pairs(params) * HELD_PAIR_BYTES + max(
+        MIN_BUCKET_KEYS * BUCKET_BYTES_PER_KEY, _write_buffers(params), _draw_block(params),
+        MIN_SCAN_ENTRIES * SCAN_BYTES_PER_ENTRY if link else 0)
+    budget.require(minimum, "the streaming path's O(N) arrays (indptr, y, splits)"
+                            + (", the held-out valid/test edges" if link else "") + ", one sort bucket and one "
+                            "chunk write")
     return PathChoice(True, estimate, minimum)
 
 
@@ -78,6 +100,8 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
     """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``) and the sort's
     figures for the summary."""
     sort_budget = max(1, budget.bytes - _resident(params))
+    if params.task == "link":   # a wrong name fails before the sort, not hours later
+        link_edge_type_index(GraphSchema.homogeneous(1, 1, 2), params.link_edge_type)
     if params.dataset == "files":
         from stages.download.files_source import open_files
 
@@ -85,12 +109,17 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
         n = int(ds.y.shape[0])
         csr = external_csr(ds.topology.chunks(max(1, sort_budget // 64)), n, symmetrise=not ds.directed,
                            budget_bytes=sort_budget, scratch=scratch)
-        return ds.graph(csr.indptr, csr.indices), {"sort_buckets": csr.buckets, "spill_bytes": csr.spill_bytes}
-    info: dict[str, Any] = {}
-    graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
-                               params.seed, split=params.split, name=params.dataset, scratch=scratch,
-                               sort_budget=sort_budget, stream_info=info)
-    return graph, info
+        graph, info = ds.graph(csr.indptr, csr.indices), {"sort_buckets": csr.buckets, "spill_bytes": csr.spill_bytes}
+    else:
+        info = {}
+        graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
+                                   params.seed, split=params.split, name=params.dataset, scratch=scratch,
+                                   sort_budget=sort_budget, stream_info=info)
+    if params.task != "link":
+        return graph, info
+    graph, split = split_edges_streamed(graph, params.link_split, params.seed, budget_bytes=sort_budget,
+                                        scratch=scratch)
+    return graph, info | split
 
 
 def _estimate(params: Params) -> tuple[int | None, bool, str]:
@@ -101,8 +130,9 @@ def _estimate(params: Params) -> tuple[int | None, bool, str]:
         entries = int(params.avg_degree * n / 2)
         edge_features = 12 * 2 * entries * params.num_edge_features + 128 * entries if params.num_edge_features else 0
         estimate = (URN_ENTRY_BYTES * entries + 4 * params.num_features * n + SYNTH_NODE_BYTES * n
-                    + _draw_block(params) + _write_buffers(params) + edge_features + (96 * entries if link else 0))
-        streamable = params.dataset == "synthetic" and not params.num_edge_features and not link
+                    + _draw_block(params) + _write_buffers(params) + edge_features
+                    + (SPLIT_ENTRY_BYTES * 2 * entries if link else 0))
+        streamable = params.dataset in ("synthetic", "synthetic-link") and not params.num_edge_features
         why = (f"dataset {params.dataset}" + (" with edge features" if params.num_edge_features else "")
                + (" with task=link" if link else ""))
         return estimate, streamable, why
@@ -114,9 +144,9 @@ def _estimate(params: Params) -> tuple[int | None, bool, str]:
     n, e, csr, d, directed = shapes
     keys = 8 * e * (1 if directed else 2)
     estimate = (keys + e + (8 * e if csr else 0) + NODE_BYTES * n + _write_buffers(params, n, 2 * e)
-                + (64 * e + 12 * e * d if d else 0) + (48 * e if link else 0))
+                + (64 * e + 12 * e * d if d else 0) + (SPLIT_ENTRY_BYTES * keys // 8 if link else 0))
     why = f"files dataset {params.path}" + (" with edge_attr.npy" if d else "") + (" with task=link" if link else "")
-    return estimate, not d and not link, why
+    return estimate, not d, why
 
 
 def _file_shapes(path: str) -> tuple[int, int, bool, int, bool] | None:
@@ -143,6 +173,18 @@ def _resident(params: Params) -> int:
     """The streaming path's O(N) arrays."""
     n = _num_nodes(params)
     return (SYNTH_NODE_BYTES if params.dataset != "files" else NODE_BYTES) * n
+
+
+def _held_pairs(params: Params) -> int:
+    """task=link: about how many pairs the split holds out (module docstring); 0 otherwise."""
+    if params.task != "link":
+        return 0
+    if params.dataset == "files":
+        shapes = _file_shapes(os.path.abspath(params.path or ""))
+        pairs = 0 if shapes is None else shapes[1]
+    else:
+        pairs = int(params.avg_degree * params.num_nodes / 2)
+    return int(pairs * (1.0 - params.link_split[0])) + 2   # + 2: each held-out split rounds up by at most one
 
 
 def _num_nodes(params: Params) -> int:

@@ -1,0 +1,198 @@
+"""The link split of a homogeneous graph larger than memory: ``edge_split.split_edges``'s splits and message-passing
+CSR, byte for byte, from a CSR whose ``indices`` is a memory map (``external_sort``'s), read in row chunks.
+
+``split_edges`` holds ~120 bytes per CSR entry (13.7 GiB at 120 M entries; 117 B measured at 3 M: int64 entry,
+src and dst copies, the stacked pairs, the permutation, two ``np.isin`` sorts over every entry). Here, four
+sequential passes over ``indices``:
+
+1. count the pairs P (a symmetrised graph's ``u < v`` entries, every entry of a directed one), in CSR order:
+   by destination row, then source, the order ``split_edges`` numbers them in;
+2. the held-out positions. ``split_edges`` draws ``default_rng(seed).permutation(P)`` and holds out its first
+   ``n_valid + n_test`` entries (``split_sizes``). ``Generator.permutation(int)`` is ``np.arange`` then
+   ``shuffle`` (numpy's source; tests/test_download_stream.py checks it), whose Fisher-Yates draws depend on the
+   length alone, not on the dtype or the buffer: so the same permutation is shuffled in place in an ``arange``
+   memory-mapped from the scratch directory, int32 below 2^31 pairs: 4 P bytes of page cache and disk (240 MB at
+   120 M symmetrised entries, removed once read) instead of 8 P of anonymous memory (480 MB there), which a
+   budget in the streaming minimum would have cost. It is shuffled through a plain ``ndarray`` view: numpy takes
+   its C path for ``type(x) is np.ndarray`` only, and a ``np.memmap`` falls to a Python loop 270x slower. The
+   shuffle's swaps are random: while the 4 P bytes stay in the page cache they cost what they cost in memory;
+   past the free memory (P of billions) each would be a disk read, the limit of this choice;
+3. the pairs: held-out ones gathered in memory (valid and test are ``1 - train`` of P, int64 as ``split_edges``
+   returns them), the rest, in order (``split_edges``'s sorted train positions), appended to a spill file of
+   (src, dst) rows: the train split is its transposed memory map, which ``write_graph`` writes column chunk by
+   column chunk (``zarr_io.write_columns``);
+4. the message-passing CSR: an entry is dropped when its pair is held out (in either direction when symmetric:
+   a held pair ``u < v`` leaves ``u -> v`` and ``v -> u``, and ``v -> u`` sits in an earlier row, hence after
+   pass 3), the kept sources appended to a new spill file, ``indptr`` rewritten in place (no second 8 N).
+
+Memory beyond the caller's O(N) arrays: ``HELD_PAIR_BYTES`` per held-out pair (the split's own outputs and their
+keys) and ``SCAN_BYTES_PER_ENTRY`` per entry of a row chunk, chunks sized to what the budget leaves. Homogeneous
+graphs without edge features only (one edge type: no reverse type to take along).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from stages.download.edge_split import check_link_split, split_sizes
+from stages.download.external_sort import row_ranges
+from storage import spill
+from storage.graph import Graph, index_dtype
+
+# per held-out pair: its (src, dst) int64 16 (the valid/test outputs) + its position int64 8 (passes 2-3, sorted in
+# place) or its key int64 8 (pass 4, sorted in place), + 8 for a product in flight while the keys are made: 32
+HELD_PAIR_BYTES = 32
+# per entry of a row chunk, pass 4 (the largest): the narrowed ends' min and max 4 + 4, the int64 key 8 and its
+# searchsorted positions 8 and gathered keys 8, two masks 2, the kept sources 4 = 38; plus the chunk's destination
+# ids 4 and, where rows are nearly empty, up to 24 per row (ends, counts, arange): 66, rounded up
+SCAN_BYTES_PER_ENTRY = 72
+MIN_SCAN_ENTRIES = 1 << 12   # a floor, so that a budget near the minimum still makes progress
+
+
+def split_edges_streamed(graph: Graph, fractions: tuple[float, float, float], seed: int, *, budget_bytes: int,
+                         scratch: str) -> tuple[Graph, dict[str, Any]]:
+    """``split_edges(graph, 0, fractions, seed)[0]`` (module docstring) within ``budget_bytes`` of anonymous memory
+    beyond the caller's, and the split's figures for the summary. ``graph`` is consumed: its ``indptr`` becomes the
+    message-passing graph's; the new ``indices`` and the train split are memory maps in ``scratch``."""
+    check_link_split(fractions)
+    if not graph.schema.is_homogeneous or graph.edge_attr is not None:
+        raise ValueError("the streamed link split takes a homogeneous graph without edge features")
+    symmetric = not graph.directed
+    num_pairs = _count_pairs(graph, symmetric, _chunk_entries(budget_bytes, 0))
+    n_valid, n_test = split_sizes(num_pairs, fractions)
+    per_chunk = _chunk_entries(budget_bytes, n_valid + n_test)
+    valid_pos, test_pos = _held_positions(num_pairs, n_valid, n_test, seed, scratch, per_chunk)
+    train_path, mp_path = (os.path.join(scratch, f"link-{name}.raw") for name in ("train", "indices"))
+    train, held = _pair_pass(graph, symmetric, {"valid": valid_pos, "test": test_pos}, per_chunk, train_path)
+    del valid_pos, test_pos
+    chunks = sum(1 for _ in row_ranges(graph.indptr, per_chunk))   # before pass 4 rewrites indptr
+    indices = _message_passing(graph, symmetric, _held_keys(held, graph.num_nodes), per_chunk, mp_path)
+    splits = {"train": train, **held}
+    permutation = num_pairs * _permutation_dtype(num_pairs).itemsize
+    info = {"link_split_chunks": chunks, "link_spill_bytes": int(permutation + train.nbytes + indices.nbytes)}
+    mp = replace(graph, indices=indices, edge_splits=splits, link_edge_type=graph.schema.edge_types[0].key)
+    return mp, info
+
+
+def _chunk_entries(budget_bytes: int, held: int) -> int:
+    return max(MIN_SCAN_ENTRIES, (budget_bytes - HELD_PAIR_BYTES * held) // SCAN_BYTES_PER_ENTRY)
+
+
+def _row_chunks(graph: Graph, per_chunk: int) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """``(row, end, src, dst)`` per row chunk: ``src`` a view of ``indices`` (the memory map's pages, no copy),
+    ``dst`` its rows' ids, both in the index dtype. The ranges and each chunk's row ends are read before the chunk
+    is yielded, so that ``_message_passing`` may rewrite ``indptr`` behind the scan."""
+    indptr, ids = graph.indptr, index_dtype(graph.num_nodes)
+    start = 0
+    for row, end in list(row_ranges(indptr, per_chunk)):
+        ends = indptr[row + 1:end + 1].copy()
+        dst = np.repeat(np.arange(row, end, dtype=ids), np.diff(ends, prepend=start))
+        yield row, end, np.asarray(graph.indices[start:int(ends[-1])]), dst
+        start = int(ends[-1])
+
+
+def _count_pairs(graph: Graph, symmetric: bool, per_chunk: int) -> int:
+    if not symmetric:
+        return graph.num_edges
+    return sum(int(np.count_nonzero(src < dst)) for _, _, src, dst in _row_chunks(graph, per_chunk))
+
+
+def _held_positions(num_pairs: int, n_valid: int, n_test: int, seed: int, scratch: str, block: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted pair positions of the valid and test splits: the first ``n_valid`` and the next ``n_test``
+    entries of ``default_rng(seed).permutation(num_pairs)``, shuffled on disk (module docstring, pass 2)."""
+    path = os.path.join(scratch, "link-permutation.raw")
+    dtype = _permutation_dtype(num_pairs)
+    open(path, "wb").close()
+    for lo in range(0, num_pairs, block):   # written, not mapped writable: a full disk is an OSError, not SIGBUS
+        spill.spill_append(path, np.arange(lo, min(num_pairs, lo + block), dtype=dtype))
+    held = []
+    if num_pairs:
+        order = np.memmap(path, dtype=dtype, mode="r+", shape=(num_pairs,))
+        np.random.default_rng(seed).shuffle(order.view(np.ndarray))   # the C path (module docstring)
+        for lo, hi in ((0, n_valid), (n_valid, n_valid + n_test)):
+            held.append(order[lo:hi].astype(np.int64))
+            held[-1].sort()
+        del order
+    os.remove(path)
+    return (held[0], held[1]) if held else (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def _permutation_dtype(num_pairs: int) -> np.dtype:
+    """int32 while every position fits: the draws do not depend on it (module docstring, pass 2)."""
+    return np.dtype(np.int32 if num_pairs < 2**31 else np.int64)
+
+
+def _pairs(src: np.ndarray, dst: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's pairs in order: its ``u < v`` entries when symmetric, else all of them."""
+    if not symmetric:
+        return src, dst
+    half = src < dst
+    return src[half], dst[half]
+
+
+def _pair_pass(graph: Graph, symmetric: bool, positions: dict[str, np.ndarray], per_chunk: int, train_path: str
+               ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(the train pairs, an index-dtype [2, E_train] memory map; {split: int64 [2, E_s]} of the held-out ones)."""
+    held = {name: np.empty((2, pos.shape[0]), dtype=np.int64) for name, pos in positions.items()}
+    ids = index_dtype(graph.num_nodes)
+    open(train_path, "wb").close()
+    first = 0   # the position of the chunk's first pair
+    for _, _, src_all, dst_all in _row_chunks(graph, per_chunk):
+        src, dst = _pairs(src_all, dst_all, symmetric)
+        is_train = np.ones(src.shape[0], dtype=bool)
+        for name, pos in positions.items():
+            lo, hi = np.searchsorted(pos, (first, first + src.shape[0]))
+            at = pos[lo:hi] - first
+            held[name][0, lo:hi], held[name][1, lo:hi] = src[at], dst[at]
+            is_train[at] = False
+        spill.spill_append(train_path, np.stack([src[is_train], dst[is_train]], axis=1).astype(ids, copy=False))
+        first += src.shape[0]
+    count = first - sum(pos.shape[0] for pos in positions.values())
+    train = np.memmap(train_path, dtype=ids, mode="r", shape=(count, 2)).T if count else np.empty((2, 0), ids)
+    return train, held
+
+
+def _held_keys(held: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Sorted int64 keys ``src * n + dst`` of the held-out pairs (``split_edges``'s ``held_key``)."""
+    keys = np.concatenate([pairs[0] * n + pairs[1] for pairs in held.values()])
+    keys.sort()
+    return keys
+
+
+def _message_passing(graph: Graph, symmetric: bool, held_keys: np.ndarray, per_chunk: int, path: str
+                     ) -> np.ndarray:
+    """The CSR without the held-out pairs' entries (module docstring, pass 4): ``graph.indptr`` rewritten in place,
+    the new ``indices`` returned as a memory map of ``path``."""
+    n, ids = graph.num_nodes, index_dtype(graph.num_nodes)
+    open(path, "wb").close()
+    dropped = 0
+    for row, end, src, dst in _row_chunks(graph, per_chunk):
+        drop = _is_held(src, dst, n, symmetric, held_keys)
+        spill.spill_append(path, src[~drop])
+        per_row = np.bincount(dst[drop] - row, minlength=end - row)
+        graph.indptr[row + 1:end + 1] -= dropped + np.cumsum(per_row)
+        dropped += int(per_row.sum())
+    total = int(graph.indptr[-1])
+    return np.memmap(path, dtype=ids, mode="r", shape=(total,)) if total else np.empty(0, ids)
+
+
+def _is_held(src: np.ndarray, dst: np.ndarray, n: int, symmetric: bool, held_keys: np.ndarray) -> np.ndarray:
+    """Whether each entry ``src -> dst`` is a held-out pair: its key, ``min * n + max`` when symmetric (held pairs
+    are ``u < v``: ``split_edges``'s two ``isin``, on ``src * n + dst`` and ``dst * n + src``, in one), is among
+    ``held_keys``."""
+    if not held_keys.shape[0]:
+        return np.zeros(src.shape[0], dtype=bool)
+    lo, hi = (np.minimum(src, dst), np.maximum(src, dst)) if symmetric else (src, dst)
+    keys = lo.astype(np.int64)
+    keys *= n
+    keys += hi
+    del lo, hi
+    at = np.searchsorted(held_keys, keys)
+    np.minimum(at, held_keys.shape[0] - 1, out=at)
+    return held_keys[at] == keys

@@ -89,7 +89,7 @@ def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget
         if os.path.exists(path):
             os.remove(path)   # its disk space goes back before the next bucket's
         keys.sort()
-        keys = _distinct(keys)
+        keys = distinct_sorted(keys)
         rows = keys // n
         indptr[lo + 1:hi + 1] = np.bincount(rows - lo, minlength=hi - lo)
         del rows
@@ -169,7 +169,10 @@ def _ids(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64) if a.dtype == np.uint64 else a
 
 
-def _distinct(keys: np.ndarray) -> np.ndarray:
+def distinct_sorted(keys: np.ndarray) -> np.ndarray:
+    """Sorted ``keys`` without repeats: ``keys`` itself when it has none, else one compressed copy (a 1-byte mask
+    a key besides). ``np.unique`` does the same far slower since NumPy 2.3's hash table (``adjacency._symmetrise``
+    measured it)."""
     if keys.shape[0] < 2:
         return keys
     first = np.empty(keys.shape[0], dtype=bool)

@@ -38,6 +38,6 @@ def spill_array(arr: zarr.Array, directory: str, name: str, *, dtype: np.dtype |
 
 def spill_append(path: str, data: np.ndarray) -> None:
     """Append ``data``'s raw bytes to the spill file ``path`` (created if missing): the external sort's bucket
-    and output runs (``stages.download.external_sort``); a full disk raises the OSError the store reports."""
+    and output runs (``stages.external_sort``); a full disk raises the OSError the store reports."""
     with open(path, "ab") as f:
         np.ascontiguousarray(data).tofile(f)

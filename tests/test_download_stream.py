@@ -14,8 +14,8 @@ import pytest
 from stages.download import stage as download
 from stages.download.canonical import to_csr_incoming
 from stages.download.edge_split_stream import HELD_PAIR_BYTES, _held_positions
-from stages.download.external_sort import array_chunks, csr_chunks, external_csr
 from stages.download.streamed import choose
+from stages.external_sort import array_chunks, csr_chunks, external_csr
 from stages.memory import MemoryBudget
 from storage import ArtifactStore, InputError
 from storage.graph import GraphArtifact

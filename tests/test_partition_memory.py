@@ -107,3 +107,48 @@ def test_compressed_build_is_byte_identical(tmp_path: Path, monkeypatch: pytest.
     after = artifact_files(store, small)
     assert sorted(after) == sorted(before) and [k for k in before if before[k] != after[k]] == []
     assert small.summary["edge_cut"] == default.summary["edge_cut"]
+
+
+def test_streamed_symmetrising_costs_the_sort_share_not_64_bytes_an_entry() -> None:
+    """A directed (or typed) graph: in memory, symmetrising costs 64 B a graph entry in every phase, as before;
+    streamed, the external sort's phase (its O(N) arrays and a bucket share sized to what the peak of the other
+    phases leaves) and then the int64 xadj, 8 B a node."""
+    n, e, parts = 14_000_000, 406_000_000, 2
+    chunk = footprint.CHUNK_EDGES * footprint.CHUNK_BYTES_PER_ENTRY
+    extra = 8 * (n + 1) + 4 * e + footprint.PART_BYTES_PER_ENTRY * e // parts
+    held = footprint.SORT_NODE_BYTES * n
+    in_memory = max(b for _, b in footprint.kaminpar_phases(n, 2 * e, parts, chunk,
+                                                            footprint.SYMMETRISE_BYTES_PER_ENTRY * e, False))
+    others = footprint.kaminpar_phases(n, 2 * e, parts, chunk, footprint.XADJ_NODE_BYTES * n, False)
+    minimum = max(b for _, b in others)
+    assert _plan(64 * GIB, symmetrise=True).in_memory == in_memory + extra   # the in-memory path unchanged
+    p = _plan(minimum, symmetrise=True)
+    assert p.streamed and not p.compress and p.minimum == minimum
+    assert p.phases == (("symmetrise", minimum),) + others and p.sort_bytes == minimum - held
+    assert minimum < in_memory - 40 * e   # the 64 B an entry are gone from every phase
+    metis = _plan(64 * GIB, symmetrise=True, method="metis")
+    nodes = n * (footprint.NODE_BYTES + 2 * footprint.NODE_PART_BYTES) + chunk
+    metis_bytes = footprint.METIS_BYTES_PER_ENTRY * 7 * n
+    assert metis.minimum == nodes + footprint.XADJ_NODE_BYTES * n + metis_bytes
+    assert metis.in_memory == nodes + footprint.SYMMETRISE_BYTES_PER_ENTRY * e + metis_bytes + extra
+    assert not metis.streamed and metis.sort_bytes == 0
+    streamed = _plan(metis.minimum, symmetrise=True, method="metis")
+    assert streamed.streamed and streamed.sort_bytes == metis.minimum - held
+
+
+def test_the_sort_keeps_its_floor_and_a_graph_below_it_runs_in_memory() -> None:
+    """On a small sparse graph the sort's floor (its smallest bucket and slice) is the streamed peak; a graph of
+    hardly any edges costs less in memory than that floor, and a budget that fits the in-memory path is not
+    refused for the streamed one's."""
+    small = {"symmetrise": True, "num_nodes": 1000, "num_entries": 2000, "graph_bytes": 8 * 1001 + 4 * 2000}
+    floor = footprint.SORT_NODE_BYTES * 1000 + footprint.SORT_MIN_BYTES
+    tight = _plan(floor, **small)
+    assert tight.streamed and tight.minimum == floor and tight.sort_bytes == footprint.SORT_MIN_BYTES
+    assert tight.phases[0] == ("symmetrise", floor) and tight.in_memory > floor
+    empty = {**small, "num_entries": 0, "graph_bytes": 8 * 1001}
+    in_memory = _plan(64 * GIB, **empty).in_memory
+    assert in_memory < floor
+    p = _plan(in_memory, **empty)
+    assert not p.streamed and p.sort_bytes == 0
+    with pytest.raises(InputError, match=f"raise memory_budget_bytes to {in_memory} or more"):
+        _plan(in_memory - 1, **empty)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.partition import csr_ops
+from stages.partition import adjacency, csr_ops, footprint
 from stages.partition import stage as partition
 from stages.partition.assign import assign_parts
 from stages.partition.balance import rebalance
@@ -44,7 +44,9 @@ def _tiny_budget(store: ArtifactStore, dl: Manifest, params: partition.Params) -
     return max(plan.minimum, 1 << 20)
 
 
-def _same_build_streamed(store: ArtifactStore, dl: Manifest, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> None:
+def _same_build_streamed(store: ArtifactStore, dl: Manifest, monkeypatch: pytest.MonkeyPatch,
+                         **kw: Any) -> tuple[Manifest, Manifest]:
+    """The default (in-memory) build and a streamed one under a tiny budget: same key, same bytes."""
     params = partition.Params(num_partitions=3, **kw)
     default = partition.run(store, params, {"download": dl}, progress=False)
     assert default.summary["memory_path"] == "in-memory"
@@ -61,6 +63,7 @@ def _same_build_streamed(store: ArtifactStore, dl: Manifest, monkeypatch: pytest
     assert any(k.endswith("/c/0") for k in after)   # chunk files compared, not only metadata
     for k in ("edge_cut", "nodes", "edges", "train_nodes", "bounds", "edge_split_sizes", "num_edge_features"):
         assert small.summary.get(k) == default.summary.get(k)
+    return default, small
 
 
 @pytest.mark.parametrize("method", ["metis", "kaminpar", "random"])
@@ -168,8 +171,92 @@ def test_chunked_assign_report_balance_equal_in_memory(node_graph, tmp_path, mon
 
 
 def test_streamed_typed_graph(tmp_path, monkeypatch):
-    """A typed graph (symmetrised in memory, budgeted in the minimum; R edge types per node row) streams to the
-    same bytes too."""
+    """A typed graph (R edge types per node row) streams to the same bytes too."""
     store, dl = _download(tmp_path, dataset="synthetic-hetero")
     assert not GraphArtifact(store, dl).schema.is_homogeneous
     _same_build_streamed(store, dl, monkeypatch, method="kaminpar")
+
+
+def _messy_edges(rng: np.random.Generator, n: int, e: int, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``e`` directed edges among the first ``n - 40`` nodes (the last 40 isolated), 90 % within a community of
+    ``comm``, then the reverse of the first ``e // 4`` (pairs listed both ways), 50 duplicates and 30 self-loops."""
+    live = n - 40
+    order = np.argsort(comm[:live], kind="stable")
+    starts, sizes = np.searchsorted(comm[:live][order], np.arange(comm.max() + 1)), np.bincount(comm[:live])
+    src = rng.integers(0, live, e)
+    same = order[starts[comm[src]] + rng.integers(0, sizes[comm[src]])]
+    dst = np.where(rng.random(e) < 0.9, same, rng.integers(0, live, e))
+    loops = rng.integers(0, live, 30)
+    return (np.concatenate([src, dst[:e // 4], src[:50], loops]),
+            np.concatenate([dst, src[:e // 4], dst[:50], loops]))
+
+
+def _directed_files(d: Path, n: int = 3000) -> Path:
+    """A directed ``files`` dataset (``_messy_edges``: the download drops the duplicates and self-loops)."""
+    rng = np.random.default_rng(4)
+    d.mkdir()
+    comm = rng.integers(0, 4, n)
+    np.save(d / "edge_index.npy", np.stack(_messy_edges(rng, n, 5 * n, comm)))
+    np.save(d / "x.npy", rng.standard_normal((n, 4)).astype(np.float32))
+    np.save(d / "y.npy", comm)
+    for name, part in zip(("train", "valid", "test"), np.split(rng.permutation(n), [n // 2, 3 * n // 4])):
+        np.save(d / f"{name}_idx.npy", part)
+    (d / "meta.json").write_text('{"directed": true}')
+    return d
+
+
+@pytest.fixture(scope="module")
+def directed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
+    root = tmp_path_factory.mktemp("directed")
+    store, dl = _download(root / "art", dataset="files", path=str(_directed_files(root / "data")))
+    assert dl.summary["directed"]
+    return store, dl
+
+
+@pytest.fixture(scope="module")
+def typed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
+    return _download(tmp_path_factory.mktemp("typed"), dataset="synthetic-hetero")
+
+
+@pytest.mark.parametrize("method", ["metis", "kaminpar"])
+@pytest.mark.parametrize("graph", ["directed_graph", "typed_graph"])
+def test_streamed_symmetrising_is_an_external_sort(graph, method, request, monkeypatch):
+    """A directed or typed graph on the streamed path: its symmetric adjacency comes from the external sort (the
+    in-memory ``_symmetrise`` is not called; several buckets), and METIS / KaMinPar get the same input, so the
+    partition, the key and the Zarr bytes are the in-memory path's."""
+    store, dl = request.getfixturevalue(graph)
+    real = adjacency._symmetrise
+    calls: list[int] = []
+
+    def counted(*args: Any) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(adjacency, "_symmetrise", counted)
+    # the sort's floor as its share, so that even this small graph sorts in several buckets
+    monkeypatch.setattr(footprint, "sort_share", lambda minimum, held: footprint.SORT_MIN_BYTES)
+    default, small = _same_build_streamed(store, dl, monkeypatch, method=method)
+    assert calls == [1]   # the in-memory build only
+    assert "adjacency_sort_buckets" not in default.summary
+    assert small.summary["adjacency_sort_buckets"] > 1
+    assert small.summary["adjacency_sort_bytes"] == footprint.SORT_MIN_BYTES
+    if method == "kaminpar":
+        assert "symmetrise" in small.summary["memory_phase_bytes"]
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_external_symmetric_gives_symmetrises_arrays(tmp_path, index_dtype):
+    """The external sort's adjacency equals ``_symmetrise``'s on a raw CSR (rows unsorted, with duplicates,
+    self-loops and pairs listed both ways; empty rows): ``xadj`` int64, ``adjncy`` a memory map of the same
+    values, in several buckets."""
+    n = 500
+    src, dst = _messy_edges(np.random.default_rng(2), n, 4000, np.random.default_rng(3).integers(0, 3, n))
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    indices = src[np.argsort(dst, kind="stable")].astype(index_dtype)
+    want_xadj, want_adjncy = adjacency._symmetrise(indptr, indices.astype(np.int64), n)
+    assert np.all(np.diff(want_xadj)[-40:] == 0)
+    csr = adjacency.external_symmetric(indptr, indices, budget_bytes=1, scratch=str(tmp_path))
+    assert csr.buckets > 1
+    assert csr.indptr.dtype == np.int64 and np.array_equal(csr.indptr, want_xadj)
+    assert isinstance(csr.indices, np.memmap) and np.array_equal(csr.indices, want_adjncy)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from stages.download.edge_split import check_link_split, split_sizes
-from stages.download.external_sort import row_ranges
+from stages.external_sort import row_ranges
 from storage import spill
 from storage.graph import Graph, index_dtype
 

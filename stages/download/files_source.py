@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from stages.download.canonical import check_classes, check_finite, csr_with_edge_attr, to_csr_incoming
-from stages.download.external_sort import EdgeChunks, array_chunks, csr_chunks
+from stages.external_sort import EdgeChunks, array_chunks, csr_chunks
 from stages.run_log import stage_log
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph

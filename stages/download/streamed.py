@@ -43,8 +43,8 @@ from stages.download.edge_split_stream import (
     SCAN_BYTES_PER_ENTRY,
     split_edges_streamed,
 )
-from stages.download.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, external_csr
 from stages.download.synthetic import EDGE_BLOCK, generate_synthetic
+from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, external_csr
 from stages.memory import MemoryBudget, gib
 from storage.errors import InputError
 from storage.graph import Graph, index_dtype

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from stages.download.canonical import csr_with_edge_attr, to_csr_incoming
-from stages.download.external_sort import ExternalCsr, array_chunks, csr_chunks, external_csr
+from stages.external_sort import ExternalCsr, array_chunks, csr_chunks, external_csr
 from storage import spill
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph

@@ -10,11 +10,20 @@ Measured on ``generate_synthetic(2_400_000, 50, ...)`` with 2 parts (benchmarks/
 budget"): below ~5 kept entries per node METIS falls apart (2^23 entries, 3.5 per node: cut 0.235), above 2^24 it
 only costs memory and time (2^24, 7 per node: cut 0.126-0.135, peak 3.2 GB; 2^26: cut 0.126, peak 9.3 GB). Hence
 the budget ``max(2^24, 7 * N)``.
+
+A directed or typed graph has no stored symmetric adjacency. In memory ``_symmetrise`` builds it with one
+``np.unique`` over both directions' int64 keys (64 B a graph entry at its peak); the stage's streamed path calls
+``external_symmetric`` instead, the external bucket sort (``stages.external_sort``) over the CSR's (src, dst) pairs
+within a byte budget: the same values (each row's neighbours sorted, no duplicates or self-loops), ``adjncy`` a
+memory map in the scratch dir, so METIS and KaMinPar get the same input and give the same partition.
 """
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 
+from stages.external_sort import SLICE_BYTES_PER_EDGE, ExternalCsr, csr_chunks, distinct_sorted, external_csr
 from stages.partition.csr_ops import chunk_rows, degrees, row_chunks
 
 # METIS gets at most max(METIS_EDGE_BUDGET, METIS_ENTRIES_PER_NODE * N) CSR entries (see the module docstring).
@@ -84,6 +93,8 @@ def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, *, directed: bo
 
 def _symmetrise(indptr: np.ndarray, indices: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     # Both directions of every edge as one int64 key row * N + col; a sort dedups them and orders the rows.
+    # An in-place sort and a mask, not np.unique: NumPy 2.4's hash-based np.unique took 108 s and 1.5 GiB over the
+    # start for the 20 M keys of a directed 1 M-node graph on this box, where the sort takes seconds.
     keys = []
     for r0, r1 in row_chunks(indptr):
         rows = chunk_rows(indptr, r0, r1)
@@ -92,13 +103,27 @@ def _symmetrise(indptr: np.ndarray, indices: np.ndarray, num_nodes: int) -> tupl
         rows, cols = rows[keep], cols[keep]
         keys.append(rows * num_nodes + cols)
         keys.append(cols * num_nodes + rows)
-    key = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
+    key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
     del keys
+    key.sort()
+    key = distinct_sorted(key)
     rows = key // num_nodes
-    adjncy = key - rows * num_nodes
+    adjncy = np.remainder(key, num_nodes, out=key)   # the columns, in place of their keys
     xadj = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=num_nodes), out=xadj[1:])
     return xadj, adjncy
+
+
+def external_symmetric(indptr: np.ndarray, indices: np.ndarray, *, budget_bytes: int, scratch: str) -> ExternalCsr:
+    """``_symmetrise``'s ``(xadj, adjncy)`` by the external sort, within ``budget_bytes`` of temporaries and
+    ``external_sort.NODE_BYTES`` a node: ``indptr`` int64, ``indices`` a read-only memory map in a directory of
+    its own under ``scratch`` (removed with it), int32 below 2^31 nodes (the values ``_symmetrise`` gives as
+    int64; the consumers read either, as they read a stored int32 ``indices`` on the streamed path)."""
+    # the edges in chunks of one pass-2 slice, as the download stage feeds it: a chunk's int64 destinations (8 B an
+    # edge) fit the slack in the slice's 64 B an edge
+    chunks = csr_chunks(indptr, indices, max(1, budget_bytes // SLICE_BYTES_PER_EDGE))
+    return external_csr(chunks, int(indptr.shape[0] - 1), symmetrise=True, budget_bytes=budget_bytes,
+                        scratch=tempfile.mkdtemp(prefix="symmetric-", dir=scratch), stage="partition")
 
 
 def _keep_scale(xadj: np.ndarray, adjncy: np.ndarray, budget: int, seed: int) -> float:

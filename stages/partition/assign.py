@@ -2,7 +2,8 @@
 
 METIS pipeline (every step vectorised numpy; METIS gets int64 arrays, pymetis's zero-copy ``idx_t``):
 
-1. the symmetric, self-loop-free adjacency (``adjacency.symmetric_adjacency``);
+1. the symmetric, self-loop-free adjacency (``adjacency.symmetric_adjacency``; with ``sort_budget``, a directed or
+   typed graph's by the external sort, ``adjacency.external_symmetric``: the same arrays, memory-mapped);
 2. for big graphs a sparsified copy of it (``adjacency.sparsify``), because METIS with 64-bit idx_t needs ~15x its
    input in memory;
 3. METIS k-way with ONE vertex weight, ``avg_degree + in_degree`` when ``balance_edges`` (nodes and incoming
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from stages.choices import PARTITION_METHODS
-from stages.partition.adjacency import sparsify, symmetric_adjacency
+from stages.partition.adjacency import external_symmetric, sparsify, symmetric_adjacency
 from stages.partition.balance import DEFAULT_TOLERANCE, rebalance, type_groups
 from stages.partition.csr_ops import degrees
 from stages.partition.kaminpar_runner import run_kaminpar
@@ -89,7 +90,9 @@ def metis_vertex_weights(indptr: np.ndarray, balance_edges: bool) -> np.ndarray 
 def run_metis(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweights: np.ndarray | None = None,
               eweights: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
     """pymetis k-way; arrays are passed as contiguous ``zero_copy_dtype`` arrays so pymetis does not copy them
-    into Python lists (it warns with ``warn_on_copies`` when it has to)."""
+    into Python lists (it warns with ``warn_on_copies`` when it has to). An int32 or memory-mapped ``adjncy`` (the
+    streamed path's, when ``sparsify`` left it whole) becomes one int64 copy here: at most
+    ``adjacency.default_budget(N)`` entries at 8 B, inside METIS's 130 B an input entry (``footprint``)."""
     import pymetis
 
     idx = np.dtype(pymetis.zero_copy_dtype()) if hasattr(pymetis, "zero_copy_dtype") else np.dtype(np.int64)
@@ -115,12 +118,25 @@ def run_metis(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweights:
     return np.asarray(result.vertex_part, dtype=np.int64)
 
 
+def _adjacency(indptr: np.ndarray, indices: np.ndarray, directed: bool, sort_budget: int | None,
+               scratch_dir: str | None, stats: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1: the symmetric adjacency, a directed graph's by the external sort when given ``sort_budget``."""
+    if not directed or sort_budget is None:
+        return symmetric_adjacency(indptr, indices, directed=directed)
+    if scratch_dir is None:
+        raise ValueError("assign_parts: sort_budget needs scratch_dir, where the external sort spills")
+    csr = external_symmetric(indptr, indices, budget_bytes=sort_budget, scratch=scratch_dir)
+    stats["adjacency_sort_buckets"] = csr.buckets
+    return csr.indptr, csr.indices
+
+
 def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray, num_parts: int, *,
                  method: str = "metis", seed: int = 0, directed: bool = False, balance_train: bool = True,
                  balance_edges: bool = True, progress: bool = False, tolerance: float = DEFAULT_TOLERANCE,
                  metis_edge_budget: int | None = None, stats: dict[str, Any] | None = None,
                  node_type: np.ndarray | None = None, threads: int | None = 1,
-                 scratch_dir: str | None = None, compress: bool = False) -> np.ndarray:
+                 scratch_dir: str | None = None, compress: bool = False,
+                 sort_budget: int | None = None) -> np.ndarray:
     """``part_of_orig`` int64 [N] in [0, num_parts): the part each orig node goes to.
 
     ``indptr``/``indices``: the incoming-edge CSR in orig ids (``storage.graph``). ``tolerance``: the max/mean
@@ -130,6 +146,9 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     nodes are balanced per type (``balance.rebalance``). ``threads``: KaMinPar's (None: every usable CPU; only 1
     is reproducible, ``kaminpar_runner.run_kaminpar``). ``scratch_dir``: KaMinPar's input file's directory.
     ``compress``: KaMinPar's graph compressed (the same partition in less memory, ``run_kaminpar``).
+    ``sort_budget`` (with ``scratch_dir``; the stage's streamed path): a directed graph is symmetrised by the
+    external sort with this many bytes of temporaries, not in memory (the same adjacency, so the same partition;
+    ``stats["adjacency_sort_buckets"]`` says it ran).
 
     ``indptr``/``indices`` may be memory maps (the stage's streamed path): every pass over the edges goes in row
     chunks, so besides the partitioner's own memory the extra is O(N) (``stages.partition.footprint``).
@@ -145,7 +164,7 @@ def assign_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray
     solver = "KaMinPar" if method == "kaminpar" else "METIS"
     bar = tqdm(total=4, desc="partition: adjacency", disable=not progress, leave=False)
     t0 = time.perf_counter()
-    xadj, adjncy = symmetric_adjacency(indptr, indices, directed=directed)
+    xadj, adjncy = _adjacency(indptr, indices, directed, sort_budget, scratch_dir, stats)
     vweights = metis_vertex_weights(indptr, balance_edges)
     bar.update()
     t1 = time.perf_counter()

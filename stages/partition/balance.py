@@ -69,6 +69,9 @@ class _Mover:
             return
         from_part = self.part[nodes]
         sub_indptr, nbrs = gather_rows(self.xadj, self.adjncy, nodes)
+        # int64 before ``* num_parts``: a memory-mapped adjacency is int32 (the streamed path), and int32 times a
+        # Python int stays int32 in NumPy 2, which wraps once N * P reaches 2^31 (300 M nodes into 8 parts)
+        nbrs = nbrs.astype(np.int64, copy=False)
         deg = np.diff(sub_indptr)
         flat = self.conn.reshape(-1)
         # Each neighbour u of a moved node v loses one neighbour in v's old part and gains one in the new part.

@@ -6,6 +6,7 @@ KaMinPar gets its graph compressed, and the one ``error:`` line when even the st
 KaMinPar's estimate is the peak of the stage's phases, not their sum, because each phase frees what the next does
 not need (read off stage._partition and assign.assign_parts):
 
+(s) streamed, a directed or typed graph only: the external sort builds the symmetric adjacency (below);
 (a) KaMinPar runs: the stage holds the splits, the train mask and the vertex weights (``HELD_NODE_BYTES``), and
     KaMinPar its graph and its coarse levels. The adjacency check and the ParHIP write before it (< 24 a node and
     one chunk) are below phase (b);
@@ -14,7 +15,8 @@ not need (read off stage._partition and assign.assign_parts):
 (c) relabel and the part writes: the book's maps, the assignment while relabel runs, and the chunk temporaries:
     below (b) for any P (``BOOK_NODE_BYTES`` < ``REPAIR_NODE_BYTES``), kept in the max so that stays checked.
 
-METIS keeps its estimate as a sum (its own memory on top of all the O(N) arrays), as measured before.
+METIS keeps its estimate as a sum (its own memory on top of all the O(N) arrays), as measured before; streamed, a
+directed or typed graph's phase (s) runs before it and holds far less (kept in a max, so that stays checked).
 
 The figures (bytes; this box, numpy 2, pymetis 2025.2.2, kaminpar 3.7.3's 64-bit build):
 
@@ -35,9 +37,19 @@ The figures (bytes; this box, numpy 2, pymetis 2025.2.2, kaminpar 3.7.3's 64-bit
   part), and the splits (8 a node: train, valid and test as int64 are at most N ids); the book's two maps (16).
 - Row-chunk temporaries: ``csr_ops.CHUNK_EDGES`` entries at a time, ~40 a chunk entry (row ids, gathered parts,
   keys, a masked copy: five int64 arrays of the chunk at most).
-- Symmetrising a directed or typed graph (``adjacency._symmetrise``) is not streamed: both directions' int64 keys
-  (16 a graph entry), their concatenation and ``np.unique``'s sorted copy (32), the result (16): 64 a graph entry,
-  counted in every phase (its result, up to 2E entries, is what the partitioner and repair walk).
+- Symmetrising a directed or typed graph, in memory (``adjacency._symmetrise``): both directions' int64 keys (16 a
+  graph entry) and their concatenation (16), sorted in place, then the deduplicated copy (16, with a 2-byte mask)
+  and the result's row ids (16): 45 a graph entry over the start measured with the row-chunk temporaries (432 MiB
+  for a directed 1 M-node graph of 10 M entries), budgeted at 64 a graph entry as before and counted in every
+  phase (its result, up to 2E entries, is what the partitioner and repair walk).
+- Streamed, the external sort instead (``adjacency.external_symmetric``, ``stages.external_sort``): its phase (s)
+  holds the splits, the train mask, a typed graph's node_indptr copy and node types, and the sort's row counts
+  (``SORT_NODE_BYTES`` a node), plus the sort's temporaries: buckets of keys at 32 B a key and slices of edges at
+  64 B an edge, sized to a byte share the stage passes (``MemoryPlan.sort_bytes``). That share is what the peak of
+  the other phases leaves (``sort_share``), so the sort fills the estimate and never raises it, with the sort's
+  floor (one smallest bucket and slice, ``external_sort.MIN_BYTES``) as its least. Its result's ``adjncy`` is a
+  memory map in the scratch dir (int32 below 2^31 nodes: page cache, not anonymous memory); every later phase
+  holds only its int64 ``xadj`` (``XADJ_NODE_BYTES`` a node) where the in-memory path holds 64 B a graph entry.
 """
 
 from __future__ import annotations
@@ -45,6 +57,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from stages.external_sort import MIN_BYTES as SORT_MIN_BYTES
+from stages.external_sort import NODE_BYTES as SORT_COUNT_NODE_BYTES
 from stages.memory import MemoryBudget, gib
 from stages.partition.adjacency import default_budget
 from stages.partition.csr_ops import CHUNK_EDGES
@@ -70,6 +84,10 @@ BOOK_NODE_BYTES = 16 + 8 + 2 + 8 + 8 + 1     # phase (c): book maps, part, its i
 NODE_PART_BYTES = 8            # conn [N, P] int32 and its copy
 CHUNK_BYTES_PER_ENTRY = 40
 SYMMETRISE_BYTES_PER_ENTRY = 64
+XADJ_NODE_BYTES = 8            # streamed: the symmetric adjacency's int64 xadj, held to the end (adjncy is mapped)
+# streamed, while the external sort runs: the splits, the train mask, a typed graph's contiguous node_indptr and its
+# int8 node types (8 + 1 + 8 + 1), and the sort's row counts (external_sort.NODE_BYTES)
+SORT_NODE_BYTES = SPLIT_NODE_BYTES + 1 + 8 + 1 + SORT_COUNT_NODE_BYTES
 # The in-memory path besides the minimum: the graph as read, and one part's CSR built whole (its int64 gids, the
 # gathered orig ids and the on-disk int32 copy: ~20 a part entry)
 PART_BYTES_PER_ENTRY = 20
@@ -80,11 +98,13 @@ class MemoryPlan:
     """The estimates, and whether the stage streams (memory maps, chunked part writes) or reads the graph whole."""
 
     minimum: int       # the streamed path: the peak phase of O(N) arrays, chunk temporaries, the partitioner
-    in_memory: int     # the minimum, the graph and a whole part's CSR
+    in_memory: int     # the in-memory path: its phases (a directed graph symmetrised in memory), the graph and a
+    #                    whole part's CSR
     streamed: bool
     what: str          # the minimum in words, for the error line and the summary
     compress: bool = False   # KaMinPar loads its graph compressed (the same partition, less memory)
     phases: tuple[tuple[str, int], ...] = ()   # KaMinPar: each phase's estimate, for the summary
+    sort_bytes: int = 0      # streamed, directed or typed: the external sort's temporaries (0: no external sort)
 
 
 def kaminpar_entry_bytes(num_nodes: int, compress: bool) -> float:
@@ -120,47 +140,73 @@ def plan(budget: MemoryBudget, *, num_nodes: int, num_entries: int, num_parts: i
     Path and compression, cheapest first: in memory, in memory with KaMinPar compressed, streamed, streamed and
     compressed (compression is ~1.8x KaMinPar's time; streaming costs one spill of the graph)."""
     partitioned = num_parts > 1 and method != "random"
+    sort = partitioned and symmetrise   # no stored symmetric adjacency: the stage builds one
     adjacency = 2 * num_entries if symmetrise else num_entries   # upper bound: each direction once
     chunk = min(CHUNK_EDGES, num_entries) * CHUNK_BYTES_PER_ENTRY
     extra = graph_bytes + 2 * edge_attr_bytes + PART_BYTES_PER_ENTRY * num_entries // max(1, num_parts)
-    common, parts = 0, []
-    if link_bytes:
-        common += 3 * link_bytes
-        parts.append("the link prediction splits")
-    if partitioned and symmetrise:
-        common += SYMMETRISE_BYTES_PER_ENTRY * num_entries
-        parts.append(f"symmetrising the directed/typed graph in memory ({SYMMETRISE_BYTES_PER_ENTRY} B an entry)")
+    # what every phase holds, in memory (False) and streamed (True); the external sort's phase holds sort_held
+    link = 3 * link_bytes
+    common = {False: link + (SYMMETRISE_BYTES_PER_ENTRY * num_entries if sort else 0),
+              True: link + (XADJ_NODE_BYTES * num_nodes if sort else 0)}
+    sort_held = link + SORT_NODE_BYTES * num_nodes if sort else 0
+    parts = ["the link prediction splits"] if link_bytes else []
+    if sort:
+        parts.append(f"the symmetric adjacency's xadj ({XADJ_NODE_BYTES} B a node; {SORT_NODE_BYTES} B a node and "
+                     f"at least {gib(SORT_MIN_BYTES)} while the external sort builds it)")
     if partitioned and method == "kaminpar":
-        return _kaminpar_plan(budget, num_nodes, adjacency, num_parts, chunk, common, extra, parts)
+        return _kaminpar_plan(budget, num_nodes, adjacency, num_parts, chunk, common, sort_held, extra, parts)
     parts.insert(0, f"the O(N) arrays ({NODE_BYTES + NODE_PART_BYTES * num_parts} B a node)")
-    minimum = num_nodes * (NODE_BYTES + NODE_PART_BYTES * num_parts) + chunk + common
-    if partitioned:   # METIS: its memory on top of every O(N) array, as measured
-        metis = METIS_BYTES_PER_ENTRY * min(adjacency, default_budget(num_nodes))
-        if minimum + metis > budget.bytes:
-            raise InputError(f"method=metis needs an estimated {gib(minimum + metis)} of memory here (METIS "
-                             f"{gib(metis)}: {METIS_BYTES_PER_ENTRY} B per input entry, measured), more than "
-                             f"memory_budget_bytes={budget.bytes} ({budget.describe()}); use method=kaminpar or "
-                             f"raise memory_budget_bytes to {minimum + metis} or more")
-        minimum += metis
+    nodes = num_nodes * (NODE_BYTES + NODE_PART_BYTES * num_parts) + chunk
+    metis = METIS_BYTES_PER_ENTRY * min(adjacency, default_budget(num_nodes)) if partitioned else 0
+    # METIS: its memory on top of every O(N) array, as measured; the sort runs before and holds less
+    minimum = max(nodes + common[True] + metis, sort_held + SORT_MIN_BYTES if sort else 0)
+    in_memory = nodes + common[False] + metis + extra
+    need = min(minimum, in_memory)   # in memory only on a graph of hardly any edges (below the sort's floor)
+    if partitioned and need > budget.bytes:
+        raise InputError(f"method=metis needs an estimated {gib(need)} of memory here (METIS "
+                         f"{gib(metis)}: {METIS_BYTES_PER_ENTRY} B per input entry, measured), more than "
+                         f"memory_budget_bytes={budget.bytes} ({budget.describe()}); use method=kaminpar or "
+                         f"raise memory_budget_bytes to {need} or more")
+    if partitioned:
         parts.append("METIS")
     what = ", ".join(parts) + f" and {gib(chunk)} of chunk temporaries"
-    budget.require(minimum, what)
-    in_memory = minimum + extra
-    return MemoryPlan(minimum=minimum, in_memory=in_memory, streamed=not budget.fits(in_memory), what=what)
+    budget.require(need, what)
+    streamed = not budget.fits(in_memory)
+    return MemoryPlan(minimum=minimum, in_memory=in_memory, streamed=streamed, what=what,
+                      sort_bytes=sort_share(minimum, sort_held) if streamed and sort else 0)
 
 
-def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_parts: int, chunk: int, common: int,
-                   extra: int, parts: list[str]) -> MemoryPlan:
+def sort_share(minimum: int, sort_held: int) -> int:
+    """The external sort's bytes of temporaries: what the peak of the other phases leaves it (so it never raises
+    the estimate), at least its floor."""
+    return max(SORT_MIN_BYTES, minimum - sort_held)
+
+
+def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_parts: int, chunk: int,
+                   common: dict[bool, int], sort_held: int, extra: int, parts: list[str]) -> MemoryPlan:
     """KaMinPar's plan: the peak phase (module docstring), the first of the four choices that fits, cheapest first:
     streaming the CSR costs a spill copy (seconds), compression ~1.5x KaMinPar's time (113 against 75 s at 7 M
     nodes), so in memory, streamed, in memory compressed, streamed compressed."""
-    raw = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=False)
-    packed = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common, compress=True)
-    choices = [(max(e for _, e in phases), streamed, phases, compress)
-               for compress, phases in ((False, raw), (True, packed)) for streamed in (False, True)]
+    def phases(streamed: bool, compress: bool) -> tuple[tuple[str, int], ...]:
+        each = kaminpar_phases(num_nodes, adjacency, num_parts, chunk, common[streamed], compress)
+        if not (streamed and sort_held):
+            return each
+        others = max(e for _, e in each)
+        return (("symmetrise", sort_held + sort_share(others, sort_held)),) + each
+
+    # (estimate of the path, streamed, its phases, compress, the streamed minimum, the in-memory estimate)
+    choices = []
+    for compress in (False, True):
+        minimum = max(e for _, e in phases(True, compress))
+        in_memory = max(e for _, e in phases(False, compress)) + extra
+        choices += [(in_memory, False, phases(False, compress), compress, minimum, in_memory),
+                    (minimum, True, phases(True, compress), compress, minimum, in_memory)]
     # the first that fits, else the last (the smallest minimum), which the require below refuses
-    minimum, streamed, phases, compress = next((c for c in choices if budget.fits(c[0] if c[1] else c[0] + extra)),
-                                               choices[-1])
+    _, streamed, chosen, compress, minimum, in_memory = next((c for c in choices if budget.fits(c[0])), choices[-1])
+    # the cheapest choice: the streamed compressed one, but in memory on a graph of hardly any edges (below the
+    # external sort's floor)
+    need = min(c[0] for c in choices)
+    packed = phases(True, True)
     what = ", ".join(parts + [f"the O(N) arrays ({REPAIR_NODE_BYTES + SPLIT_NODE_BYTES + NODE_PART_BYTES * num_parts}"
                               f" B a node in the balance repair)",
                               f"KaMinPar's compressed graph and coarse levels "
@@ -168,6 +214,6 @@ def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_par
                               f"{KAMINPAR_BYTES_PER_NODE} B a "
                               f"node, the peak phase: {', '.join(f'{n} {gib(e)}' for n, e in packed)})"])
     what += f" and {gib(chunk)} of chunk temporaries"
-    budget.require(minimum, what)
-    return MemoryPlan(minimum=minimum, in_memory=minimum + extra, streamed=streamed, what=what, compress=compress,
-                      phases=phases)
+    budget.require(need, what)
+    return MemoryPlan(minimum=minimum, in_memory=in_memory, streamed=streamed, what=what, compress=compress,
+                      phases=chosen, sort_bytes=sort_share(minimum, sort_held) if streamed and sort_held else 0)

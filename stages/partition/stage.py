@@ -105,13 +105,18 @@ def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, 
     # pair under two relations, hence "directed" (the symmetrising path dedups)
     node_indptr = np.ascontiguousarray(graph.node_indptr)
     node_type = None if schema.is_homogeneous else schema.node_type_of_orig()
+    assigned: dict[str, Any] = {}
+    # streamed: a directed or typed graph's symmetric adjacency by the external sort (plan.sort_bytes > 0)
     part_of_orig = assign_parts(node_indptr, graph.indices, train_mask, num_parts,
                                 method=params.method, seed=params.seed,
                                 directed=graph.directed or not schema.is_homogeneous,
                                 balance_train=params.balance_train, balance_edges=params.balance_edges,
                                 progress=progress, node_type=node_type, threads=params.kaminpar_threads,
-                                scratch_dir=scratch, compress=plan.compress)
+                                scratch_dir=scratch, compress=plan.compress, sort_budget=plan.sort_bytes or None,
+                                stats=assigned)
     stats = partition_report(node_indptr, graph.indices, part_of_orig, train_mask, num_parts)
+    if "adjacency_sort_buckets" in assigned:   # in the summary only then: other builds' summaries as before
+        stats.update(adjacency_sort_buckets=assigned["adjacency_sort_buckets"], adjacency_sort_bytes=plan.sort_bytes)
     if node_type is not None:
         stats["typed"] = typed_report(graph.indptr, graph.indices, part_of_orig, node_type, schema, num_parts)
     book = relabel(part_of_orig, num_parts, node_type, len(schema.node_types))

@@ -6,7 +6,10 @@ stage's anonymous memory; every pass over them goes in row chunks, and each part
 
 Same computation as the in-memory path, on the same values, so the same partition and byte-identical Zarr
 arrays (tests/test_partition_stream.py). What stays in memory: the O(N) arrays, the train split, and link
-prediction's splits and negatives (budgeted in the plan's minimum).
+prediction's splits and negatives (budgeted in the plan's minimum). A directed or typed graph's symmetric adjacency,
+which the partitioner and the balance repair walk, is built by the external sort (``adjacency.external_symmetric``)
+into the scratch dir and memory-mapped too: the in-memory path's ``np.unique`` over both directions' keys (64 B a
+graph entry) would not fit.
 """
 
 from __future__ import annotations

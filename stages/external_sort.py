@@ -1,5 +1,9 @@
 """The canonical incoming CSR of a graph larger than memory: an external bucket sort over spill files.
 
+Shared by two stages: download builds the canonical graph with it, and the partition stage's streamed path the
+symmetric adjacency of a directed or typed graph (``stages.partition.adjacency``: the CSR's own (src, dst) pairs,
+symmetrised, give exactly what its in-memory ``_symmetrise`` gives).
+
 Builds exactly what ``canonical.to_csr_incoming`` builds (symmetrised if undirected, self-loops and duplicates
 dropped, each row's sources sorted), from edges that arrive in chunks ((src, dst) pairs of any integer dtype, e.g.
 slices of a memory-mapped ``edge_index.npy``), with anonymous memory bounded by a byte budget:
@@ -38,6 +42,12 @@ BUCKET_BYTES_PER_KEY = 32
 # and the bucket split of the sorted keys 8: 48, rounded up
 SLICE_BYTES_PER_EDGE = 64
 MIN_BUCKET_KEYS = 1 << 10    # 8 KiB of keys: a floor, so that a budget near the minimum still makes progress
+MIN_SLICE_EDGES = 1 << 12    # the same floor for a pass-2 slice
+# the temporaries whatever the budget (the floors above): a caller's minimum
+MIN_BYTES = max(MIN_BUCKET_KEYS * BUCKET_BYTES_PER_KEY, MIN_SLICE_EDGES * SLICE_BYTES_PER_EDGE)
+# O(N) besides the budget: the int64 row counts with one bincount temporary (count pass) or their cumulative sum
+# (bucket_starts), never all three; then the returned indptr alone (8), which the caller keeps
+NODE_BYTES = 16
 MAX_BUCKETS = 100_000        # one spill file each, appended per slice: beyond this the budget is absurdly small
 
 
@@ -52,19 +62,20 @@ class ExternalCsr:
 
 
 def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget_bytes: int,
-                 scratch: str) -> ExternalCsr:
+                 scratch: str, stage: str = "download") -> ExternalCsr:
     """The canonical incoming CSR of the edges ``chunks`` yields (module docstring), within ``budget_bytes`` of
-    anonymous memory on top of what the caller holds; spill files go to ``scratch`` (removed as they are used)."""
+    anonymous memory on top of what the caller holds (and ``NODE_BYTES`` a node); spill files go to ``scratch``
+    (removed as they are used), and ``stage`` is named in the error line of an absurdly small budget."""
     n = int(num_nodes)
     counts = count_rows(chunks, n, symmetrise=symmetrise)
     bucket_keys = max(MIN_BUCKET_KEYS, budget_bytes // BUCKET_BYTES_PER_KEY)
     starts = bucket_starts(counts, bucket_keys)
     if starts.shape[0] - 1 > MAX_BUCKETS:
-        raise InputError(f"download: a memory budget of {budget_bytes} bytes for sorting needs "
+        raise InputError(f"{stage}: a memory budget of {budget_bytes} bytes for sorting needs "
                          f"{starts.shape[0] - 1} spill buckets (more than {MAX_BUCKETS}); raise memory_budget_bytes")
     del counts
     paths = [os.path.join(scratch, f"bucket-{b:05d}.keys") for b in range(starts.shape[0] - 1)]
-    slice_edges = max(1 << 12, budget_bytes // SLICE_BYTES_PER_EDGE)
+    slice_edges = max(MIN_SLICE_EDGES, budget_bytes // SLICE_BYTES_PER_EDGE)
     spilled = _bucket_pass(chunks, n, symmetrise, starts, paths, slice_edges)
     out_dtype = index_dtype(n)
     out_path = os.path.join(scratch, "indices.raw")
@@ -78,7 +89,7 @@ def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget
         if os.path.exists(path):
             os.remove(path)   # its disk space goes back before the next bucket's
         keys.sort()
-        keys = _distinct(keys)
+        keys = distinct_sorted(keys)
         rows = keys // n
         indptr[lo + 1:hi + 1] = np.bincount(rows - lo, minlength=hi - lo)
         del rows
@@ -158,7 +169,10 @@ def _ids(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64) if a.dtype == np.uint64 else a
 
 
-def _distinct(keys: np.ndarray) -> np.ndarray:
+def distinct_sorted(keys: np.ndarray) -> np.ndarray:
+    """Sorted ``keys`` without repeats: ``keys`` itself when it has none, else one compressed copy (a 1-byte mask
+    a key besides). ``np.unique`` does the same far slower since NumPy 2.3's hash table (``adjacency._symmetrise``
+    measured it)."""
     if keys.shape[0] < 2:
         return keys
     first = np.empty(keys.shape[0], dtype=bool)

@@ -1,5 +1,5 @@
 """Typed graphs under the download stage's memory budget: the external sort builds the typed CSR (one row per node
-and edge type) the in-memory path builds."""
+and edge type) the in-memory path builds, and synthetic-hetero draws the same edges in blocks as whole."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from stages.download.canonical import Relation, check_num_nodes, typed_csr_incoming
 from stages.download.external_sort import EdgeStream, array_chunks, count_rows, external_typed_csr
+from stages.download.synthetic_hetero import _Drawer
 from storage import InputError
 
 
@@ -51,3 +52,17 @@ def test_typed_keys_refuse_a_node_count_that_would_overflow_int64() -> None:
     with pytest.raises(InputError, match="out of range"):   # before the O(N * R) row counts are allocated
         external_typed_csr([EdgeStream(array_chunks(np.zeros(0), np.zeros(0), 1))] * 7, 2_000_000_000,
                            budget_bytes=1, scratch="/nonexistent")
+
+
+def test_a_relation_drawn_in_blocks_is_the_relation_drawn_whole() -> None:
+    rng = np.random.default_rng(4)
+    home = {"paper": rng.integers(0, 3, 500), "author": rng.integers(0, 3, 800)}
+    weight = {t: rng.pareto(2.2, h.shape[0]) + 1.0 for t, h in home.items()}
+    whole, blocked = (_Drawer(np.random.default_rng(9), home, weight, 3) for _ in range(2))
+    (want,) = whole.relation("author", "paper", 6.0, 0.8, from_target=True)
+    blocks = list(blocked.relation("author", "paper", 6.0, 0.8, from_target=True, block_edges=100))
+    assert len(blocks) > 10
+    for got, expected in zip((np.concatenate(ends) for ends in zip(*blocks)), want):
+        assert np.array_equal(got, expected)
+    # and the edge stream goes on to the next relation where it would have
+    assert whole.rng.random() == blocked.rng.random()

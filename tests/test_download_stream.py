@@ -116,18 +116,25 @@ def test_a_source_that_does_not_stream_names_its_estimate(tmp_path: Path) -> Non
     assert not (tmp_path / "root" / "download").exists()
 
 
-def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def disk_full_after(writes: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Spill appends fail with ENOSPC after ``writes`` of them; returns the paths appended to (the failing one
+    last)."""
     calls = []
 
     def full(path: str, data: np.ndarray) -> None:
         calls.append(path)
-        if len(calls) > 3:
+        if len(calls) > writes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         with open(path, "ab") as f:
             data.tofile(f)
 
     monkeypatch.setattr("storage.spill.spill_append", full)
+    return calls
+
+
+def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    disk_full_after(3, monkeypatch)
     root = tmp_path / "root"
     params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")),
                              memory_budget_bytes=3 << 20)

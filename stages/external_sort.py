@@ -4,30 +4,35 @@ Shared by two stages: download builds the canonical graph with it, and the parti
 symmetric adjacency of a directed or typed graph (``stages.partition.adjacency``: the CSR's own (src, dst) pairs,
 symmetrised, give exactly what its in-memory ``_symmetrise`` gives).
 
-Builds exactly what ``canonical.to_csr_incoming`` builds (symmetrised if undirected, self-loops and duplicates
-dropped, each row's sources sorted), from edges that arrive in chunks ((src, dst) pairs of any integer dtype, e.g.
-slices of a memory-mapped ``edge_index.npy``), with anonymous memory bounded by a byte budget:
+Builds exactly what ``canonical.typed_csr_incoming`` builds (self-loops and duplicates dropped, a symmetrised edge
+type's reversed edges added, each row's sources sorted), from edges that arrive in chunks ((src, dst) pairs of any
+integer dtype, e.g. slices of a memory-mapped ``edge_index.npy``), with anonymous memory bounded by a byte budget.
+A homogeneous graph is one ``EdgeStream``; a typed graph is one per edge type (R of them, in schema order), each
+in its node types' own ids with the offsets that make them the graph's orig ids. Rows are (node, edge type):
+``row = v * R + e``, N * R of them (R = 1: the destination node):
 
-1. count pass: one pass over the chunks counts the keys each destination row receives (an upper bound: before
-   duplicates go), O(N) memory;
-2. the rows are cut into buckets of consecutive rows whose keys (int64 ``dst * N + src``, as in ``canonical``) fit
-   the bucket share of the budget; a second pass appends each chunk's keys to its buckets' spill files;
+1. count pass: one pass over the chunks counts the keys each row receives (an upper bound: before duplicates go),
+   O(N * R) memory;
+2. the rows are cut into buckets of consecutive rows whose keys (int64 ``row * N + src``, as in ``canonical``)
+   fit the bucket share of the budget; a second pass appends each chunk's keys to its buckets' spill files;
 3. per bucket: read its keys, sort in place, drop duplicates, append the sources (``index_dtype``) to the output
    spill file and the row counts to ``indptr``.
 
-A bucket costs ``BUCKET_BYTES_PER_KEY`` bytes per key: the int64 keys, the duplicate mask, the deduplicated copy
-and the narrowed sources. The output ``indices`` is a memory map of a file in the scratch directory (page cache,
-not anonymous memory), ``indptr`` int64 [N+1] the only O(N) array returned.
+Keys stay below N * R * N, so int64 holds them while N <= 3.04e9 / sqrt(R) (``canonical.check_num_nodes``: 1.15e9
+nodes with MAG's R = 7). A bucket costs ``BUCKET_BYTES_PER_KEY`` bytes per key: the int64 keys, the duplicate mask,
+the deduplicated copy and the narrowed sources. The output ``indices`` is a memory map of a file in the scratch
+directory (page cache, not anonymous memory), ``indptr`` int64 [N*R+1] the only O(N * R) array returned.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from stages.download.canonical import check_num_nodes, edge_keys
 from storage import spill
 from storage.errors import InputError
 from storage.graph import index_dtype
@@ -39,7 +44,8 @@ EdgeChunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 # room for the row-count bincount of a small bucket
 BUCKET_BYTES_PER_KEY = 32
 # per listed edge of a pass-2 slice: 2 int64 keys (symmetrised) 16 + the self-loop mask, the slice's int64 casts 16
-# and the bucket split of the sorted keys 8: 48, rounded up
+# (offset into the graph's ids), the typed row ``dst * R + e`` 8 and the bucket split of the sorted keys 8: 49,
+# rounded up
 SLICE_BYTES_PER_EDGE = 64
 MIN_BUCKET_KEYS = 1 << 10    # 8 KiB of keys: a floor, so that a budget near the minimum still makes progress
 MIN_SLICE_EDGES = 1 << 12    # the same floor for a pass-2 slice
@@ -55,19 +61,66 @@ MAX_BUCKETS = 100_000        # one spill file each, appended per slice: beyond t
 class ExternalCsr:
     """The CSR an external sort built: ``indices`` is a read-only memory map in the scratch directory."""
 
-    indptr: np.ndarray     # int64 [N+1]
+    indptr: np.ndarray     # int64 [N*R+1]
     indices: np.ndarray    # index_dtype [E], memory-mapped
     buckets: int
     spill_bytes: int       # bytes written to spill files (bucket keys and the output indices)
 
 
+@dataclass
+class SortSpace:
+    """Where external sorts spill (``scratch``) and the anonymous memory they may use (``budget_bytes``); adds up
+    what its sorts and the sources' own spills wrote, for the stage's summary."""
+
+    scratch: str
+    budget_bytes: int
+    buckets: int = 0
+    spill_bytes: int = 0
+
+    @property
+    def chunk_edges(self) -> int:
+        """Edges per chunk a source yields: one pass-2 slice's worth of the budget."""
+        return max(1, self.budget_bytes // SLICE_BYTES_PER_EDGE)
+
+    def csr(self, streams: Sequence[EdgeStream], num_nodes: int) -> ExternalCsr:
+        """``external_typed_csr`` of ``streams`` in this space."""
+        csr = external_typed_csr(streams, num_nodes, budget_bytes=self.budget_bytes, scratch=self.scratch)
+        self.buckets += csr.buckets
+        self.spill_bytes += csr.spill_bytes
+        return csr
+
+    def info(self) -> dict[str, int]:
+        return {"sort_buckets": self.buckets, "spill_bytes": self.spill_bytes}
+
+
+@dataclass(frozen=True)
+class EdgeStream:
+    """One edge type's edges as ``chunks`` of (src, dst) ids, ``src_base`` / ``dst_base`` added to make them the
+    graph's orig ids (a typed source's ids are its node types' own); ``symmetrise`` adds each reversed edge to the
+    same edge type."""
+
+    chunks: EdgeChunks
+    symmetrise: bool = False
+    src_base: int = 0
+    dst_base: int = 0
+
+
 def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget_bytes: int,
                  scratch: str, stage: str = "download") -> ExternalCsr:
-    """The canonical incoming CSR of the edges ``chunks`` yields (module docstring), within ``budget_bytes`` of
-    anonymous memory on top of what the caller holds (and ``NODE_BYTES`` a node); spill files go to ``scratch``
-    (removed as they are used), and ``stage`` is named in the error line of an absurdly small budget."""
+    """The canonical incoming CSR of the edges ``chunks`` yields (one edge type: ``external_typed_csr``); ``stage``
+    is named in the error line of an absurdly small budget."""
+    return external_typed_csr([EdgeStream(chunks, symmetrise)], num_nodes, budget_bytes=budget_bytes,
+                              scratch=scratch, stage=stage)
+
+
+def external_typed_csr(streams: Sequence[EdgeStream], num_nodes: int, *, budget_bytes: int,
+                       scratch: str, stage: str = "download") -> ExternalCsr:
+    """The canonical incoming CSR, one row per (node, edge type), of ``streams`` (edge type e = ``streams[e]``;
+    module docstring), within ``budget_bytes`` of anonymous memory on top of what the caller holds (and
+    ``NODE_BYTES`` a row); spill files go to ``scratch`` (removed as they are used)."""
     n = int(num_nodes)
-    counts = count_rows(chunks, n, symmetrise=symmetrise)
+    check_num_nodes(n, len(streams))
+    counts = count_rows(streams, n)
     bucket_keys = max(MIN_BUCKET_KEYS, budget_bytes // BUCKET_BYTES_PER_KEY)
     starts = bucket_starts(counts, bucket_keys)
     if starts.shape[0] - 1 > MAX_BUCKETS:
@@ -76,10 +129,10 @@ def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget
     del counts
     paths = [os.path.join(scratch, f"bucket-{b:05d}.keys") for b in range(starts.shape[0] - 1)]
     slice_edges = max(MIN_SLICE_EDGES, budget_bytes // SLICE_BYTES_PER_EDGE)
-    spilled = _bucket_pass(chunks, n, symmetrise, starts, paths, slice_edges)
+    spilled = _bucket_pass(streams, n, starts, paths, slice_edges)
     out_dtype = index_dtype(n)
     out_path = os.path.join(scratch, "indices.raw")
-    indptr = np.zeros(n + 1, dtype=np.int64)
+    indptr = np.zeros(n * len(streams) + 1, dtype=np.int64)
     with open(out_path, "wb"):
         pass   # the output exists even for a graph without edges
     total = 0
@@ -104,15 +157,19 @@ def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget
     return ExternalCsr(indptr, indices, len(paths), spilled)
 
 
-def count_rows(chunks: EdgeChunks, n: int, *, symmetrise: bool) -> np.ndarray:
-    """int64 [N]: keys per destination row (listed edges and, if ``symmetrise``, reversed ones; self-loops not)."""
-    counts = np.zeros(n, dtype=np.int64)
-    for src, dst in chunks():
-        src, dst = _ids(src), _ids(dst)
-        keep = src != dst
-        counts += np.bincount(dst[keep], minlength=n)
-        if symmetrise:
-            counts += np.bincount(src[keep], minlength=n)
+def count_rows(streams: Sequence[EdgeStream], n: int) -> np.ndarray:
+    """int64 [N * R]: keys per row ``v * R + e`` (listed edges and, for a symmetrised type, reversed ones;
+    self-loops not)."""
+    r = len(streams)
+    counts = np.zeros(n * r, dtype=np.int64)
+    for e, stream in enumerate(streams):
+        for src, dst in stream.chunks():
+            src, dst = _global(src, stream.src_base), _global(dst, stream.dst_base)
+            keep = src != dst
+            for ends in (dst, src)[:2 if stream.symmetrise else 1]:
+                rows = ends[keep].astype(np.int64) * r + e if r > 1 else ends[keep]
+                counts += np.bincount(rows, minlength=n * r)
+                del rows
     return counts
 
 
@@ -130,43 +187,33 @@ def bucket_starts(counts: np.ndarray, bucket_keys: int) -> np.ndarray:
     return np.asarray(starts, dtype=np.int64)
 
 
-def _bucket_pass(chunks: EdgeChunks, n: int, symmetrise: bool, starts: np.ndarray, paths: list[str],
+def _bucket_pass(streams: Sequence[EdgeStream], n: int, starts: np.ndarray, paths: list[str],
                  slice_edges: int) -> int:
     """Append every key to its bucket's spill file; returns the bytes written."""
     bounds = starts * n    # bucket b holds the keys in [bounds[b], bounds[b + 1])
     written = 0
-    for src_chunk, dst_chunk in chunks():
-        for lo in range(0, src_chunk.shape[0], slice_edges):
-            keys = edge_keys(src_chunk[lo:lo + slice_edges], dst_chunk[lo:lo + slice_edges], n, symmetrise)
-            keys.sort()   # sorted keys are grouped by bucket: one contiguous write per bucket
-            cuts = np.searchsorted(keys, bounds)
-            for b in np.flatnonzero(np.diff(cuts)):
-                part = keys[cuts[b]:cuts[b + 1]]
-                spill.spill_append(paths[b], part)
-                written += part.nbytes
+    for e, stream in enumerate(streams):
+        for src_chunk, dst_chunk in stream.chunks():
+            for lo in range(0, src_chunk.shape[0], slice_edges):
+                src = _global(src_chunk[lo:lo + slice_edges], stream.src_base)
+                dst = _global(dst_chunk[lo:lo + slice_edges], stream.dst_base)
+                keys = edge_keys(src, dst, n, symmetrise=stream.symmetrise, num_types=len(streams), edge_type=e)
+                keys.sort()   # sorted keys are grouped by bucket: one contiguous write per bucket
+                cuts = np.searchsorted(keys, bounds)
+                for b in np.flatnonzero(np.diff(cuts)):
+                    part = keys[cuts[b]:cuts[b + 1]]
+                    spill.spill_append(paths[b], part)
+                    written += part.nbytes
     return written
 
 
-def edge_keys(src: np.ndarray, dst: np.ndarray, n: int, symmetrise: bool) -> np.ndarray:
-    """int64 keys ``dst * n + src`` of the non-loop edges (and the reversed ones if ``symmetrise``)."""
-    src, dst = _ids(src), _ids(dst)
-    keep = src != dst
-    if not keep.all():
-        src, dst = src[keep], dst[keep]
-    e = src.shape[0]
-    keys = np.empty(2 * e if symmetrise else e, dtype=np.int64)
-    np.multiply(dst, n, out=keys[:e], dtype=np.int64, casting="unsafe")
-    keys[:e] += src
-    if symmetrise:
-        np.multiply(src, n, out=keys[e:], dtype=np.int64, casting="unsafe")
-        keys[e:] += dst
-    return keys
-
-
-def _ids(a: np.ndarray) -> np.ndarray:
-    """``a`` as an array, uint64 cast to int64: uint64 with int64 promotes to float64 in NumPy and would round."""
-    a = np.asarray(a)
-    return a.astype(np.int64) if a.dtype == np.uint64 else a
+def _global(ids: np.ndarray, base: int) -> np.ndarray:
+    """``ids + base`` in int64 (one allocation), or ``ids`` as they are without an offset; uint64 is cast to int64:
+    uint64 with int64 promotes to float64 in NumPy and would round."""
+    ids = np.asarray(ids)
+    if base:
+        return np.add(ids, base, dtype=np.int64, casting="unsafe")
+    return ids.astype(np.int64) if ids.dtype == np.uint64 else ids
 
 
 def distinct_sorted(keys: np.ndarray) -> np.ndarray:

@@ -61,7 +61,7 @@ def test_uint64_ids_are_not_rounded() -> None:
     n = 100_000_000
     src = np.array([n - 1, n - 2], dtype=np.uint64)
     dst = np.array([n - 2, n - 1], dtype=np.uint64)
-    keys = canonical._edge_keys(*canonical._check_edges(src, dst, n), n, symmetrise=False)
+    keys = canonical.edge_keys(*canonical._check_edges(src, dst, n), n, symmetrise=False)
     assert keys.tolist() == [(n - 2) * n + (n - 1), (n - 1) * n + (n - 2)]
     assert to_csr_incoming(src[:0], dst[:0], 3, directed=True)[0].tolist() == [0, 0, 0, 0]
 

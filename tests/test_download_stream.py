@@ -123,9 +123,9 @@ def test_a_source_that_does_not_stream_names_its_estimate(tmp_path: Path) -> Non
     assert not (tmp_path / "root" / "download").exists()
 
 
-def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int, prefix: str = "") -> list[str]:
-    """Spill appends to files named ``prefix*`` fail with ENOSPC after ``writes`` of them; the list of their
-    paths, as they are tried."""
+def disk_full_after(writes: int, monkeypatch: pytest.MonkeyPatch, prefix: str = "") -> list[str]:
+    """Spill appends to files named ``prefix*`` fail with ENOSPC after ``writes`` of them; returns the paths
+    appended to (the failing one last)."""
     calls: list[str] = []
 
     def full(path: str, data: np.ndarray) -> None:
@@ -142,7 +142,7 @@ def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int, prefix: str =
 
 def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    _disk_full_after(monkeypatch, 3)
+    disk_full_after(3, monkeypatch)
     root = tmp_path / "root"
     params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")),
                              memory_budget_bytes=3 << 20)
@@ -209,7 +209,7 @@ def test_the_link_minimum_holds_the_held_out_pairs(tmp_path: Path) -> None:
 
 def test_a_full_disk_during_the_link_split_leaves_nothing_half_written(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _disk_full_after(monkeypatch, 3, "link-")   # the split's spills only: the sort before it completes
+    calls = disk_full_after(3, monkeypatch, "link-")   # the split's spills only: the sort before it completes
     root = tmp_path / "root"
     params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")), task="link",
                              memory_budget_bytes=3 << 20)
@@ -219,7 +219,7 @@ def test_a_full_disk_during_the_link_split_leaves_nothing_half_written(tmp_path:
 
 
 def test_a_wrong_link_edge_type_fails_before_the_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spilled = _disk_full_after(monkeypatch, 1 << 30)   # records every spill, fails none
+    spilled = disk_full_after(1 << 30, monkeypatch)   # records every spill, fails none
     params = download.Params(dataset="files", path=str(_files_dataset(tmp_path / "data")), task="link",
                              link_edge_type="cites", memory_budget_bytes=3 << 20)
     with pytest.raises(InputError, match=r"link_edge_type.*cites") as err:

@@ -1,12 +1,13 @@
 """The download stage under ``memory_budget_bytes`` (``stages.memory``): which path builds the canonical graph.
 
 ``choose`` estimates the in-memory path's peak anonymous memory. When it fits the budget, the in-memory path runs
-(products-scale speed unchanged); otherwise a homogeneous ``files`` dataset (no ``edge_attr.npy``) or
-``synthetic`` / ``synthetic-link`` graph (no edge features) takes the streaming path: the CSR from
-``external_sort`` in the budget left after the O(N) arrays, ``x`` and ``indices`` as memory maps written chunk by
-chunk; with task=link, then the held-out edge split from that memory-mapped CSR (``edge_split_stream``): the
-same bytes. Every other source (typed graphs, OGB and ogbl-*, edge features) does not stream yet: beyond the
-budget it fails in one line naming its estimate. OGB's size is unknown before its download: it always runs in
+(products-scale speed unchanged); otherwise a ``files`` dataset (homogeneous without ``edge_attr.npy``, or typed),
+a ``synthetic`` / ``synthetic-link`` graph (no edge features) or ``synthetic-hetero`` takes the streaming path:
+the CSR from ``external_sort`` in the budget left after the O(N) arrays (a typed graph's one row per node and edge
+type), ``x`` (per node type) and ``indices`` as memory maps written chunk by chunk; with task=link on a
+homogeneous graph, then the held-out edge split from that memory-mapped CSR (``edge_split_stream``): the same
+bytes. Every other source (OGB and ogbl-*, edge features, a typed graph's link split) does not stream yet: beyond
+the budget it fails in one line naming its estimate. OGB's size is unknown before its download: it always runs in
 memory.
 
 The estimates (bytes) and the numbers that decide them:
@@ -21,11 +22,17 @@ The estimates (bytes) and the numbers that decide them:
   ends, their relabelled copies, then two int64 keys and a mask), the float32 ``x`` (``4 F`` per node),
   ``SYNTH_NODE_BYTES`` per node, one draw block (``DRAW_BYTES`` per entry) and the write buffers: at 1 M nodes,
   avg_degree 20 and 64 features ~0.77 GB, so a 256 MiB budget streams it;
-- streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node), with task=link
-  the split's held-out pairs (``HELD_PAIR_BYTES`` each: valid + test fractions of the pairs, ``avg_degree N / 2``
-  for synthetic, at most one per listed edge for ``files``), plus the largest of one sort bucket's floor, the
-  write buffers, (synthetic) one draw block and (task=link) the split's floor of one row chunk. The split's
-  permutation is not in it: it is shuffled on disk (``edge_split_stream``, pass 2).
+- in-memory typed (``files``, ``synthetic-hetero``; R edge types): ``16`` bytes per edge of every edge type (each
+  type's ends copied to int64 orig ids, a reverse type's again) + ``18`` per sort key (the per-type keys and their
+  concatenation, then the duplicate masks and the distinct copy; a symmetrised type's edges count twice) +
+  ``ROW_BYTES`` per (node, edge type) row (indptr's searchsorted) + ``NODE_BYTES`` per node + the write buffers;
+  ``synthetic-hetero`` adds its drawn edges (two int64 a listed edge) and the float32 paper features;
+- streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node; a typed graph
+  ``ROW_BYTES`` more per row beyond a node's first, ``synthetic-hetero`` at least ``HETERO_DRAW_NODE_BYTES`` while it
+  draws), with task=link the split's held-out pairs (``HELD_PAIR_BYTES`` each: valid + test fractions of the
+  pairs, ``avg_degree N / 2`` for synthetic, at most one per listed edge for ``files``), plus the largest of one
+  sort bucket's floor, the write buffers, (synthetic) one draw block and (task=link) the split's floor of one row
+  chunk. The split's permutation is not in it: it is shuffled on disk (``edge_split_stream``, pass 2).
 """
 
 from __future__ import annotations
@@ -44,7 +51,17 @@ from stages.download.edge_split_stream import (
     split_edges_streamed,
 )
 from stages.download.synthetic import EDGE_BLOCK, generate_synthetic
-from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, external_csr
+from stages.download.synthetic_hetero import (
+    DRAW_BYTES_PER_EDGE,
+    FEATURE_BYTES_PER_VALUE,
+    MIN_DRAW_EDGES,
+    expected_edges,
+    generate_synthetic_hetero,
+    type_counts,
+)
+from stages.download.typed import TypedSizes, typed_sizes
+from stages.download.typed_files import is_typed_dir, load_typed_files, typed_file_sizes
+from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, SortSpace, external_csr
 from stages.memory import MemoryBudget, gib
 from storage.errors import InputError
 from storage.graph import Graph, index_dtype
@@ -68,6 +85,12 @@ DRAW_BYTES = 18   # synthetic._draw_ends: per entry of a block
 # int64 entry/src/dst copies (24), the pairs and their stack (16), the splits and the permutation (12), the keys
 # and np.isin's concatenation, argsort and sorted copy, twice when symmetric (~50), the kept copy (8)
 SPLIT_ENTRY_BYTES = 124
+# per (node, edge type) row: the sort's row counts, their bincount temporary and cumulative sum (then indptr and
+# edges_per_type's diff): the row part of NODE_BYTES, which a typed graph pays R times
+ROW_BYTES = 24
+# per node, synthetic-hetero while it draws: home classes and weights 16, the drawer's order and cumsum 16 and
+# their construction's temporaries 24, the emitted counts and their cumsum 16: 72, rounded up
+HETERO_DRAW_NODE_BYTES = 80
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,8 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
     """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``) and the sort's
     figures for the summary."""
     sort_budget = max(1, budget.bytes - _resident(params))
+    if _typed_sizes(params) is not None:   # typed + task=link is refused by choose: it does not stream
+        return _load_typed(params, SortSpace(scratch, sort_budget))
     if params.task == "link":   # a wrong name fails before the sort, not hours later
         link_edge_type_index(GraphSchema.homogeneous(1, 1, 2), params.link_edge_type)
     if params.dataset == "files":
@@ -122,10 +147,24 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
     return graph, info | split
 
 
+def _load_typed(params: Params, sort: SortSpace) -> tuple[Graph, dict[str, Any]]:
+    """A typed graph through ``external_sort`` (``typed.build_graph``'s streaming path)."""
+    if params.dataset == "synthetic-hetero":
+        graph = generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
+                                          params.num_classes, params.seed, split=params.split,
+                                          add_reverse=params.add_reverse, sort=sort)
+    else:
+        graph = load_typed_files(os.path.abspath(params.path or ""), add_reverse=params.add_reverse, sort=sort)
+    return graph, sort.info()
+
+
 def _estimate(params: Params) -> tuple[int | None, bool, str]:
     """(in-memory peak estimate, whether the streaming path can build it, what it is in words)."""
     link = params.task == "link"
-    if params.dataset in ("synthetic", "synthetic-link", "synthetic-hetero"):
+    typed = _typed_sizes(params)
+    if typed is not None:
+        return _typed_estimate(params, typed)
+    if params.dataset in ("synthetic", "synthetic-link"):
         n = params.num_nodes
         entries = int(params.avg_degree * n / 2)
         edge_features = 12 * 2 * entries * params.num_edge_features + 128 * entries if params.num_edge_features else 0
@@ -169,8 +208,38 @@ def _file_shapes(path: str) -> tuple[int, int, bool, int, bool] | None:
         return None
 
 
+def _typed_sizes(params: Params) -> TypedSizes | None:
+    """A typed dataset's sizes (``typed.typed_sizes``); None for a homogeneous one, or a typed directory whose files
+    are missing or broken (the in-memory path reports the problem)."""
+    if params.dataset == "synthetic-hetero":
+        counts = type_counts(params.num_nodes, params.num_classes)
+        return typed_sizes(counts, expected_edges(params.num_nodes, params.avg_degree, params.num_classes),
+                           {"paper": 4 * params.num_features}, add_reverse=params.add_reverse)
+    path = os.path.abspath(params.path or "")
+    found = typed_file_sizes(path) if params.dataset == "files" and is_typed_dir(path) else None
+    return None if found is None else typed_sizes(*found, add_reverse=params.add_reverse)
+
+
+def _typed_estimate(params: Params, typed: TypedSizes) -> tuple[int, bool, str]:
+    """``_estimate`` of a typed dataset (module docstring); task=link does not stream."""
+    link = params.task == "link"
+    n, rows = typed.num_nodes, typed.num_nodes * typed.num_edge_types
+    estimate = 16 * typed.edges + 18 * typed.keys + ROW_BYTES * rows + NODE_BYTES * n + _write_buffers(params)
+    if params.dataset == "synthetic-hetero":
+        estimate += 16 * typed.listed + typed.feature_bytes + (96 * typed.listed if link else 0)
+        why = "dataset synthetic-hetero"
+    else:
+        estimate += 48 * typed.listed if link else 0
+        why = f"typed files dataset {params.path}"
+    return estimate, not link, why + (" with task=link" if link else "")
+
+
 def _resident(params: Params) -> int:
     """The streaming path's O(N) arrays."""
+    typed = _typed_sizes(params)
+    if typed is not None:
+        resident = NODE_BYTES * typed.num_nodes + ROW_BYTES * typed.num_nodes * (typed.num_edge_types - 1)
+        return max(resident, HETERO_DRAW_NODE_BYTES * typed.num_nodes) if params.dataset != "files" else resident
     n = _num_nodes(params)
     return (SYNTH_NODE_BYTES if params.dataset != "files" else NODE_BYTES) * n
 
@@ -197,11 +266,16 @@ def _num_nodes(params: Params) -> int:
 def _draw_block(params: Params) -> int:
     if params.dataset == "files":
         return 0
+    if params.dataset == "synthetic-hetero":   # its draw and feature blocks are sized to the budget, down to these
+        return max(DRAW_BYTES_PER_EDGE * MIN_DRAW_EDGES, FEATURE_BYTES_PER_VALUE * params.num_features)
     return DRAW_BYTES * min(EDGE_BLOCK, int(params.avg_degree * params.num_nodes / 2) + 1)
 
 
 def _write_buffers(params: Params, n: int | None = None, edges: int | None = None) -> int:
     """WRITE_BUFFERS copies of the largest chunk written: ``indices`` (index dtype, ~``edges`` long) or ``x``."""
+    typed = _typed_sizes(params)
+    if typed is not None:   # the sort's keys bound its edges; x is written per node type
+        return _chunk_writes(typed.num_nodes, typed.keys, typed.x_chunk_bytes)
     n = _num_nodes(params) if n is None else n
     edges = int(params.avg_degree * n) if edges is None else edges
     features = params.num_features * 4
@@ -213,6 +287,10 @@ def _write_buffers(params: Params, n: int | None = None, edges: int | None = Non
 
             x = _load(path, "x.npy", mmap=True)
             features = x.dtype.itemsize * int(np.prod(x.shape[1:]))
+    return _chunk_writes(n, edges, chunk_rows_for(max(n, 1), features) * features)
+
+
+def _chunk_writes(n: int, edges: int, x_chunk_bytes: int) -> int:
+    """WRITE_BUFFERS copies of the larger of an ``indices`` chunk and an ``x`` chunk."""
     ids = index_dtype(n).itemsize
-    chunk = max(chunk_rows_for(max(edges, 1), ids) * ids, chunk_rows_for(max(n, 1), features) * features)
-    return WRITE_BUFFERS * chunk
+    return WRITE_BUFFERS * max(chunk_rows_for(max(edges, 1), ids) * ids, x_chunk_bytes)

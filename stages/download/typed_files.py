@@ -12,7 +12,9 @@ node's id within its type::
 
 Node types keep the order of ``schema.json``. Each array is checked as the homogeneous layout's
 (``stages.download.files_source``) and a problem is one line naming its file; ``add_reverse`` adds reverse edge
-types as for every typed source.
+types as for every typed source. ``x.npy`` and ``edge_index.npy`` stay memory maps: the in-memory path copies the
+edges into its sort, the streaming path (``sort``) reads them a chunk at a time; ``typed_file_sizes`` reads the
+headers alone, for the memory estimates of ``stages.download.streamed``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 
 from stages.download.files_source import _check_disjoint, _check_ids, _check_x, _load, _read_labels, _read_split
 from stages.download.typed import TypedSource, build_graph
+from stages.external_sort import SortSpace
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.schema import EdgeType
@@ -39,8 +42,9 @@ def is_typed_dir(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, SCHEMA))
 
 
-def load_typed_files(directory: str, *, add_reverse: bool) -> Graph:
-    """Load and validate the typed ``.npy`` dataset in ``directory`` (layout in the module docstring)."""
+def load_typed_files(directory: str, *, add_reverse: bool, sort: SortSpace | None = None) -> Graph:
+    """Load and validate the typed ``.npy`` dataset in ``directory`` (layout in the module docstring); with
+    ``sort`` its CSR comes from the external sort (``typed.build_graph``)."""
     counts, num_classes, name = _read_schema(directory)
     features: dict[str, np.ndarray] = {}
     labels: dict[str, tuple[np.ndarray, int]] = {}
@@ -55,7 +59,27 @@ def load_typed_files(directory: str, *, add_reverse: bool) -> Graph:
             splits[node_type] = _in(folder, partial(_splits, folder, n, y))
     edges = {e: _in(path, partial(_edges, path, e, counts)) for e, path in _edge_dirs(directory).items()}
     return build_graph(TypedSource(counts, edges, features, labels, splits, name=name,
-                                   source=f"files({os.path.abspath(directory)})"), add_reverse=add_reverse)
+                                   source=f"files({os.path.abspath(directory)})"), add_reverse=add_reverse,
+                       sort=sort)
+
+
+def typed_file_sizes(directory: str) -> tuple[dict[str, int], dict[EdgeType, int], dict[str, int]] | None:
+    """(nodes per type, listed edges per edge type, bytes of a feature row per featured type) from ``schema.json``
+    and the ``.npy`` headers (memory maps: nothing read), or None where a file is missing or broken (the loader
+    names the problem)."""
+    try:
+        counts = _read_schema(directory)[0]
+        edges = {e: int(_load(path, "edge_index.npy", mmap=True).shape[-1])
+                 for e, path in _edge_dirs(directory).items()}
+        row_bytes = {}
+        for node_type in counts:
+            folder = os.path.join(directory, "nodes", node_type)
+            if os.path.isfile(os.path.join(folder, "x.npy")):
+                x = _load(folder, "x.npy", mmap=True)
+                row_bytes[node_type] = x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))
+        return counts, edges, row_bytes
+    except (InputError, IndexError):
+        return None
 
 
 def _in(folder: str, read: Callable[[], T]) -> T:

@@ -41,7 +41,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, write_array
+from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_into, write_array
 
 _BOOK = "book.zarr"
 # int32 ids fit below this many nodes (the largest gid is N - 1)
@@ -54,8 +54,10 @@ def id_dtype(num_nodes: int) -> np.dtype:
 
 
 def read_ids(group: zarr.Group, name: str) -> np.ndarray:
-    """An id array of this format widened to int64, whatever ``id_dtype`` it was stored as."""
-    return read_array(group, name).astype(np.int64, copy=False)
+    """An id array of this format widened to int64 chunk by chunk (no whole stored-dtype copy beside it),
+    whatever ``id_dtype`` it was stored as."""
+    arr = open_array(group, name)
+    return read_into(arr, np.empty(arr.shape, dtype=np.int64))
 
 
 def _part_name(p: int) -> str:
@@ -177,13 +179,14 @@ def write_link_arrays(g: zarr.Group, edge_splits: dict[str, np.ndarray] | None,
         g.attrs["edge_split_neg_shapes"] = {k: list(v.shape) for k, v in edge_split_negatives.items()}
 
 
-def _read_part(url: str) -> PartCSR:
+def _read_part(url: str, native: bool = False) -> PartCSR:
     g = open_group(url)
     attrs = dict(g.attrs)
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe partition (no attrs); rerun the partition stage")
     return PartCSR(attr_int(attrs, "part", url), attr_int(attrs, "start_gid", url), read_array(g, "indptr"),
-                   read_ids(g, "indices"), attr_int(attrs, "num_edge_types", url))
+                   read_array(g, "indices") if native else read_ids(g, "indices"),
+                   attr_int(attrs, "num_edge_types", url))
 
 
 def concat_parts(parts: list[PartCSR]) -> tuple[np.ndarray, np.ndarray]:
@@ -224,9 +227,10 @@ class PartitionArtifact(ArtifactHandle):
         return PartitionBook(read_array(g, "bounds"), read_ids(g, "orig_of_gid"), read_ids(g, "gid_of_orig"),
                              read_array(g, "type_bounds"))
 
-    def csr(self, p: int) -> PartCSR:
-        """Partition p's incoming-edge CSR (rows: lids, indices: gids)."""
-        return _read_part(self._url(_part_name(p)))
+    def csr(self, p: int, native: bool = False) -> PartCSR:
+        """Partition p's incoming-edge CSR (rows: lids, indices: gids): ``indices`` widened to int64, or with
+        ``native`` in its stored ``id_dtype`` (int32 below 2^31 nodes: what a rank holds, 4 B an edge)."""
+        return _read_part(self._url(_part_name(p)), native)
 
     @property
     def link_edge_type(self) -> str | None:

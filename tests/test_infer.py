@@ -284,6 +284,24 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
     torch.testing.assert_close(again, ref, rtol=1e-5, atol=ATOL)
 
 
+@pytest.mark.parametrize("gather, fanouts", [(False, None), (True, None), (False, (3, 2)), (True, (3, 2))])
+def test_an_int32_csr_infers_what_an_int64_one_does(gather: bool, fanouts: tuple[int, ...] | None):
+    """Ranks hold their part's indices as stored (int32 below 2^31 nodes, ``PartitionArtifact.csr(native=True)``):
+    every path widens only a chunk's entries, and gives the same outputs, bit for bit, as from int64."""
+    indptr, indices, _ = _random_graph(3000, 15000)
+    torch.manual_seed(5)
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
+    if gather:
+        model.supports_offset_targets = False   # type: ignore[assignment]
+    wide, wide_hidden, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=4000, fanouts=fanouts, seed=1)
+    narrow, narrow_hidden, engine = _run_one_process(model, 2, x, indptr, indices.astype(np.int32),
+                                                     chunk_edges=4000, fanouts=fanouts, seed=1)
+    assert engine.csr.indices.dtype == torch.int32 and len(engine.chunks) > 1
+    torch.testing.assert_close(narrow, wide, rtol=0, atol=0)
+    torch.testing.assert_close(narrow_hidden[0], wide_hidden[0], rtol=0, atol=0)
+
+
 def test_sampled_inference_with_every_neighbour_is_exact_and_a_sample_does_not_depend_on_the_chunks():
     indptr, indices, _ = _random_graph(3000, 15000)   # three sampling blocks of SAMPLE_BLOCK lids
     torch.manual_seed(1)

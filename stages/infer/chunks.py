@@ -61,9 +61,10 @@ def chunk_edges_of(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: 
     on how blocks are grouped into chunks."""
     if fanout == -1 and csr.num_edge_types == 1 and b > a:   # a slice of the CSR: a view, no gather
         lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
-        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi], None
+        # int64 (a copy of the slice) whatever the rank's CSR holds: a chunk's E entries, not the rank's edges
+        return repeat_positions(torch.diff(csr.indptr[a:b + 1]), hi - lo), csr.indices[lo:hi].to(torch.long), None
     row_pos, edge_idx, edge_type = chunk_edge_ids(csr, a, b, fanout, block_generator)
-    return row_pos, csr.indices.index_select(0, edge_idx), edge_type
+    return row_pos, csr.gids(edge_idx), edge_type
 
 
 def chunk_edge_ids(csr: LocalCSR, a: int, b: int, fanout: int, block_generator: BlockGenerator | None = None

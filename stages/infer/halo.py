@@ -55,7 +55,7 @@ class Halo:
         """Every in-neighbour outside the rank (exact inference needs them all; sampled draws among them)."""
         src_gid = csr.indices
         remote_gid = src_gid[(src_gid < csr.start_gid) | (src_gid >= csr.end_gid)]
-        return cls(csr.start_gid, csr.num_nodes, torch.unique(remote_gid))
+        return cls(csr.start_gid, csr.num_nodes, torch.unique(remote_gid).to(torch.long))   # H gids: int64
 
     @property
     def size(self) -> int:

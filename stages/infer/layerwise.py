@@ -186,7 +186,7 @@ class Inference:
         if self.edge_attr is None:
             return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator), None
         row_pos, edge_idx, edge_type = chunk_edge_ids(self.csr, a, b, self._fanout(layer), block_generator)
-        return ((row_pos, self.csr.indices.index_select(0, edge_idx), edge_type),
+        return ((row_pos, self.csr.gids(edge_idx), edge_type),
                 self.edge_attr.index_select(0, edge_idx))
 
     def run(self, open_features: Callable[[], DistFeatures], keep: Sequence[int], on_hidden: LayerDone) -> Tensor:

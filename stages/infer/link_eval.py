@@ -112,7 +112,7 @@ def real_edges(partition: PartitionArtifact, book: PartitionBook, src_gid: np.nd
     owner = book.owner(neg_gid)
     for p in np.unique(owner).tolist():
         at = owner == p
-        csr = LocalCSR.from_part(partition.csr(p))
+        csr = LocalCSR.from_part(partition.csr(p, native=True))
         out[at] = has_local_edge(csr, torch.from_numpy(np.ascontiguousarray(src[at])),
                                  torch.from_numpy(neg_gid[at] - int(book.bounds[p])), edge_type).numpy()
     return out

@@ -105,7 +105,8 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
     lo = int(bounds[rank])
     link = is_link(trained)
     with measure() as cost:
-        csr = LocalCSR.from_part(partition.csr(rank), start_egid=int(partition.edge_bounds()[rank]))   # batches' e_id
+        # indices as stored (int32 below 2^31 nodes); start_egid: the batches' e_id
+        csr = LocalCSR.from_part(partition.csr(rank, native=True), start_egid=int(partition.edge_bounds()[rank]))
         part = features.part(rank, load_x=False)
         model, tables = load_model(store, trained, partition=partition, features=features)
         setup: dict[str, Any] = {}

@@ -127,7 +127,7 @@ class RankData:
         check_world_size(world, int(bounds.shape[0]) - 1)
         lo = int(bounds[rank])
         edge_bounds = partition.edge_bounds()
-        csr = LocalCSR.from_part(partition.csr(rank), device, start_egid=int(edge_bounds[rank]))
+        csr = LocalCSR.from_part(partition.csr(rank, native=True), device, start_egid=int(edge_bounds[rank]))
         edges = EdgeData.open(partition, rank)
         if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)

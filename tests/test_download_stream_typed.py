@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,14 @@ import pytest
 
 from stages.download import stage as download
 from stages.download.canonical import Relation, check_num_nodes, typed_csr_incoming
+from stages.download.edge_split import split_edges
+from stages.download.edge_split_stream import split_edges_streamed
 from stages.download.streamed import choose
-from stages.download.synthetic_hetero import _Drawer
+from stages.download.synthetic_hetero import _Drawer, generate_synthetic_hetero
 from stages.external_sort import EdgeStream, array_chunks, count_rows, external_typed_csr
 from stages.memory import MemoryBudget
 from storage import ArtifactStore, InputError
+from storage.graph import index_dtype
 from storage.write_errors import StoreWriteError
 from tests.test_download_stream import _chunk_files, _leftovers, disk_full_after
 
@@ -113,6 +117,23 @@ def test_a_relation_drawn_in_blocks_is_the_relation_drawn_whole() -> None:
         assert np.array_equal(got, expected)
     # and the edge stream goes on to the next relation where it would have
     assert whole.rng.random() == blocked.rng.random()
+
+
+@pytest.mark.parametrize("add_reverse", [True, False])
+def test_the_streamed_split_of_every_edge_type_is_split_edges(tmp_path: Path, add_reverse: bool) -> None:
+    graph = generate_synthetic_hetero(3000, 10.0, 4, 3, seed=1, add_reverse=add_reverse)
+    for edge_type in range(graph.schema.num_edge_types):
+        want, splits = split_edges(graph, edge_type, (0.7, 0.1, 0.2), seed=5)
+        # as the external sort leaves it: indices in the index dtype (the spill's), indptr the split's to rewrite
+        streamed = replace(graph, indptr=graph.indptr.copy(), indices=graph.indices.astype(index_dtype(3000)))
+        got, info = split_edges_streamed(streamed, edge_type, (0.7, 0.1, 0.2), 5, budget_bytes=1,
+                                         scratch=str(tmp_path))
+        assert info["link_split_chunks"] > 1 and got.link_edge_type == want.link_edge_type
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert all(np.array_equal(got.edge_splits[s], splits[s]) for s in splits)
+        del got, streamed
+        for name in os.listdir(tmp_path):   # the spills the stage's scratch directory would take away
+            os.remove(tmp_path / name)
 
 
 def _minimum(params: dict[str, Any]) -> int:

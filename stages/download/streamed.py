@@ -126,7 +126,7 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
     if _typed_sizes(params) is not None:   # typed + task=link is refused by choose: it does not stream
         return _load_typed(params, SortSpace(scratch, sort_budget))
     if params.task == "link":   # a wrong name fails before the sort, not hours later
-        link_edge_type_index(GraphSchema.homogeneous(1, 1, 2), params.link_edge_type)
+        link_edge_type_index(GraphSchema.homogeneous(1, 1, 2).edge_types, params.link_edge_type)
     if params.dataset == "files":
         from stages.download.files_source import open_files
 
@@ -142,7 +142,7 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
                                    sort_budget=sort_budget, stream_info=info)
     if params.task != "link":
         return graph, info
-    graph, split = split_edges_streamed(graph, params.link_split, params.seed, budget_bytes=sort_budget,
+    graph, split = split_edges_streamed(graph, 0, params.link_split, params.seed, budget_bytes=sort_budget,
                                         scratch=scratch)
     return graph, info | split
 

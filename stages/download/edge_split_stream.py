@@ -53,13 +53,13 @@ from storage.graph import Graph, index_dtype
 # per held-out pair: its (src, dst) int64 16 (the valid/test outputs) + its position int64 8 (passes 2-3, sorted in
 # place) or its key int64 8 (pass 4, sorted in place), + 8 for a product in flight while the keys are made: 32
 HELD_PAIR_BYTES = 32
-# per entry of a row chunk, pass 4 (the largest), summed over its steps although they do not all overlap: the
-# narrowed key ends 4 + 4 (min and max when symmetric, then one 4 more while a reverse type's are swapped in), the
-# int64 key 8 and its searchsorted positions 8 and gathered keys 8, five masks (equal, target type, reverse type,
-# their union, kept) 5, the kept sources 4 and the dropped positions 8 = 49; plus the chunk's destination ids 4; and
-# per row, where rows are nearly empty (a chunk has at most as many rows as entries), its ends and counts 16, its
-# ids and edge types 16 and their narrowed copy 4 (then the dropped count before each end 8, once those are freed):
-# 36 -> 89 at most, 53 when the chunk's rows hold one entry each on average (the measured peak at 1 M nodes is below)
+# per entry of a row chunk, pass 4 (the largest), at its peak, the lookup: the chunk's destination ids 4 and type
+# masks 2, (typed) the looked-up entries' positions 8 and their ends 8, the int64 key 8, its searchsorted positions
+# 8, the gathered keys 8 and their match 1 = 47 (making the keys: the narrowed ends and one swapped in, 12, before
+# the searchsorted; the spill after it: masks 3, kept sources 4, dropped positions 8). Per row, where rows are nearly
+# empty (a chunk has at most as many rows as entries): its ends 8, live through the chunk, and the dropped count
+# before each 8 (while the chunk is cut: counts 8, ids and edge types 16, their narrowed copy 4): 47 + 16 = 63,
+# rounded up
 SCAN_BYTES_PER_ENTRY = 72
 MIN_SCAN_ENTRIES = 1 << 12   # a floor, so that a budget near the minimum still makes progress
 
@@ -240,24 +240,34 @@ def _message_passing(graph: Graph, types: _Types, symmetric: bool, held_keys: np
 
 
 def _is_held(chunk: _Chunk, n: int, symmetric: bool, held_keys: np.ndarray) -> np.ndarray:
-    """Whether each entry ``src -> dst`` leaves with a held-out pair. A target-type entry's key is ``src * n +
-    dst``, ``min * n + max`` when symmetric (held pairs are ``u < v``: ``split_edges``'s two ``isin``, on ``src *
-    n + dst`` and ``dst * n + src``, in one); a reverse-type entry's is ``dst * n + src``, its forward pair's
-    (``split_edges``'s ``rev_dst * n + rev_src``); an entry of any other type never leaves."""
+    """Whether each entry of ``chunk`` leaves with a held-out pair (``_leaves``). Only the target and reverse types'
+    entries are looked up: an entry of any other type never leaves, and the lookups are the split's cost (3.3 of
+    5.5 s at 1 M nodes of synthetic-hetero, 7 edge types, when every entry was looked up)."""
     if not held_keys.shape[0]:
         return np.zeros(chunk.src.shape[0], dtype=bool)
-    src, dst = chunk.src, chunk.dst
+    if chunk.target is None:   # every entry is of the target type (R = 1): nothing to pick
+        return _leaves(chunk.src, chunk.dst, None, n, symmetric, held_keys)
+    pos = np.flatnonzero(chunk.target if chunk.reverse is None else chunk.target | chunk.reverse)
+    reverse = None if chunk.reverse is None else chunk.reverse[pos]
+    held = np.zeros(chunk.src.shape[0], dtype=bool)
+    held[pos[_leaves(chunk.src[pos], chunk.dst[pos], reverse, n, symmetric, held_keys)]] = True
+    return held
+
+
+def _leaves(src: np.ndarray, dst: np.ndarray, reverse: np.ndarray | None, n: int, symmetric: bool,
+            held_keys: np.ndarray) -> np.ndarray:
+    """Whether each target-type or (where ``reverse``) reverse-type entry ``src -> dst`` leaves. A target-type
+    entry's key is ``src * n + dst``, ``min * n + max`` when symmetric (held pairs are ``u < v``: ``split_edges``'s
+    two ``isin``, on ``src * n + dst`` and ``dst * n + src``, in one); a reverse-type entry's is ``dst * n + src``,
+    its forward pair's (``split_edges``'s ``rev_dst * n + rev_src``). It leaves when its key is a held key."""
     lo, hi = (np.minimum(src, dst), np.maximum(src, dst)) if symmetric else (src, dst)
-    if chunk.reverse is not None:   # one at a time: one array of 4 B an entry more, not two
-        lo = np.where(chunk.reverse, dst, lo)
-        hi = np.where(chunk.reverse, src, hi)
+    if reverse is not None and reverse.any():   # one at a time: one array of 4 B an entry more, not two
+        lo = np.where(reverse, dst, lo)
+        hi = np.where(reverse, src, hi)
     keys = lo.astype(np.int64)
     keys *= n
     keys += hi
     del lo, hi
     at = np.searchsorted(held_keys, keys)
     np.minimum(at, held_keys.shape[0] - 1, out=at)
-    held = held_keys[at] == keys
-    if chunk.target is not None:
-        held &= chunk.target if chunk.reverse is None else chunk.target | chunk.reverse
-    return held
+    return held_keys[at] == keys

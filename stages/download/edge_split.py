@@ -11,7 +11,8 @@ sample reaches them:
 
 Train positives stay in the graph (the model learns to score edges it also passes messages along, as in PyG's
 default ``disjoint_train_ratio=0``). Everything here is in orig ids and vectorised: one ``isin`` over the target
-and reverse types' entries.
+and reverse types' entries. Beyond the memory budget ``edge_split_stream`` makes the same split, byte for byte,
+from a memory-mapped CSR read in row chunks.
 """
 
 from __future__ import annotations

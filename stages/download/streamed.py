@@ -17,7 +17,8 @@ The estimates (bytes) and the numbers that decide them:
   and keys, the float32 copies);
 - task=link adds ``SPLIT_ENTRY_BYTES`` per CSR entry (``edge_split.split_edges``; a ``files`` dataset's entries
   taken as 2 per listed edge when symmetrised, an upper bound); a typed graph's, 48 B per listed edge (typed
-  ``files``) or 96 B (``synthetic-hetero``);
+  ``files``) or 96 B (``synthetic-hetero``): at 1 M nodes, 7 edge types, the stage peaked 851-942 MiB and
+  1.07 GiB against 1.53 and 2.27 GB estimated (benchmarks/RESULTS.md);
 - in-memory ``synthetic``: ``33`` bytes per urn entry (~``avg_degree / 2`` per node: the int32 urn, the drawn
   ends, their relabelled copies, then two int64 keys and a mask), the float32 ``x`` (``4 F`` per node),
   ``SYNTH_NODE_BYTES`` per node, one draw block (``DRAW_BYTES`` per entry) and the write buffers: at 1 M nodes,

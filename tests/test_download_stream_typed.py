@@ -1,12 +1,14 @@
 """Typed graphs under the download stage's memory budget: the external sort builds the typed CSR (one row per node
-and edge type) the in-memory path builds, a streamed typed build (typed ``files``, ``synthetic-hetero``) writes the
-same bytes under the same key, and a too-small budget or a full disk leaves nothing behind."""
+and edge type) the in-memory path builds, a streamed typed build (typed ``files``, ``synthetic-hetero``; task=link
+included: the held-out split of one edge type, its reverse type taken along) writes the same bytes under the same
+key, and a too-small budget or a full disk leaves nothing behind."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +17,27 @@ import pytest
 
 from stages.download import stage as download
 from stages.download.canonical import Relation, check_num_nodes, typed_csr_incoming
+from stages.download.edge_split import split_edges
+from stages.download.edge_split_stream import HELD_PAIR_BYTES, split_edges_streamed
 from stages.download.streamed import choose
-from stages.download.synthetic_hetero import _Drawer
+from stages.download.synthetic_hetero import _Drawer, generate_synthetic_hetero
 from stages.external_sort import EdgeStream, array_chunks, count_rows, external_typed_csr
 from stages.memory import MemoryBudget
-from storage import ArtifactStore, InputError
+from storage import ArtifactStore, InputError, Manifest
+from storage.graph import index_dtype
 from storage.write_errors import StoreWriteError
 from tests.test_download_stream import _chunk_files, _leftovers, disk_full_after
 
 HETERO = {"dataset": "synthetic-hetero", "num_nodes": 20_000, "avg_degree": 10.0, "num_features": 6,
           "num_classes": 4}
+LINK = {"task": "link", "link_split": (0.8, 0.05, 0.15), "seed": 4}
 
 
-def _typed_dir(d: Path, edges: int = 20_000) -> Path:
+def _typed_dir(d: Path, edges: int = 20_000, twin: bool = False) -> Path:
     """A typed files dataset: ``paper`` (float32 x, labels), featureless ``author``, ``venue`` (float64 x); a
-    same-type relation with self-loops and duplicates, and cross-type ones with int32 and uint64 ids."""
+    same-type relation with self-loops and duplicates, and cross-type ones with int32 and uint64 ids; ``twin``: a
+    second relation between papers (``extends``) sharing half of ``cites``'s pairs, which a split of ``cites``
+    must leave whole."""
     rng = np.random.default_rng(2)
     counts = {"paper": 3000, "author": 2000, "venue": 50}
     (d / "nodes" / "author").mkdir(parents=True)
@@ -52,6 +60,8 @@ def _typed_dir(d: Path, edges: int = 20_000) -> Path:
             "paper___published_in___venue": (np.uint64, counts["paper"], counts["venue"], edges // 4)}
     arrays = {key: np.stack([rng.integers(0, a, e), rng.integers(0, b, e)]).astype(dtype)
               for key, (dtype, a, b, e) in ends.items()} | {"paper___cites___paper": cites}
+    if twin:
+        arrays["paper___extends___paper"] = np.concatenate([cites[:, ::2], cites[::-1, 1::4]], axis=1)
     for key, edge_index in arrays.items():
         (d / "edges" / key).mkdir(parents=True)
         np.save(d / "edges" / key / "edge_index.npy", edge_index)
@@ -59,7 +69,11 @@ def _typed_dir(d: Path, edges: int = 20_000) -> Path:
 
 
 def _params(kind: str, tmp_path: Path) -> dict[str, Any]:
-    return {"dataset": "files", "path": str(_typed_dir(tmp_path / "data"))} if kind == "files" else dict(HETERO)
+    """``files``, ``synthetic-hetero``, or ``files-link``: typed files with task=link on ``writes``."""
+    if kind == "synthetic-hetero":
+        return dict(HETERO)
+    link = LINK | {"link_edge_type": "writes"} if kind == "files-link" else {}
+    return {"dataset": "files", "path": str(_typed_dir(tmp_path / "data"))} | link
 
 
 def test_the_typed_external_sort_matches_the_in_memory_typed_csr(tmp_path: Path) -> None:
@@ -115,6 +129,23 @@ def test_a_relation_drawn_in_blocks_is_the_relation_drawn_whole() -> None:
     assert whole.rng.random() == blocked.rng.random()
 
 
+@pytest.mark.parametrize("add_reverse", [True, False])
+def test_the_streamed_split_of_every_edge_type_is_split_edges(tmp_path: Path, add_reverse: bool) -> None:
+    graph = generate_synthetic_hetero(3000, 10.0, 4, 3, seed=1, add_reverse=add_reverse)
+    for edge_type in range(graph.schema.num_edge_types):
+        want, splits = split_edges(graph, edge_type, (0.7, 0.1, 0.2), seed=5)
+        # as the external sort leaves it: indices in the index dtype (the spill's), indptr the split's to rewrite
+        streamed = replace(graph, indptr=graph.indptr.copy(), indices=graph.indices.astype(index_dtype(3000)))
+        got, info = split_edges_streamed(streamed, edge_type, (0.7, 0.1, 0.2), 5, budget_bytes=1,
+                                         scratch=str(tmp_path))
+        assert info["link_split_chunks"] > 1 and got.link_edge_type == want.link_edge_type
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert all(np.array_equal(got.edge_splits[s], splits[s]) for s in splits)
+        del got, streamed
+        for name in os.listdir(tmp_path):   # the spills the stage's scratch directory would take away
+            os.remove(tmp_path / name)
+
+
 def _minimum(params: dict[str, Any]) -> int:
     """The streaming path's minimum, from its one-line refusal of a 1-byte budget."""
     with pytest.raises(InputError) as err:
@@ -122,8 +153,9 @@ def _minimum(params: dict[str, Any]) -> int:
     return int(re.search(r"raise memory_budget_bytes to (\d+) or more", str(err.value)).group(1))  # type: ignore[union-attr]
 
 
-def _streamed_equals_in_memory(tmp_path: Path, params: dict[str, Any]) -> None:
-    """Built in memory and streamed just above the streaming minimum (many buckets): the same key and bytes."""
+def _streamed_equals_in_memory(tmp_path: Path, params: dict[str, Any]) -> Manifest:
+    """Built in memory and streamed just above the streaming minimum (many buckets): the same key and bytes; returns
+    the streamed build's manifest."""
     budget = _minimum(params) + (256 << 10)
     built = {}
     for name, limit in (("memory", None), ("stream", budget)):
@@ -136,6 +168,7 @@ def _streamed_equals_in_memory(tmp_path: Path, params: dict[str, Any]) -> None:
     assert stream.summary["in_memory_estimate_bytes"] > budget and stream.summary["spill_bytes"] > 0
     assert stream.key == memory.key
     assert _chunk_files(tmp_path / "memory") == _chunk_files(tmp_path / "stream")
+    return stream
 
 
 @pytest.mark.parametrize("add_reverse", [True, False])
@@ -153,15 +186,63 @@ def test_streamed_synthetic_hetero_writes_the_same_bytes_under_the_same_key(tmp_
     _streamed_equals_in_memory(tmp_path, HETERO | {"add_reverse": add_reverse})
 
 
-def test_typed_link_prediction_beyond_the_budget_is_refused_in_one_line(tmp_path: Path) -> None:
-    params = download.Params(dataset="files", path=str(_typed_dir(tmp_path / "data")), task="link",
-                             link_edge_type="cites", memory_budget_bytes=2 << 20)
-    with pytest.raises(InputError, match=r"with task=link is built in memory \(it does not stream yet\)"):
+# (target, add_reverse): a forward type whose reverse (rev_writes) must lose the held-out edges, a reverse type
+# whose forward type must, the same without reverse types, a symmetrised same-type relation (held pairs u < v leave
+# in both directions) and the same relation directed
+@pytest.mark.parametrize(("target", "add_reverse"), [("writes", True), ("rev_writes", True), ("writes", False),
+                                                     ("cites", True), ("cites", False)])
+def test_a_streamed_typed_link_split_writes_the_same_bytes_under_the_same_key(tmp_path: Path, target: str,
+                                                                               add_reverse: bool) -> None:
+    data = _typed_dir(tmp_path / "data", twin=target == "cites")
+    params = {"dataset": "files", "path": str(data), "add_reverse": add_reverse, "link_edge_type": target} | LINK
+    stream = _streamed_equals_in_memory(tmp_path, params)
+    _check_link_summary(stream.summary, target, add_reverse)
+
+
+@pytest.mark.parametrize("target", ["writes", "cites"])
+def test_a_streamed_synthetic_hetero_link_split_writes_the_same_bytes_under_the_same_key(tmp_path: Path,
+                                                                                         target: str) -> None:
+    stream = _streamed_equals_in_memory(tmp_path, HETERO | LINK | {"link_edge_type": target})
+    _check_link_summary(stream.summary, target, True)
+
+
+def _check_link_summary(summary: dict[str, Any], target: str, add_reverse: bool) -> None:
+    """The split streamed in more than one row chunk, held edges out; a forward type and its reverse (when the
+    graph has one) both keep exactly the train pairs."""
+    assert summary["link_split_chunks"] > 1 and summary["link_spill_bytes"] > 0
+    sizes, edges = summary["edge_split_sizes"], summary["edges_per_type"]
+    assert sizes["valid"] > 0 and sizes["test"] > 0
+    key = summary["link_edge_type"]
+    assert key.split("___")[1] == target
+    if target.endswith("writes"):
+        assert edges[key] == sizes["train"]
+        assert edges.get("paper___rev_writes___author", sizes["train"]) == sizes["train"]
+        assert edges.get("author___writes___paper") == sizes["train"]
+    else:   # cites: a symmetrised type keeps each train pair in both directions
+        assert edges[key] == sizes["train"] * (2 if add_reverse else 1)
+
+
+def test_the_typed_link_minimum_holds_the_target_types_held_out_pairs(tmp_path: Path) -> None:
+    path = str(_typed_dir(tmp_path / "data"))
+    node, link = ({"dataset": "files", "path": path} | extra for extra in ({}, LINK | {"link_edge_type": "writes"}))
+    # writes lists 20 000 edges, of which valid + test hold out at most 20 %
+    assert _minimum(link) - _minimum(node) >= 0.2 * 20_000 * HELD_PAIR_BYTES
+    # a reverse type's pairs are its forward type's: the same minimum
+    assert _minimum(link | {"link_edge_type": "rev_writes"}) == _minimum(link)
+    with pytest.raises(InputError, match=r"held-out valid/test edges.* raise memory_budget_bytes to"):
+        choose(download.Params(**link), MemoryBudget(_minimum(link) - 1, "download", "memory_budget_bytes"))
+
+
+def test_a_wrong_typed_link_edge_type_fails_before_the_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spilled = disk_full_after(1 << 30, monkeypatch)   # records every spill, fails none
+    params = download.Params(dataset="files", path=str(_typed_dir(tmp_path / "data")), link_edge_type="likes",
+                             memory_budget_bytes=2 << 20, **LINK)
+    with pytest.raises(InputError, match=r"link_edge_type names 'likes'") as err:
         download.run(ArtifactStore(tmp_path / "root"), params, {}, progress=False)
-    assert not (tmp_path / "root" / "download").exists()
+    assert "\n" not in str(err.value) and spilled == [] and not (tmp_path / "root" / "download").exists()
 
 
-@pytest.mark.parametrize("kind", ["files", "synthetic-hetero"])
+@pytest.mark.parametrize("kind", ["files", "synthetic-hetero", "files-link"])
 def test_a_budget_below_the_typed_minimum_is_one_line_and_writes_nothing(tmp_path: Path, kind: str) -> None:
     params = _params(kind, tmp_path)
     minimum = _minimum(params)
@@ -172,7 +253,7 @@ def test_a_budget_below_the_typed_minimum_is_one_line_and_writes_nothing(tmp_pat
     assert "\n" not in msg and "at least" in msg and f"raise memory_budget_bytes to {minimum} or more" in msg
     assert not (tmp_path / "root" / "download").exists()
     # the minimum holds the typed rows: 24 B for each of a node's R - 1 rows beyond its first (R = 5 and 7 here)
-    assert minimum > 24 * 4 * (5050 if kind == "files" else HETERO["num_nodes"])
+    assert minimum > 24 * 4 * (HETERO["num_nodes"] if kind == "synthetic-hetero" else 5050)
 
 
 @pytest.mark.parametrize("kind", ["files", "synthetic-hetero"])
@@ -181,6 +262,17 @@ def test_a_full_disk_during_a_typed_spill_leaves_nothing_half_written(tmp_path: 
     params = _params(kind, tmp_path)
     budget = _minimum(params) + (256 << 10)
     calls = disk_full_after(3, monkeypatch)
+    root = tmp_path / "root"
+    with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
+        download.run(ArtifactStore(root), download.Params(**params, memory_budget_bytes=budget), {}, progress=False)
+    assert len(calls) == 4 and not _leftovers(root) and not (root / "download").exists()
+
+
+def test_a_full_disk_during_a_typed_link_split_leaves_nothing_half_written(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    params = _params("files-link", tmp_path)
+    budget = _minimum(params) + (256 << 10)
+    calls = disk_full_after(3, monkeypatch, "link-")   # the split's spills only: the sort before it completes
     root = tmp_path / "root"
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), download.Params(**params, memory_budget_bytes=budget), {}, progress=False)

@@ -11,11 +11,13 @@ sample reaches them:
 
 Train positives stay in the graph (the model learns to score edges it also passes messages along, as in PyG's
 default ``disjoint_train_ratio=0``). Everything here is in orig ids and vectorised: one ``isin`` over the target
-and reverse types' entries.
+and reverse types' entries. Beyond the memory budget ``edge_split_stream`` makes the same split, byte for byte,
+from a memory-mapped CSR read in row chunks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +25,7 @@ import numpy as np
 from stages.runtime.fanouts import match_edge_type
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
-from storage.schema import EdgeType, GraphSchema
+from storage.schema import EdgeType
 
 
 def edge_entries(graph: Graph, edge_type: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -54,13 +56,13 @@ def check_link_split(fractions: tuple[float, float, float]) -> None:
                          f"non-negative, summing to 1, with train > 0 (e.g. 0.85,0.05,0.10)")
 
 
-def link_edge_type_index(schema: GraphSchema, link_edge_type: str | None) -> int:
-    """The edge type ``link_edge_type`` names (``src___rel___dst`` or a unique relation name; None: the only
-    one), InputError otherwise."""
-    names = [e.as_tuple() for e in schema.edge_types]
+def link_edge_type_index(edge_types: Sequence[EdgeType], link_edge_type: str | None) -> int:
+    """The position in ``edge_types`` (a schema's, in its order) of the edge type ``link_edge_type`` names
+    (``src___rel___dst`` or a unique relation name; None: the only one), InputError otherwise."""
+    names = [e.as_tuple() for e in edge_types]
     if link_edge_type is None and len(names) > 1:
         raise InputError(f"task=link on a typed graph: set link_edge_type to the edge type to predict (one of "
-                         f"{', '.join(e.key for e in schema.edge_types)})")
+                         f"{', '.join(e.key for e in edge_types)})")
     try:
         return 0 if link_edge_type is None else match_edge_type(link_edge_type, names, "link_edge_type")
     except ValueError as err:

@@ -141,7 +141,7 @@ def load(params: Params, *, download_dir: str, progress: bool) -> Graph:
     graph = load_dataset(params, download_dir=download_dir, progress=progress)
     if params.task != "link" or params.dataset in OGBL_DATASETS:
         return graph
-    edge_type = link_edge_type_index(graph.schema, params.link_edge_type)
+    edge_type = link_edge_type_index(graph.schema.edge_types, params.link_edge_type)
     return split_edges(graph, edge_type, params.link_split, params.seed)[0]
 
 

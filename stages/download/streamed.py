@@ -4,11 +4,10 @@
 (products-scale speed unchanged); otherwise a ``files`` dataset (homogeneous without ``edge_attr.npy``, or typed),
 a ``synthetic`` / ``synthetic-link`` graph (no edge features) or ``synthetic-hetero`` takes the streaming path:
 the CSR from ``external_sort`` in the budget left after the O(N) arrays (a typed graph's one row per node and edge
-type), ``x`` (per node type) and ``indices`` as memory maps written chunk by chunk; with task=link on a
-homogeneous graph, then the held-out edge split from that memory-mapped CSR (``edge_split_stream``): the same
-bytes. Every other source (OGB and ogbl-*, edge features, a typed graph's link split) does not stream yet: beyond
-the budget it fails in one line naming its estimate. OGB's size is unknown before its download: it always runs in
-memory.
+type), ``x`` (per node type) and ``indices`` as memory maps written chunk by chunk; with task=link, then the
+held-out edge split of ``link_edge_type`` (a typed graph's) from that memory-mapped CSR (``edge_split_stream``):
+the same bytes. Every other source (OGB and ogbl-*, edge features) does not stream yet: beyond the budget it fails
+in one line naming its estimate. OGB's size is unknown before its download: it always runs in memory.
 
 The estimates (bytes) and the numbers that decide them:
 
@@ -17,7 +16,9 @@ The estimates (bytes) and the numbers that decide them:
   + ``NODE_BYTES`` per node + the write buffers; edge features add ``64 E + 12 E D`` (the stable argsort's index
   and keys, the float32 copies);
 - task=link adds ``SPLIT_ENTRY_BYTES`` per CSR entry (``edge_split.split_edges``; a ``files`` dataset's entries
-  taken as 2 per listed edge when symmetrised, an upper bound);
+  taken as 2 per listed edge when symmetrised, an upper bound); a typed graph's, 48 B per listed edge (typed
+  ``files``) or 96 B (``synthetic-hetero``): at 1 M nodes, 7 edge types, the stage peaked 851-942 MiB and
+  1.07 GiB against 1.53 and 2.27 GB estimated (benchmarks/RESULTS.md);
 - in-memory ``synthetic``: ``33`` bytes per urn entry (~``avg_degree / 2`` per node: the int32 urn, the drawn
   ends, their relabelled copies, then two int64 keys and a mask), the float32 ``x`` (``4 F`` per node),
   ``SYNTH_NODE_BYTES`` per node, one draw block (``DRAW_BYTES`` per entry) and the write buffers: at 1 M nodes,
@@ -30,7 +31,8 @@ The estimates (bytes) and the numbers that decide them:
 - streaming minimum: the O(N) arrays (``NODE_BYTES``, synthetic ``SYNTH_NODE_BYTES``, per node; a typed graph
   ``ROW_BYTES`` more per row beyond a node's first, ``synthetic-hetero`` at least ``HETERO_DRAW_NODE_BYTES`` while it
   draws), with task=link the split's held-out pairs (``HELD_PAIR_BYTES`` each: valid + test fractions of the
-  pairs, ``avg_degree N / 2`` for synthetic, at most one per listed edge for ``files``), plus the largest of one
+  pairs, ``avg_degree N / 2`` for synthetic, at most one per listed edge for ``files``, and for a typed graph per
+  listed edge of ``link_edge_type``, a reverse type's being its forward type's), plus the largest of one
   sort bucket's floor, the write buffers, (synthetic) one draw block and (task=link) the split's floor of one row
   chunk. The split's permutation is not in it: it is shuffled on disk (``edge_split_stream``, pass 2).
 """
@@ -65,7 +67,7 @@ from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, SortSpac
 from stages.memory import MemoryBudget, gib
 from storage.errors import InputError
 from storage.graph import Graph, index_dtype
-from storage.schema import GraphSchema
+from storage.schema import EdgeType, GraphSchema
 from storage.zarr_io import chunk_rows_for
 
 if TYPE_CHECKING:
@@ -123,11 +125,12 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
     """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``) and the sort's
     figures for the summary."""
     sort_budget = max(1, budget.bytes - _resident(params))
-    if _typed_sizes(params) is not None:   # typed + task=link is refused by choose: it does not stream
-        return _load_typed(params, SortSpace(scratch, sort_budget))
+    typed = _typed_sizes(params)
     if params.task == "link":   # a wrong name fails before the sort, not hours later
-        link_edge_type_index(GraphSchema.homogeneous(1, 1, 2), params.link_edge_type)
-    if params.dataset == "files":
+        _link_type(params, typed)
+    if typed is not None:
+        graph, info = _load_typed(params, SortSpace(scratch, sort_budget))
+    elif params.dataset == "files":
         from stages.download.files_source import open_files
 
         ds = open_files(os.path.abspath(params.path or ""))
@@ -142,9 +145,17 @@ def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[G
                                    sort_budget=sort_budget, stream_info=info)
     if params.task != "link":
         return graph, info
-    graph, split = split_edges_streamed(graph, params.link_split, params.seed, budget_bytes=sort_budget,
+    edge_type = link_edge_type_index(graph.schema.edge_types, params.link_edge_type)
+    graph, split = split_edges_streamed(graph, edge_type, params.link_split, params.seed, budget_bytes=sort_budget,
                                         scratch=scratch)
     return graph, info | split
+
+
+def _link_type(params: Params, typed: TypedSizes | None) -> EdgeType:
+    """The edge type ``link_edge_type`` names, from the sizes read before the graph (InputError, one line, when it
+    names none)."""
+    edge_types = list(typed.edges_per_type) if typed is not None else GraphSchema.homogeneous(1, 1, 2).edge_types
+    return edge_types[link_edge_type_index(edge_types, params.link_edge_type)]
 
 
 def _load_typed(params: Params, sort: SortSpace) -> tuple[Graph, dict[str, Any]]:
@@ -221,7 +232,7 @@ def _typed_sizes(params: Params) -> TypedSizes | None:
 
 
 def _typed_estimate(params: Params, typed: TypedSizes) -> tuple[int, bool, str]:
-    """``_estimate`` of a typed dataset (module docstring); task=link does not stream."""
+    """``_estimate`` of a typed dataset (module docstring)."""
     link = params.task == "link"
     n, rows = typed.num_nodes, typed.num_nodes * typed.num_edge_types
     estimate = 16 * typed.edges + 18 * typed.keys + ROW_BYTES * rows + NODE_BYTES * n + _write_buffers(params)
@@ -231,7 +242,7 @@ def _typed_estimate(params: Params, typed: TypedSizes) -> tuple[int, bool, str]:
     else:
         estimate += 48 * typed.listed if link else 0
         why = f"typed files dataset {params.path}"
-    return estimate, not link, why + (" with task=link" if link else "")
+    return estimate, True, why + (" with task=link" if link else "")
 
 
 def _resident(params: Params) -> int:
@@ -248,7 +259,10 @@ def _held_pairs(params: Params) -> int:
     """task=link: about how many pairs the split holds out (module docstring); 0 otherwise."""
     if params.task != "link":
         return 0
-    if params.dataset == "files":
+    typed = _typed_sizes(params)
+    if typed is not None:   # a symmetrised type's pairs u < v are at most its listed edges too
+        pairs = typed.edges_per_type[_link_type(params, typed)]
+    elif params.dataset == "files":
         shapes = _file_shapes(os.path.abspath(params.path or ""))
         pairs = 0 if shapes is None else shapes[1]
     else:

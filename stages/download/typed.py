@@ -54,20 +54,19 @@ class TypedSizes:
     keys: int                # what the sort sees: a symmetrised type's edges twice
     feature_bytes: int       # x of every featured node type
     x_chunk_bytes: int       # the largest Zarr chunk of an x (write_graph's chunking)
+    edges_per_type: Mapping[EdgeType, int]   # per edge type of the graph, in schema order: its listed edges
 
 
 def typed_sizes(num_nodes: Mapping[str, int], listed: Mapping[EdgeType, int], row_bytes: Mapping[str, int], *,
                 add_reverse: bool) -> TypedSizes:
     """The sizes of a source with ``num_nodes`` per node type, ``listed`` edges per edge type and feature rows of
     ``row_bytes`` per featured type, with the edge types ``build_graph`` makes of them."""
-    edges, keys = 0, 0
-    for e in _edge_types(listed, add_reverse):
-        count = listed[e] if e in listed else listed[EdgeType(e.dst, e.rel.removeprefix("rev_"), e.src)]
-        edges += count
-        keys += count * (2 if add_reverse and e.src == e.dst else 1)
+    per_type = {e: listed[e] if e in listed else listed[EdgeType(e.dst, e.rel.removeprefix("rev_"), e.src)]
+                for e in sorted(_edge_types(listed, add_reverse))}
+    keys = sum(count * (2 if add_reverse and e.src == e.dst else 1) for e, count in per_type.items())
     x_chunk = max((chunk_rows_for(max(num_nodes[t], 1), b) * b for t, b in row_bytes.items()), default=0)
-    return TypedSizes(sum(num_nodes.values()), len(_edge_types(listed, add_reverse)), sum(listed.values()), edges,
-                      keys, sum(num_nodes[t] * b for t, b in row_bytes.items()), x_chunk)
+    return TypedSizes(sum(num_nodes.values()), len(per_type), sum(listed.values()), sum(per_type.values()), keys,
+                      sum(num_nodes[t] * b for t, b in row_bytes.items()), x_chunk, per_type)
 
 
 def typed_schema(src: TypedSource, *, add_reverse: bool) -> GraphSchema:

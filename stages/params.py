@@ -22,6 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
+from stages import executor
 from stages.memory import parse_bytes
 from stages.runtime.fanouts import check_edge_fanouts, validate_fanouts
 from storage.errors import InputError
@@ -45,9 +46,11 @@ Seed = Annotated[int, Field(ge=0)]
 """A random seed: numpy's SeedSequence (stages/runtime/seeds.py) and default_rng take only non-negative ones."""
 
 
-def runtime(default: Any, *, description: str, **constraints: Any) -> Any:
-    """A field that is not part of the artifact key (see the module docstring)."""
-    return Field(default, description=description, json_schema_extra={_RUNTIME: True}, **constraints)
+def runtime(default: Any, *, description: str, form: str | None = None, **constraints: Any) -> Any:
+    """A field that is not part of the artifact key (see the module docstring); ``form``: how a value looks, in
+    words, where the annotation cannot say (``expected_form``)."""
+    extra: dict[str, Any] = {_RUNTIME: True, **({FORM: form} if form else {})}
+    return Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
 class StageParams(BaseModel):
@@ -82,17 +85,30 @@ class StageParams(BaseModel):
 
 class BudgetedParams(StageParams):
     """The data stages' Params (download, partition, features, hotness): their shared memory budget, declared
-    here once (``stages.memory``); the pipeline's flat name ``memory_budget_bytes`` sets it in all four."""
+    here once (``stages.memory``), and where their parallel units run (``stages.executor``); the pipeline's flat
+    names ``memory_budget_bytes`` and ``executor`` set them in all four."""
 
     memory_budget_bytes: int | None = runtime(None, ge=1 << 20, description="peak anonymous memory of the stage "
                                               "(bytes, or 4GiB, 512MiB); null: half the memory available when it "
                                               "starts; chunked, spilling to the artifact root's disk when the "
                                               "graph does not fit")
 
+    executor: str = runtime(executor.LOCAL, form=executor.FORM,
+                            description="where the stage's parallel units run: local (this process), dask[:N] (a "
+                                        "local Dask cluster of N worker processes, default one per unit up to the "
+                                        "CPUs, started and stopped by the stage) or a Dask scheduler tcp://host:port; "
+                                        "each unit gets 1/workers of memory_budget_bytes; so far the features stage "
+                                        "only (the others run locally)")
+
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod
     def _bytes_from_text(cls, value: Any) -> Any:
         return parse_bytes(value)
+
+    @field_validator("executor")
+    @classmethod
+    def _executor(cls, value: str) -> str:
+        return executor.check_executor(value)
 
 
 class ParamsError(InputError):

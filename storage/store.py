@@ -25,6 +25,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import fsspec
@@ -323,6 +324,16 @@ class ArtifactHandle:
         return self.store.url(self.manifest.stage, self.manifest.key, rel)
 
 
+@dataclass(frozen=True)
+class WorkDir:
+    """A build's work directory by URL (``StageWriter.work_dir``): ``file_url`` as the writer's, nothing else."""
+
+    url: str
+
+    def file_url(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+
 class StageWriter:
     """Where a running stage writes: ``url`` and ``file_url(rel)`` (fsspec/Zarr URLs, local paths on a local
     store), ``write_json``/``write_bytes`` for small files, plus its ``summary``. ``manifest`` is set once the
@@ -341,6 +352,11 @@ class StageWriter:
 
     def file_url(self, rel: str) -> str:
         return f"{self.url}/{rel}"
+
+    def work_dir(self) -> WorkDir:
+        """Where this build's files go, as a small picklable address: what a stage hands the units that write
+        its files in other processes (``stages.executor``); the manifest stays this writer's to write."""
+        return WorkDir(self.url)
 
     @contextmanager
     def scratch(self) -> Iterator[str]:

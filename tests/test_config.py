@@ -40,6 +40,8 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "dot",
                                        ("download", "link_edge_type"): "edge",
                                        **{(stage, "memory_budget_bytes"): 3 << 30
+                                          for stage in ("download", "partition", "features", "hotness")},
+                                       **{(stage, "executor"): "dask:3"
                                           for stage in ("download", "partition", "features", "hotness")}}
 
 

@@ -31,7 +31,7 @@ from storage.errors import ArtifactError
 from storage.graph import SPLITS
 from storage.progress import progress as tqdm
 from storage.schema import only_type
-from storage.store import ArtifactHandle, StageWriter
+from storage.store import ArtifactHandle, StageWriter, WorkDir
 from storage.zarr_io import (
     BloscCname,
     attr_int,
@@ -91,7 +91,7 @@ class PartFeaturesWriter:
     whole chunks (``arr[lo:hi] = codes``, a stage that streams rows from a source larger than its memory), and
     ``finish`` writes ``y``, the splits and the attrs."""
 
-    def __init__(self, writer: StageWriter, *, part: int, start_gid: int, shapes: dict[str, tuple[int, int]],
+    def __init__(self, writer: StageWriter | WorkDir, *, part: int, start_gid: int, shapes: dict[str, tuple[int, int]],
                  chunk_rows: dict[str, int], schemes: dict[str, FeatureScheme],
                  compressor: BloscCname | None = None) -> None:
         self.part, self.start_gid, self.shapes, self.compressor = part, start_gid, shapes, compressor

@@ -25,7 +25,7 @@ work; the rest of the budget sets the stream chunk, capped at ``STREAM_BYTES`` o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,12 +116,13 @@ def row_chunks(source: zarr.Array, rows: int) -> Iterator[tuple[int, np.ndarray]
 
 
 class _PartBuffers:
-    """One appender per part (``storage.zarr_io.ChunkAppender``: at most one output chunk held each): rows come in
-    tlid order and go to the part's ``x`` in whole chunks, the last one as long as the part's rows leave it."""
+    """One appender per part written (``storage.zarr_io.ChunkAppender``: at most one output chunk held each): rows
+    come in tlid order and go to the part's ``x`` in whole chunks, the last one as long as the part's rows leave
+    it."""
 
-    def __init__(self, arrays: list[zarr.Array], t: TypeStream) -> None:
+    def __init__(self, arrays: Mapping[int, zarr.Array], t: TypeStream) -> None:
         self.t = t
-        self.appenders = [ChunkAppender(a) for a in arrays]
+        self.appenders = {p: ChunkAppender(a) for p, a in arrays.items()}
 
     def next_tlid(self, p: int) -> int:
         return self.appenders[p].count
@@ -130,7 +131,7 @@ class _PartBuffers:
         self.appenders[p].append(rows)
 
     def close(self) -> None:
-        for p, appender in enumerate(self.appenders):
+        for p, appender in self.appenders.items():
             if appender.count != self.t.part_rows[p]:
                 raise ArtifactError(f"part {p} got {appender.count} rows of {self.t.name}, its book says "
                                     f"{self.t.part_rows[p]}; rerun the partition stage")
@@ -138,11 +139,12 @@ class _PartBuffers:
 
 
 def stream_type(t: TypeStream, codec: FeatureCodec, rows: int, book: PartitionBook, type_starts: list[int],
-                writers: list[PartFeaturesWriter], normalize: FeatureNorm, *, progress: bool = False) -> None:
-    """Write every part's rows of ``t`` (coded with ``codec``) into its store, streaming the source in chunks of
-    ``rows`` rows; ``type_starts[p]``: part p's first gid of the type."""
+                writers: Mapping[int, PartFeaturesWriter], normalize: FeatureNorm, *, progress: bool = False) -> None:
+    """Write the rows of ``t`` (coded with ``codec``) of each part in ``writers`` (part -> its store) into its
+    store, streaming the source in chunks of ``rows`` rows; ``type_starts[p]``: part p's first gid of the type.
+    Rows of other parts are read and dropped (their stores are another unit's: ``stages.features.units``)."""
     num_parts = book.num_partitions
-    out = _PartBuffers([w.x[t.name] for w in writers], t)
+    out = _PartBuffers({p: w.x[t.name] for p, w in writers.items()}, t)
     order_dtype = np.int16 if num_parts < 1 << 15 else np.int64   # a stable argsort of int16 is a radix sort
     steps = -(-t.num_rows // rows)
     for lo, block in tqdm(row_chunks(t.source, rows), total=steps, desc=f"features: stream {t.name}",
@@ -159,6 +161,9 @@ def stream_type(t: TypeStream, codec: FeatureCodec, rows: int, book: PartitionBo
         start = 0
         for p in np.flatnonzero(counts).tolist():
             n = int(counts[p])
+            if p not in writers:
+                start += n
+                continue
             first, last = int(gids[start]) - type_starts[p], int(gids[start + n - 1]) - type_starts[p]
             if first != out.next_tlid(p) or last != first + n - 1:   # the relabelling's stable order, checked
                 raise ArtifactError(f"part {p}'s {t.name} rows are not in orig order in the partition book "

@@ -1,0 +1,113 @@
+"""Where a data stage's units run (``stages.executor``): the features stage built on a real ``distributed``
+cluster of 2 worker processes has the key and every byte of the one built in-process; a worker that cannot reach
+the artifact root fails the stage in one line before anything is written; inside a Prefect flow the units are
+task runs of the stage's task; the executor never enters a key."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flows.config import STAGES, make_config, stage_keys
+from flows.direct import run_stages
+from stages import executor
+from stages.features import stage as features
+from storage import ArtifactStore, InputError
+from tests.conftest import TINY, artifact_files
+
+DATA_STAGES = ("download", "partition", "features", "hotness")
+# 3 parts on 2 workers: one unit holds two parts, the other one; int8 + l1 send per-column scales to the units;
+# 256-row chunks give each part several
+LAYOUT: dict[str, Any] = {"num_partitions": 3, "dtype": "int8", "normalize": "l1", "chunk_rows": 256}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A LocalCluster of 2 worker processes, 1 thread each; yields its scheduler's address."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=logging.WARNING) as lc:
+        yield lc.scheduler_address
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("local", executor.ExecutorSpec("local")), ("dask", executor.ExecutorSpec("dask")),
+    ("dask:3", executor.ExecutorSpec("dask", workers=3)),
+    (" tcp://10.0.0.5:8786", executor.ExecutorSpec("address", address="tcp://10.0.0.5:8786"))])
+def test_executor_values(text: str, spec: executor.ExecutorSpec) -> None:
+    assert executor.parse_executor(text) == spec
+
+
+@pytest.mark.parametrize("bad", ["dask:0", "dask:x", "threads", "tcp://host", "http://h:1"])
+def test_bad_executor_is_one_line(bad: str) -> None:
+    with pytest.raises(InputError, match=r"invalid parameter executor=.*expected local, dask, dask:N") as err:
+        make_config(TINY, executor=bad)
+    assert "\n" not in str(err.value)
+
+
+def test_executor_is_runtime_in_every_data_stage() -> None:
+    """One flat name sets it in the four data stages, and no key changes with it."""
+    cfg = make_config(TINY, executor="tcp://10.0.0.5:8786")
+    for name in DATA_STAGES:
+        assert cfg.stage_params(name).executor == "tcp://10.0.0.5:8786"   # type: ignore[attr-defined]
+        assert "executor" in STAGES[name].Params.runtime_fields()
+    assert stage_keys(cfg) == stage_keys(make_config(TINY))
+
+
+@pytest.mark.slow
+def test_dask_build_is_byte_identical(tmp_path: Any) -> None:
+    """executor=dask:2 starts its own cluster, writes the same files under the same key, and stops it."""
+    store, built = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "a"), "until": "features"})
+    local = built["features"]
+    want = artifact_files(store, local)
+    params = features.Params(**{**local.params, "executor": "dask:2"})
+    got = features.run(store, params, {u: built[u] for u in features.UPSTREAM}, force=True, progress=False)
+    assert got.key == local.key and got.build_id != local.build_id
+    files = artifact_files(store, got)
+    assert sorted(files) == sorted(want)
+    assert [f for f in files if files[f] != want[f]] == []
+    assert got.files == local.files and got.digests == local.digests
+    s = got.summary
+    assert s["executor_slots"] == 2 and [u["parts"] for u in s["units"]] == [[0, 1], [2]]
+    assert s["parts"] == local.summary["parts"]
+
+
+@pytest.mark.slow
+def test_unreachable_root_fails_before_any_write(cluster: str) -> None:
+    """A ``memory://`` root lives in this process only: the workers, other processes, cannot see it. The stage
+    fails in one line naming a worker and the root, and leaves nothing under the root's features directory."""
+    store, built = run_stages({**TINY, "artifacts": "memory://gnnpipe-reach", "until": "partition"})
+    params = features.Params(executor=cluster)
+    with pytest.raises(InputError, match=r"Dask worker tcp://\S+ cannot reach the artifact root memory://gnnpipe-reach"
+                       ) as err:
+        features.run(store, params, {u: built[u] for u in features.UPSTREAM}, progress=False)
+    assert "\n" not in str(err.value)
+    assert not store.fs.exists(f"{store.base}/features")
+    assert [p for p in store.fs.ls(store.base) if ".reach-" in p] == []
+
+
+@pytest.mark.slow
+def test_units_are_prefect_task_runs(tiny: dict[str, Any], cluster: str, prefect_server: str) -> None:
+    """Through the flow, each unit is a task run on the cluster whose parent is the features stage's task run."""
+    from prefect.client.orchestration import get_client
+
+    from flows.config import flow_parameters
+    from flows.pipeline import pipeline
+
+    cfg = make_config(tiny, until="features", executor=cluster)
+    results = pipeline(**flow_parameters(cfg))
+    assert results["features"]["state"] == "Completed"
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs()
+    stage = [r for r in runs if r.name.startswith("features-") and not r.name.startswith("features-unit")]
+    units = [r for r in runs if r.name.startswith("features-unit-part-")]
+    assert len(stage) == 1 and sorted(r.name for r in units) == ["features-unit-part-0", "features-unit-part-1"]
+    for unit in units:
+        assert unit.state_name == "Completed" and unit.flow_run_id == stage[0].flow_run_id
+        assert [str(p.id) for p in unit.task_inputs["__parents__"]] == [str(stage[0].id)]
+    store = ArtifactStore(tiny["artifacts"])
+    assert store.find("features", results["features"]["key"]) is not None

@@ -49,8 +49,10 @@ def services(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     # PYTHONPATH: the gnnpipe script (and the worker's flow runs) import this checkout, not the one the venv's
     # editable install points at
+    # PREFECT_WORKER_QUERY_SECONDS: the worker looks for scheduled runs every second, not every 10 s (Prefect's
+    # default): each deployment run below waited up to 10 s for the worker's next poll
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_PORT=str(port),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1", PREFECT_WORKER_QUERY_SECONDS="1",
                PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     gnnpipe = [str(BIN / "gnnpipe")]
 

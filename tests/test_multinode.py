@@ -45,6 +45,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def job(built: Path, tmp_path: Path) -> dict[str, Any]:
+    return _copy_of(built, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def one_host(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The summary of the job trained on this machine alone (2 ranks, no fault), from its own copy of the built
+    artifacts: what every multi-node run here must reproduce exactly. Trained once for the module (it is the same
+    training each time: same artifacts, same config)."""
+    return train_on_one_host(_copy_of(built, tmp_path_factory.mktemp("one-host")))
+
+
+def _copy_of(built: Path, tmp_path: Path) -> dict[str, Any]:
     """A private copy of the built artifacts (byte for byte: the same builds) and a config file naming it."""
     root = tmp_path / "artifacts"
     shutil.copytree(built, root)
@@ -82,11 +94,13 @@ def run_nodes(commands: list[list[str]], envs: list[dict[str, str]], timeout_s: 
 
 
 def train_on_one_host(job: dict[str, Any]) -> dict[str, Any]:
-    """Retrain the job's artifact on this machine alone (``--force``: same key, new build); its summary."""
-    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--force"], cwd=REPO, env=cli_env(),
+    """Train the job's artifact on this machine alone; its summary."""
+    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"]], cwd=REPO, env=cli_env(),
                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert single.returncode == 0, single.stderr[-3000:]
-    return job["store"].load("train", job["key"]).summary
+    summary = job["store"].load("train", job["key"]).summary
+    assert (summary["nodes"], summary["world_size"], summary["resumed_from_epoch"]) == (1, 2, None), summary
+    return summary
 
 
 def _describe(results: list[subprocess.CompletedProcess]) -> str:
@@ -162,10 +176,12 @@ def s3_bucket_on_host_a(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[R
 
 
 @pytest.mark.parametrize("artifact_root", [shared_directory, s3_bucket_on_host_a], ids=["shared-dir", "s3"])
-def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any], artifact_root: Any):
+def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any], artifact_root: Any,
+                                                            request: pytest.FixtureRequest):
     reason = _netns.unavailable()
     if reason:
         pytest.skip(f"no two-host network on this machine: {reason}")
+    one_host = request.getfixturevalue("one_host")   # not trained where the test skips
     with _netns.two_hosts() as net, artifact_root(job, net) as root:
         rdzv = f"{net.addr[0]}:29400"
         commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
@@ -176,11 +192,7 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]
         assert [r.returncode for r in results] == [0, 0], _describe(results)
         assert "node 0 publishes" in results[1].stdout
         two_hosts = root.train_summary()
-        single = subprocess.run([*net.exec_prefix(0), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
-                                 "--force"], cwd=REPO, env={**cli_env(), **root.env}, capture_output=True, text=True,
-                                timeout=JOB_TIMEOUT_S)
-        assert single.returncode == 0, single.stderr[-3000:]
-        one_host = root.train_summary()
+    # one_host trained from a local copy of the same builds (one host training from S3: tests/test_s3.py)
     assert (two_hosts["nodes"], two_hosts["world_size"], one_host["nodes"]) == (2, 2, 1)
     # everything between the nodes went over the veth link, the only way out of each namespace
     assert min(crossed) > two_hosts["remote_bytes_per_epoch"] * len(two_hosts["epochs"]), crossed
@@ -198,7 +210,7 @@ def _slurm_env(node: int) -> dict[str, str]:
             "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node)}
 
 
-def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[str, Any]):
+def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[str, Any], one_host: dict[str, Any]):
     port = str(_free_port())
     commands = [[*GNNPIPE, "train", "-c", job["cfg"], "--slurm", "--port", port, *JOIN]] * 2
     start = time.monotonic()
@@ -220,9 +232,8 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     assert len(summary["epochs"]) == CONFIG["epochs"]
     assert not (job["root"] / ".checkpoints" / f"train-{job['key']}").exists(), "both nodes clean up"
     # resumed on two nodes = uninterrupted on one: every rank's RNG state travels in the checkpoint
-    uninterrupted = train_on_one_host(job)
-    assert uninterrupted["resumed_from_epoch"] is None
-    assert_same_training(summary, uninterrupted)
+    assert one_host["resumed_from_epoch"] is None
+    assert_same_training(summary, one_host)
 
 
 def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) -> list[subprocess.CompletedProcess]:

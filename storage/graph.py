@@ -59,12 +59,11 @@ from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
 from storage.zarr_io import (
     attr_str,
-    open_array,
     open_array_at,
     open_group,
     open_subgroup,
     read_array,
-    read_into,
+    read_ids,
     write_array,
     write_columns,
 )
@@ -268,23 +267,18 @@ class GraphArtifact(ArtifactHandle):
 
 def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edges: bool = True,
                 native: bool = False) -> Graph:
-    def read_ids(group: zarr.Group, name: str) -> np.ndarray:
-        """Node ids, widened to int64 while read chunk by chunk (no second copy) unless ``native``."""
-        arr = open_array(group, name)
-        return read_into(arr, None if native else np.empty(arr.shape, dtype=np.int64))
-
     root = open_group(url)
     attrs = dict(root.attrs)
     if "schema" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe typed graph (no schema attr); rerun the download stage")
     schema = GraphSchema.from_dict(attrs["schema"])   # type: ignore[arg-type]
-    splits = {name: read_ids(open_subgroup(root, "split"), name) for name in SPLITS}
+    splits = {name: read_ids(open_subgroup(root, "split"), name, native) for name in SPLITS}
     x_group = open_subgroup(root, "x") if features else None
     known = {"schema", "name", "source", "num_nodes", "num_edges", "num_features", "feature_dtype", "num_classes",
              "directed", "split_sizes", "edges_per_type", "link_edge_type", "edge_split_sizes", "link_eval",
              "edge_split_neg_shapes", "num_edge_features", "index_dtype"}
     link_edge_type = attrs.get("link_edge_type")
-    edge_splits = {name: read_ids(open_subgroup(root, "edge_split"), name) for name in SPLITS} \
+    edge_splits = {name: read_ids(open_subgroup(root, "edge_split"), name, native) for name in SPLITS} \
         if link_edge_type is not None else {}
     link_eval = attrs.get("link_eval")
     neg_shapes = attrs.get("edge_split_neg_shapes")   # which splits have negatives
@@ -293,7 +287,7 @@ def _read_graph(url: str, *, features: bool = True, negatives: bool = False, edg
     return Graph(
         schema=schema,
         indptr=read_array(root, "indptr"),
-        indices=read_ids(root, "indices"),
+        indices=read_ids(root, "indices", native),
         features={t.name: read_array(x_group, t.name) for t in schema.featured} if x_group is not None else {},
         y=read_array(root, "y"),
         splits=splits,

@@ -41,7 +41,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter
-from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_into, write_array
+from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_ids, write_array
 
 _BOOK = "book.zarr"
 # int32 ids fit below this many nodes (the largest gid is N - 1)
@@ -51,13 +51,6 @@ INT32_NODES = 2**31
 def id_dtype(num_nodes: int) -> np.dtype:
     """The on-disk dtype of node ids of a graph of ``num_nodes`` nodes (module docstring)."""
     return np.dtype(np.int32) if num_nodes < INT32_NODES else np.dtype(np.int64)
-
-
-def read_ids(group: zarr.Group, name: str) -> np.ndarray:
-    """An id array of this format widened to int64 chunk by chunk (no whole stored-dtype copy beside it),
-    whatever ``id_dtype`` it was stored as."""
-    arr = open_array(group, name)
-    return read_into(arr, np.empty(arr.shape, dtype=np.int64))
 
 
 def _part_name(p: int) -> str:
@@ -185,7 +178,7 @@ def _read_part(url: str, native: bool = False) -> PartCSR:
     if "part" not in attrs:
         raise ArtifactError(f"{url} is not a gnnpipe partition (no attrs); rerun the partition stage")
     return PartCSR(attr_int(attrs, "part", url), attr_int(attrs, "start_gid", url), read_array(g, "indptr"),
-                   read_array(g, "indices") if native else read_ids(g, "indices"),
+                   read_ids(g, "indices", native),
                    attr_int(attrs, "num_edge_types", url))
 
 

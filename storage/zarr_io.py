@@ -253,6 +253,13 @@ def read_array(group: zarr.Group, name: str, out: np.ndarray | None = None) -> n
     return read_into(open_array(group, name), out)
 
 
+def read_ids(group: zarr.Group, name: str, native: bool = False) -> np.ndarray:
+    """Node ids (int32 or int64 on disk), widened to int64 chunk by chunk (no whole stored-dtype copy beside it)
+    unless ``native``, which keeps the stored dtype."""
+    arr = open_array(group, name)
+    return read_into(arr, None if native else np.empty(arr.shape, dtype=np.int64))
+
+
 def read_into(arr: zarr.Array, out: np.ndarray | None = None) -> np.ndarray:
     """``read_array`` for an array already opened (``out``: a preallocated destination, e.g. a pinned tensor's)."""
     if arr.ndim == 0:

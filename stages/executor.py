@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import numpy as np
+
 from stages.train.cluster import usable_cpus
 from storage.errors import InputError
 from storage.reach import reach_token, read_token
@@ -70,6 +72,12 @@ def check_executor(text: str) -> str:
     """The Params validator: ``text`` stripped, if it parses."""
     parse_executor(text)
     return text.strip()
+
+
+def part_groups(num_parts: int, slots: int) -> list[tuple[int, ...]]:
+    """Parts in ``slots`` contiguous groups of near-equal count (the partitioner balances their sizes): the units
+    of a stage whose unit reads a whole-graph input once (x, the CSR), so one unit per worker slot."""
+    return [tuple(int(p) for p in g) for g in np.array_split(np.arange(num_parts), min(slots, num_parts))]
 
 
 class Executor:

@@ -30,6 +30,19 @@ def prefect_server() -> str:
         yield str(PREFECT_API_URL.value())
 
 
+@pytest.fixture(scope="session")
+def dask_cluster() -> Iterator[str]:
+    """One ``distributed.LocalCluster`` of 2 worker processes, 1 thread each, for every executor test (a start
+    costs 5-10 s on the 2-core machine); yields its scheduler's address. A test that kills a worker starts its own."""
+    import logging
+
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=logging.WARNING) as lc:
+        yield lc.scheduler_address
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Tiny models: OpenMP threads only add overhead, and on a busy 2-core machine spinning threads made a test ~10x

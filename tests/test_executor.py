@@ -5,8 +5,6 @@ task runs of the stage's task; the executor never enters a key."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,16 +20,6 @@ DATA_STAGES = ("download", "partition", "features", "hotness")
 # 3 parts on 2 workers: one unit holds two parts, the other one; int8 + l1 send per-column scales to the units;
 # 256-row chunks give each part several
 LAYOUT: dict[str, Any] = {"num_partitions": 3, "dtype": "int8", "normalize": "l1", "chunk_rows": 256}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A LocalCluster of 2 worker processes, 1 thread each; yields its scheduler's address."""
-    from distributed import LocalCluster
-
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
-                      silence_logs=logging.WARNING) as lc:
-        yield lc.scheduler_address
 
 
 @pytest.mark.parametrize("text, spec", [
@@ -77,11 +65,11 @@ def test_dask_build_is_byte_identical(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-def test_unreachable_root_fails_before_any_write(cluster: str) -> None:
+def test_unreachable_root_fails_before_any_write(dask_cluster: str) -> None:
     """A ``memory://`` root lives in this process only: the workers, other processes, cannot see it. The stage
     fails in one line naming a worker and the root, and leaves nothing under the root's features directory."""
     store, built = run_stages({**TINY, "artifacts": "memory://gnnpipe-reach", "until": "partition"})
-    params = features.Params(executor=cluster)
+    params = features.Params(executor=dask_cluster)
     with pytest.raises(InputError, match=r"Dask worker tcp://\S+ cannot reach the artifact root memory://gnnpipe-reach"
                        ) as err:
         features.run(store, params, {u: built[u] for u in features.UPSTREAM}, progress=False)
@@ -91,14 +79,14 @@ def test_unreachable_root_fails_before_any_write(cluster: str) -> None:
 
 
 @pytest.mark.slow
-def test_units_are_prefect_task_runs(tiny: dict[str, Any], cluster: str, prefect_server: str) -> None:
+def test_units_are_prefect_task_runs(tiny: dict[str, Any], dask_cluster: str, prefect_server: str) -> None:
     """Through the flow, each unit is a task run on the cluster whose parent is the features stage's task run."""
     from prefect.client.orchestration import get_client
 
     from flows.config import flow_parameters
     from flows.pipeline import pipeline
 
-    cfg = make_config(tiny, until="features", executor=cluster)
+    cfg = make_config(tiny, until="features", executor=dask_cluster)
     results = pipeline(**flow_parameters(cfg))
     assert results["features"]["state"] == "Completed"
     with get_client(sync_client=True) as client:

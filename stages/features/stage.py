@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field
 
 from stages.choices import Compressor, FeatureDtype, FeatureNorm
-from stages.executor import open_executor
+from stages.executor import open_executor, part_groups
 from stages.features import stream
 from stages.features.schemes import fit_codec_blocks
 from stages.features.units import (  # noqa: F401 - default_chunk_rows, split_lids_of: the stage's, re-exported
@@ -27,7 +27,6 @@ from stages.features.units import (  # noqa: F401 - default_chunk_rows, split_li
     PartsJob,
     default_chunk_rows,
     make_plan,
-    part_groups,
     split_lids_of,
     write_parts,
 )

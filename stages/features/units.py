@@ -8,8 +8,8 @@ wrote it, so the artifact is byte-identical however parts are grouped (tests/tes
 
 Why groups of parts and not one unit per part: a unit streams every row of x to find its parts' rows (a part's
 rows are spread over the whole id range), so each unit reads x once. ``local`` runs one unit with every part (x
-read once, as before executors); on Dask there is one unit per worker slot (``part_groups``), x read once per
-worker. Each unit holds the stage's fixed O(N) arrays (the book, y, the splits) and its stream chunk within its
+read once, as before executors); on Dask there is one unit per worker slot (``executor.part_groups``), x read
+once per worker. Each unit holds the stage's fixed O(N) arrays (the book, y, the splits) and its stream chunk within its
 share of the budget (``memory_budget_bytes`` / slots).
 """
 
@@ -121,11 +121,6 @@ class PartsJob:
     def label(self) -> str:
         """The unit's name in Prefect's task runs: its parts."""
         return f"parts-{self.parts[0]}-{self.parts[-1]}" if len(self.parts) > 1 else f"part-{self.parts[0]}"
-
-
-def part_groups(num_parts: int, slots: int) -> list[tuple[int, ...]]:
-    """Parts in ``slots`` contiguous groups of near-equal count (the partitioner balances their sizes)."""
-    return [tuple(int(p) for p in g) for g in np.array_split(np.arange(num_parts), min(slots, num_parts))]
 
 
 def write_parts(job: PartsJob) -> dict[str, Any]:

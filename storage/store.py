@@ -329,9 +329,34 @@ class WorkDir:
     """A build's work directory by URL (``StageWriter.work_dir``): ``file_url`` as the writer's, nothing else."""
 
     url: str
+    local: bool = True   # the URL is a local path (a file-system root, shared on a cluster)
+    stage: str = ""
+    key: str = ""
 
     def file_url(self, rel: str) -> str:
         return f"{self.url}/{rel}"
+
+    def scratch(self) -> contextlib.AbstractContextManager[str]:
+        """A unit's own spill directory, as ``StageWriter.scratch`` (beside the work directory on a local root,
+        else in the unit's ``$TMPDIR``): a unit on another worker spills where it runs, never into another's."""
+        return _scratch(self.url if self.local else None, self.stage, self.key)
+
+
+@contextmanager
+def _scratch(work: str | None, stage: str, key: str) -> Iterator[str]:
+    """A fresh directory beside ``work`` (a local work directory), or in ``$TMPDIR`` when ``work`` is None;
+    removed when the block ends, whatever happens."""
+    if work is not None:
+        path = f"{work}-scratch-{uuid.uuid4().hex[:6]}"
+        os.makedirs(path)
+    else:
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix=f"gnnpipe-{stage}-{key}-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class StageWriter:
@@ -356,25 +381,14 @@ class StageWriter:
     def work_dir(self) -> WorkDir:
         """Where this build's files go, as a small picklable address: what a stage hands the units that write
         its files in other processes (``stages.executor``); the manifest stays this writer's to write."""
-        return WorkDir(self.url)
+        return WorkDir(self.url, self.store.is_local, self.stage, self.key)
 
-    @contextmanager
-    def scratch(self) -> Iterator[str]:
+    def scratch(self) -> contextlib.AbstractContextManager[str]:
         """A private local directory for spill files (external sort runs, memory-mapped copies of Zarr arrays),
         removed when the block ends, whatever happens. On a local root it sits beside the work directory, on the
         artifact root's disk (``<root>/<stage>/.tmp-<key>-<id>-scratch``: a kill leaves it where ``gnnpipe
         clean`` and the next build of the key remove ``.tmp-<key>-*``); on an object store in ``$TMPDIR``."""
-        if self.store.is_local:
-            path = f"{self._work}-scratch-{uuid.uuid4().hex[:6]}"
-            os.makedirs(path)
-        else:
-            import tempfile
-
-            path = tempfile.mkdtemp(prefix=f"gnnpipe-{self.stage}-{self.key}-")
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
+        return _scratch(self._work if self.store.is_local else None, self.stage, self.key)
 
     def write_json(self, rel: str, obj: Any) -> None:
         with self.store.fs.open(f"{self._work}/{rel}", "w") as f:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.store import ArtifactHandle, StageWriter
+from storage.store import ArtifactHandle, StageWriter, WorkDir
 from storage.zarr_io import attr_int, open_group, read_array, write_array
 
 CURVE_PNG = "curve.png"
@@ -41,9 +41,11 @@ class CachePlan:
     attrs: dict[str, Any]
 
 
-def write_plan(writer: StageWriter, plan: CachePlan) -> None:
-    """Write partition ``plan.part``'s ranking and plan as the artifact's ``hot-<p>.zarr``."""
-    g = open_group(writer.file_url(_hot_store(plan.part)), mode="w")
+def write_plan(out: WorkDir, plan: CachePlan) -> None:
+    """Write partition ``plan.part``'s ranking and plan as ``hot-<p>.zarr`` of the build's work directory ``out``
+    (``StageWriter.work_dir``: wherever a unit runs). Mode ``w`` replaces whatever a killed earlier try of the unit
+    left of the store, so a rerun writes the same bytes."""
+    g = open_group(out.file_url(_hot_store(plan.part)), mode="w")
     write_array(g, "gid", plan.ranked_gid.astype(np.int64, copy=False), chunk_rows=1 << 20)
     write_array(g, "count", plan.ranked_count.astype(np.int64, copy=False), chunk_rows=1 << 20)
     write_array(g, "plan_gid", plan.plan_gid.astype(np.int64, copy=False), chunk_rows=1 << 20)

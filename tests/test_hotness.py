@@ -8,6 +8,7 @@ import torch
 
 from stages.hotness import plan as planning
 from stages.hotness import stage as hotness
+from stages.hotness import units
 from stages.hotness.counting import count_requests
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from storage import InputError
@@ -129,9 +130,9 @@ def test_partition_without_train_nodes_has_empty_counts(upstream):
     csr = LocalCSR.from_numpy(*concat_parts([partition.csr(p) for p in range(4)]), start_gid=0)
     in_degree = np.diff(csr.indptr.numpy())
     lo, hi = int(book.bounds[1]), int(book.bounds[2])
-    plan, row, curve = hotness._plan_partition(1, NeighborSampler(csr, [5]), torch.tensor([], dtype=torch.long),
-                                               in_degree, planning.degree_order(in_degree), lo, hi,
-                                               hotness._RowCosts(64), hotness.Params(cache_ratio=0.1), False)
+    plan, row, curve = units.plan_partition(1, NeighborSampler(csr, [5]), torch.tensor([], dtype=torch.long),
+                                            in_degree, planning.degree_order(in_degree), lo, hi,
+                                            units.RowCosts(64), hotness.Params(cache_ratio=0.1), False)
     assert row["train_seeds"] == 0 and row["requested_gids"] == 0 and row["lookups_per_epoch"] == 0
     assert plan.ranked_gid.size == 0 and row["expected_hit_rate"] == 0.0
     assert plan.plan_gid.size == round(0.1 * (hi - lo))  # still a plan (by degree) of the budgeted size

@@ -8,36 +8,31 @@ request count is what saves the most bytes per cached byte whatever a row's widt
 Contract: partition + features manifests + params → artifact ``hotness/<key>/`` with ``hot-<p>.zarr`` per
 partition (format in ``storage.hotness``), ``curve.png`` and ``curves.json``. The plan is fitted on E epochs and
 its hit rate measured on one more, independently drawn epoch, so the reported figures are not self-fulfilling.
+The parts are planned by units (``stages.hotness.units``: a group of parts each, over the CSR it assembles) on the
+``executor`` (``stages.executor``: this process, or a Dask cluster), byte-identical whichever.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from stages.choices import TaskName
-from stages.hotness import plan as planning
-from stages.hotness.whole_csr import CsrLayout, assemble, choose_mapped
+from stages.executor import open_executor, part_groups
+from stages.hotness.units import PlanJob, plan_parts
+from stages.hotness.whole_csr import CsrLayout
 from stages.memory import MemoryBudget
-from stages.meter import anon_rss_bytes, measure
+from stages.meter import measure
 from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed
 from stages.runtime.fanouts import graph_fanouts
-from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
-from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.features import FeaturesArtifact
-from storage.hotness import CURVE_PNG, CachePlan, write_curves, write_plan
+from storage import ArtifactStore, Manifest, StageWriter
+from storage.hotness import CURVE_PNG, write_curves
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.store import stage_key
-
-if TYPE_CHECKING:
-    import torch
-
-    from stages.hotness.counting import SeedsOf
-    from stages.runtime.sampler import NeighborSampler
 
 NAME = "hotness"
 VERSION = 4   # 4: typed graphs; 3: the neighbour draws come from the stage's seed (torch's global generator before)
@@ -69,138 +64,11 @@ class Params(BudgetedParams):
         return out
 
 
-
-class _RowCosts:
-    """What a gid's feature row costs: one width for a homogeneous graph; per node type for a typed one, where
-    ``row_bytes_gid`` is 0 for a featureless type's gids (not cacheable) and ``type_of_gid`` names each gid's."""
-
-    def __init__(self, row_bytes: int, row_bytes_gid: np.ndarray | None = None,
-                 type_of_gid: np.ndarray | None = None, type_names: tuple[str, ...] = ()) -> None:
-        self.row_bytes, self.row_bytes_gid = row_bytes, row_bytes_gid
-        self.type_of_gid, self.type_names = type_of_gid, type_names
-
-    def cacheable(self, order_gid: np.ndarray) -> np.ndarray:
-        return order_gid if self.row_bytes_gid is None else order_gid[self.row_bytes_gid[order_gid] > 0]
-
-    def lookups(self, count_gid: np.ndarray) -> np.ndarray:
-        """Feature-row lookups per gid: the requests of cacheable gids."""
-        return count_gid if self.row_bytes_gid is None else np.where(self.row_bytes_gid > 0, count_gid, 0)
-
-    def budget(self, params: Params, hot_order: np.ndarray, lo: int, hi: int) -> planning.Budget:
-        num_nodes = hot_order.shape[0]
-        if self.row_bytes_gid is None:
-            return planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
-                                        row_bytes=self.row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
-        own_bytes = int(self.row_bytes_gid[lo:hi].sum())
-        if params.cache_budget_bytes is not None:
-            budget_bytes, base = params.cache_budget_bytes, f"{params.cache_budget_bytes:,} bytes per rank"
-        else:
-            budget_bytes = int(round(params.cache_ratio * own_bytes))
-            base = f"{params.cache_ratio:g} × the partition's {own_bytes:,} feature bytes"
-        rows = int(np.searchsorted(np.cumsum(self.row_bytes_gid[hot_order]), budget_bytes, side="right"))
-        return planning.Budget(rows, f"{base} = {rows:,} rows of the featured types")
-
-    def by_type(self, count_gid: np.ndarray) -> dict[str, int]:
-        """Counts per gid summed per node type."""
-        assert self.type_of_gid is not None
-        sums = np.bincount(self.type_of_gid, weights=count_gid, minlength=len(self.type_names))
-        return {name: int(v) for name, v in zip(self.type_names, sums)}
-
-    def gids_by_type(self, gid: np.ndarray) -> dict[str, int]:
-        """How many of ``gid`` are of each node type."""
-        assert self.type_of_gid is not None
-        counts = np.bincount(self.type_of_gid[gid], minlength=len(self.type_names))
-        return {name: int(v) for name, v in zip(self.type_names, counts)}
-
-
-def _plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
-                    deg_order: np.ndarray, lo: int, hi: int, costs: _RowCosts, params: Params, progress: bool,
-                    seeds_of: SeedsOf | None = None, limit: int | None = None
-                    ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
-    """``deg_order``: the degree baseline's ranking of the cacheable gids, the same for every partition;
-    ``train_gid``: the training items (node gids; with ``seeds_of``, positions of positive edges)."""
-    import torch
-
-    from stages.hotness.counting import count_requests
-
-    num_nodes = in_degree_gid.shape[0]
-    # all epochs of partition p from one generator (epoch 0 of its stream); stream ids in stages.runtime.seeds
-    fit_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_FIT))
-    eval_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_EVAL))
-    requests = count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=params.epochs,
-                              generator=fit_gen, desc=f"hotness: pre-sample part {p}", progress=progress,
-                              seeds_of=seeds_of, limit=limit).numpy()
-    fit = costs.lookups(requests)
-    held_out = costs.lookups(count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1,
-                                            generator=eval_gen, desc=f"hotness: evaluate part {p}",
-                                            progress=progress, seeds_of=seeds_of, limit=limit).numpy())
-    hot_order = costs.cacheable(planning.hotness_order(fit, in_degree_gid))
-    budget = costs.budget(params, hot_order, lo, hi)
-    plan_gid = hot_order[: budget.rows]
-    requested = int(np.count_nonzero(fit))
-    row_bytes = costs.row_bytes
-    sizes = planning.curve_sizes(hi - lo, num_nodes)
-    [hot_hit, deg_hit] = [planning.hit_rates(held_out, order, np.append(sizes, budget.rows))
-                          for order in (hot_order, deg_order)]
-    row = {"part": p, "train_seeds": int(train_gid.numel()), "requested_gids": requested,
-           "lookups_per_epoch": int(held_out.sum()),
-           "remote_lookup_share": float(1 - held_out[lo:hi].sum() / held_out.sum()) if held_out.sum() else 0.0,
-           "plan_rows": int(budget.rows), "plan_bytes": int(budget.rows * row_bytes),
-           "expected_hit_rate": float(hot_hit[-1]), "degree_hit_rate": float(deg_hit[-1]),
-           "remote_removed": planning.remote_share_removed(held_out, plan_gid, lo, hi),
-           "budget": budget.note}
-    if costs.type_of_gid is not None:   # typed: requests per node type (embedding rows too), and the plan's
-        row["requests_by_type"] = costs.by_type(requests)
-        row["plan_rows_by_type"] = costs.gids_by_type(plan_gid)
-        row["plan_bytes"] = int(costs.row_bytes_gid[plan_gid].sum()) if costs.row_bytes_gid is not None else 0
-    curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
-             "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}
-    plan = CachePlan(p, plan_gid, hot_order[:requested], fit[hot_order[:requested]],
-                     {**row, "row_bytes": row_bytes, "fanouts": list(params.fanouts)})
-    return plan, row, curve
-
-
-def _train_items(params: Params, partition: PartitionArtifact, features: FeaturesArtifact, p: int
-                 ) -> tuple[torch.Tensor, SeedsOf | None, int | None]:
-    """Partition p's training items, how a batch of them becomes sample seeds (None: they are the seeds) and how
-    many an epoch takes (None: all): its train nodes' gids, or for task=link the positions of its train positives
-    (``link_seeds_of``), its share of ``edges_per_epoch`` (as the train stage's ``rank_share``)."""
-    import torch
-
-    from stages.hotness.counting import link_seeds_of
-    from stages.runtime.dist_sampler import proportional_share
-    from stages.runtime.negatives import NegativeDraws
-    from stages.runtime.typed_rows import TypeIndex
-
-    if params.task == "node":
-        train_gid = features.part(p, load_x=False).split_lids["train"] + int(partition.bounds()[p])
-        return torch.from_numpy(train_gid), None, None
-    key = partition.link_edge_type
-    if key is None:
-        raise InputError("hotness task=link needs a graph split for it: run the download stage with task=link too "
-                         "(set task=link for the whole pipeline)")
-    draws = NegativeDraws.for_link(partition.schema, key, TypeIndex(partition.range_table()))
-    edge_gid = torch.from_numpy(partition.edge_split(p, "train"))
-    limit = None
-    if params.edges_per_epoch is not None:
-        total = sum(sizes["train"] for sizes in partition.manifest.summary["edge_split_sizes"])
-        limit = proportional_share(params.edges_per_epoch, int(edge_gid.shape[1]), total)
-    return torch.arange(edge_gid.shape[1]), link_seeds_of(edge_gid, draws, params.num_negatives), limit
-
-
-def _row_costs(partition: PartitionArtifact, features: FeaturesArtifact) -> _RowCosts:
-    schema = partition.schema
-    if schema.is_homogeneous:
-        return _RowCosts(features.row_bytes)
-    _, type_of_gid = partition.range_table().locate(np.arange(schema.num_nodes))
-    featured = set(features.featured_types)
-    type_bytes = np.array([features.row_bytes_of(t.name) if t.name in featured else 0 for t in schema.node_types],
-                          dtype=np.int64)
-    return _RowCosts(0, type_bytes[type_of_gid], type_of_gid, tuple(t.name for t in schema.node_types))
-
-
-def _csr_note(layout: CsrLayout, mapped: bool) -> str:
-    where = "memory-mapped from spill files" if mapped else "in memory"
+def _csr_note(layout: CsrLayout, mapped: list[bool]) -> str:
+    """Where the units' CSRs lived (``mapped``: each unit's), for the report."""
+    where = "memory-mapped from spill files" if all(mapped) else "in memory"
+    if 0 < sum(mapped) < len(mapped):   # shares on different hosts may choose differently
+        where = f"memory-mapped from spill files in {sum(mapped)} of {len(mapped)} units, in memory in the others"
     return (f"{layout.num_edges:,} {layout.index_dtype.name} CSR indices {where} (in-memory path: "
             f"{layout.in_memory():,} bytes)")
 
@@ -208,50 +76,56 @@ def _csr_note(layout: CsrLayout, mapped: bool) -> str:
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     partition = PartitionArtifact(store, upstream["partition"])
-    features = FeaturesArtifact(store, upstream["features"])
-    schema = partition.schema
-    fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, schema)   # before anything is written
+    graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)   # checked before anything is written
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
     layout = CsrLayout.of(partition)
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
-    if force or store.find(NAME, key) is None:   # a cached plan is read whatever the budget
-        budget.require(layout.minimum(), layout.describe_minimum())
+    if not force and (cached := store.find(NAME, key)) is not None:   # returned whatever the budget and executor
+        return cached
+    budget.require(layout.minimum(), layout.describe_minimum())
+    num_parts = partition.num_partitions
+    with open_executor(params.executor, units=num_parts, store=store) as executor:
+        # a worker slot runs one unit at a time, and dask[:N] puts them all on this host: each gets its share, and
+        # each unit holds the O(N) minimum itself (it assembles its own CSR)
+        share = MemoryBudget(budget.bytes // executor.slots, NAME,
+                             budget.source if executor.slots == 1 else f"1/{executor.slots} of {budget.describe()}")
+        if executor.slots > 1:   # said of the whole budget, so the line names the memory_budget_bytes to set
+            budget.require(executor.slots * layout.minimum(),
+                           f"{executor.slots} units that each hold {layout.describe_minimum()}")
 
-    def body(writer: StageWriter) -> None:
-        # torch, torch_geometric and matplotlib load in seconds: only when the stage really runs, not for `status`
+        def body(writer: StageWriter) -> None:
+            # matplotlib loads in a second: only when the stage really runs, not for `status`
+            from stages.hotness.plot import hit_rate_png
 
-        from stages.hotness.plot import hit_rate_png
-        from stages.runtime.sampler import LocalCSR, NeighborSampler
+            with measure() as cost:
+                jobs = [PlanJob(store.root, upstream["partition"], upstream["features"], writer.work_dir(), group,
+                                params, share, progress=progress and executor.slots == 1)
+                        for group in part_groups(num_parts, executor.slots)]
+                units = executor.map(plan_parts, jobs, name="hotness-unit")
+                rows = sorted((r for u in units for r in u["rows"]), key=lambda r: r["part"])
+                curves = sorted((c for u in units for c in u["curves"]), key=lambda c: c["part"])
+                write_curves(writer, curves, hit_rate_png(curves))
+            writer.summary.update({"num_partitions": num_parts, "parts": rows, "curves": curves,
+                                   "fanouts": list(params.fanouts), "edge_fanouts": dict(params.edge_fanouts),
+                                   "epochs": params.epochs,
+                                   "budget": rows[0]["budget"] if rows else "",
+                                   "memory_budget": share.describe(),
+                                   "csr": _csr_note(layout, [u["mapped"] for u in units]),
+                                   "base_anon_bytes": max(u["base_anon_bytes"] for u in units),
+                                   **_with_units(cost, units, executor.slots)})
 
-        rows: list[dict[str, Any]] = []
-        curves: list[dict[str, Any]] = []
-        with measure() as cost, writer.scratch() as scratch:
-            num_parts, bounds = partition.num_partitions, partition.bounds()
-            base_anon = anon_rss_bytes() or 0   # the interpreter's and torch's own, before the stage's arrays
-            mapped = choose_mapped(layout, budget, base_anon)
-            csr = LocalCSR.from_numpy(*assemble(partition, layout, scratch if mapped else None), start_gid=0,
-                                      num_edge_types=schema.num_edge_types)
-            in_degree_gid = partition.in_degree()
-            costs = _row_costs(partition, features)
-            deg_order = costs.cacheable(planning.degree_order(in_degree_gid))
-            sampler = NeighborSampler(csr, fanouts)
-            for p in range(num_parts):
-                lo, hi = int(bounds[p]), int(bounds[p + 1])
-                train_items, seeds_of, limit = _train_items(params, partition, features, p)
-                plan, row, curve = _plan_partition(p, sampler, train_items, in_degree_gid, deg_order, lo, hi,
-                                                   costs, params, progress, seeds_of, limit)
-                write_plan(writer, plan)
-                rows.append(row)
-                curves.append(curve)
-            write_curves(writer, curves, hit_rate_png(curves))
-        writer.summary.update({"num_partitions": num_parts, "parts": rows, "curves": curves,
-                               "fanouts": list(params.fanouts), "edge_fanouts": dict(params.edge_fanouts),
-                               "epochs": params.epochs,
-                               "budget": rows[0]["budget"] if rows else "",
-                               "memory_budget": budget.describe(), "csr": _csr_note(layout, mapped),
-                               "base_anon_bytes": base_anon, **cost})
+        return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
 
-    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+
+def _with_units(cost: dict[str, Any], units: list[dict[str, Any]], slots: int) -> dict[str, Any]:
+    """The stage's own figures; on Dask also each unit's: its parts, where its CSR lived, its time and memory (a
+    worker's peak is not this process's)."""
+    if slots == 1:   # the one unit ran in this process: its peak is within the stage's
+        return cost
+    keep = ("wall_s", "peak_anon_bytes", "start_anon_bytes", "base_anon_bytes")
+    return {**cost, "executor_slots": slots,
+            "units": [{"parts": [r["part"] for r in u["rows"]], "csr_mapped": u["mapped"],
+                       **{k: u[k] for k in keep if k in u}} for u in units]}
 
 
 def report(manifest: Manifest) -> Report:

@@ -14,9 +14,12 @@ summed over the process and its children, read from /proc every ``--poll-s``: th
 files is not counted, as the budget does not count it), the stage's own ``peak_anon_bytes`` and ``wall_s`` from its
 manifest, and disk: peak and final bytes of the files under the artifact root over the start (spill files
 included; walked every second). ``--repo`` runs another checkout's stages (the same venv), for a side-by-side
-comparison in one invocation; ``--preset products`` is the products-scale graph. ``--full-at`` sizes also train
-one epoch on 2 ranks and run exact inference, with
-``--hidden`` channels (64 by default: see the option's comment).
+comparison in one invocation; ``--preset products`` is the products-scale graph. ``--executors local dask:1
+dask:2`` builds every data stage once per executor, one after the other (``gnnpipe stage`` forces the rebuild; the
+key is the same), for [3/5]'s side by side: the Dask workers are children of the stage's process, so "peak anon"
+counts them, and each unit's own wall time and peak (``units`` in the manifest) are kept per row. ``--full-at``
+sizes also train one epoch on 2 ranks and run exact inference, with ``--hidden`` channels (64 by default: see the
+option's comment).
 
 The fit (``--fit``, from the JSON lines of a run): per stage, time ~ a * entries^b by least squares in log-log and
 its projection to papers100M and IGBH-full (one process, as measured: no parallel speed-up assumed), and the
@@ -96,9 +99,9 @@ def du_bytes(root: str) -> int:
     return total
 
 
-def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_stage(stage: str, nodes: int, args: argparse.Namespace, executor: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "flows.cli", "stage", stage, "--artifacts", args.root]
-    for s in settings(nodes, args):
+    for s in settings(nodes, args) + ([f"executor={executor}"] if executor else []):
         cmd += ["--set", s]
     disk0 = du_bytes(args.root)
     start = time.perf_counter()
@@ -127,7 +130,8 @@ def run_stage(stage: str, nodes: int, args: argparse.Namespace) -> dict[str, Any
             "peak_anon_bytes": peak_anon, "stage_peak_anon_bytes": summary.get("peak_anon_bytes"),
             "peak_disk_bytes": peak_disk, "final_disk_bytes": du_bytes(args.root) - disk0,
             "path": summary.get("canonical_path") or summary.get("memory_path") or summary.get("csr")
-            or summary.get("path"), "key": key, "edge_cut": summary.get("edge_cut"), "load": os.getloadavg()[0]}
+            or summary.get("path"), "key": key, "edge_cut": summary.get("edge_cut"), "load": os.getloadavg()[0],
+            **({"executor": executor, "units": summary.get("units", [])} if executor else {})}
 
 
 def commit(repo: str) -> str:
@@ -152,12 +156,13 @@ def measure(args: argparse.Namespace) -> None:
             stages = DATA_STAGES + (FULL_STAGES if nodes in args.full_at else ())
             stages = tuple(s for s in stages if not args.stages or s in args.stages)
             for stage in stages:
-                row = run_stage(stage, nodes, args)
-                if stage == "download":
-                    entries[nodes] = row["entries"]
-                row["entries"] = entries.get(nodes, row["entries"])
-                print(json.dumps(row), flush=True)
-                out.write(json.dumps(row) + "\n")
+                for executor in (args.executors if stage in DATA_STAGES else [None]):
+                    row = run_stage(stage, nodes, args, executor)
+                    if stage == "download":
+                        entries[nodes] = row["entries"]
+                    row["entries"] = entries.get(nodes, row["entries"])
+                    print(json.dumps(row), flush=True)
+                    out.write(json.dumps(row) + "\n")
             if not args.keep:
                 shutil.rmtree(args.root, ignore_errors=True)
                 Path(args.root).mkdir(parents=True, exist_ok=True)
@@ -235,6 +240,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64, help="the model's hidden width (train and infer)")
     ap.add_argument("--set", action="append", default=[], help="another NAME=VALUE for every stage")
     ap.add_argument("--stages", nargs="*", help="only these stages (their upstream must be built: --keep)")
+    ap.add_argument("--executors", nargs="*", default=[None], help="build each data stage on each of these "
+                    "executors in turn (local, dask:1, dask:2, tcp://...); default: the configured one, once")
     ap.add_argument("--poll-s", type=float, default=0.1)
     ap.add_argument("--keep", action="store_true", help="keep each size's artifacts (default: removed)")
     ap.add_argument("--fit", metavar="JSONL", help="print the table, fit and projections of a run's lines")

@@ -69,6 +69,17 @@ class MemoryBudget:
                              f"memory_budget_bytes={self.bytes} ({gib(self.bytes)}, {self.source}); raise "
                              f"memory_budget_bytes to {minimum} or more")
 
+    def share(self, slots: int, minimum: int, what: str) -> MemoryBudget:
+        """Each of ``slots`` units' budget (``stages.executor``: a worker slot runs one unit at a time, and
+        ``dask[:N]`` puts every slot on this host), each unit holding ``minimum`` (``what``) itself: checked as
+        ``slots`` × ``minimum`` against the whole budget, so the error line names the ``memory_budget_bytes`` to set
+        (a share's own minimum would be ``slots`` times too low)."""
+        if slots == 1:
+            self.require(minimum, what)
+            return self
+        self.require(slots * minimum, f"{slots} units that each hold {what}")
+        return MemoryBudget(self.bytes // slots, self.stage, f"1/{slots} of {self.describe()}")
+
     def fits(self, need: int) -> bool:
         """Whether an in-memory path needing ``need`` bytes stays within the budget."""
         return need <= self.bytes

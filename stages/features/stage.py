@@ -70,14 +70,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
     if not force and (cached := store.find(NAME, key)) is not None:   # returned whatever the budget and executor
         return cached
-    budget.require(plan.minimum(), "the partition book, y, the splits and one output chunk per part")
     with open_executor(params.executor, units=parts.num_partitions, store=store) as executor:
-        # a worker slot runs one unit at a time, and dask[:N] puts them all on this host: each gets its share
-        share = MemoryBudget(budget.bytes // executor.slots, NAME,
-                             budget.source if executor.slots == 1 else f"1/{executor.slots} of {budget.describe()}")
-        if executor.slots > 1:
-            share.require(plan.minimum(), f"each of {executor.slots} units: the partition book, y, the splits and "
-                                          f"one output chunk per part")
+        share = budget.share(executor.slots, plan.minimum(), "the partition book, y, the splits and one output "
+                                                             "chunk per part")
 
         def body(writer: StageWriter) -> None:
             start_anon = anon_rss_bytes()

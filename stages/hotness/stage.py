@@ -82,16 +82,10 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
     if not force and (cached := store.find(NAME, key)) is not None:   # returned whatever the budget and executor
         return cached
-    budget.require(layout.minimum(), layout.describe_minimum())
     num_parts = partition.num_partitions
     with open_executor(params.executor, units=num_parts, store=store) as executor:
-        # a worker slot runs one unit at a time, and dask[:N] puts them all on this host: each gets its share, and
         # each unit holds the O(N) minimum itself (it assembles its own CSR)
-        share = MemoryBudget(budget.bytes // executor.slots, NAME,
-                             budget.source if executor.slots == 1 else f"1/{executor.slots} of {budget.describe()}")
-        if executor.slots > 1:   # said of the whole budget, so the line names the memory_budget_bytes to set
-            budget.require(executor.slots * layout.minimum(),
-                           f"{executor.slots} units that each hold {layout.describe_minimum()}")
+        share = budget.share(executor.slots, layout.minimum(), layout.describe_minimum())
 
         def body(writer: StageWriter) -> None:
             # matplotlib loads in a second: only when the stage really runs, not for `status`

@@ -32,15 +32,17 @@ ID spaces (docs/design.md):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
-from storage.store import ArtifactHandle, StageWriter
+from storage.store import ArtifactHandle, StageWriter, WorkDir
 from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_ids, write_array
 
 _BOOK = "book.zarr"
@@ -115,7 +117,7 @@ class PartCSR:
         return self.indptr[::self.num_edge_types]
 
 
-def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) -> None:
+def write_book(writer: StageWriter | WorkDir, book: PartitionBook, attrs: dict[str, Any]) -> None:
     """Write the artifact's ``book.zarr`` (``attrs``: the partitioning's figures, kept as group attrs)."""
     g = open_group(writer.file_url(_BOOK), mode="w")
     ids = id_dtype(book.num_nodes)
@@ -124,6 +126,27 @@ def write_book(writer: StageWriter, book: PartitionBook, attrs: dict[str, Any]) 
     write_array(g, "gid_of_orig", book.gid_of_orig.astype(ids, copy=False))
     write_array(g, "type_bounds", book.range_table().type_bounds)
     g.attrs.update({**attrs, "id_dtype": str(ids)})
+
+
+def read_book(out: StageWriter | WorkDir) -> PartitionBook:
+    """The book a build has written into its work directory (``write_book``), before the artifact is published:
+    what the partition stage's units read on a worker (``stages.partition.units``)."""
+    return _read_book(out.file_url(_BOOK))
+
+
+def _read_book(url: str) -> PartitionBook:
+    g = open_group(url)
+    return PartitionBook(read_array(g, "bounds"), read_ids(g, "orig_of_gid"), read_ids(g, "gid_of_orig"),
+                         read_array(g, "type_bounds"))
+
+
+def remove_parts(out: StageWriter | WorkDir, parts: Iterable[int]) -> None:
+    """Delete the ``part-<p>.zarr`` stores of ``parts`` from ``out`` where present: a unit rerun after its worker
+    died (Dask reschedules it) writes each of its parts from nothing, so no file of the first try's survives."""
+    for p in parts:
+        fs, path = fsspec.core.url_to_fs(out.file_url(_part_name(p)))
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
 
 
 def write_part(writer: StageWriter, csr: PartCSR, *, num_nodes: int, progress: bool = False,
@@ -216,9 +239,7 @@ class PartitionArtifact(ArtifactHandle):
         return RangeTable(read_array(open_group(self._url(_BOOK)), "type_bounds"), len(self.schema.node_types))
 
     def book(self) -> PartitionBook:
-        g = open_group(self._url(_BOOK))
-        return PartitionBook(read_array(g, "bounds"), read_ids(g, "orig_of_gid"), read_ids(g, "gid_of_orig"),
-                             read_array(g, "type_bounds"))
+        return _read_book(self._url(_BOOK))
 
     def csr(self, p: int, native: bool = False) -> PartCSR:
         """Partition p's incoming-edge CSR (rows: lids, indices: gids): ``indices`` widened to int64, or with

@@ -15,11 +15,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from storage.partition import _part_name, id_dtype, part_attrs, write_link_arrays
-from storage.store import StageWriter
+from storage.store import StageWriter, WorkDir
 from storage.zarr_io import ChunkAppender, create_rows_array, open_group, write_array
 
 
-def write_part_streamed(writer: StageWriter, part: int, start_gid: int, indptr: np.ndarray,
+def write_part_streamed(writer: StageWriter | WorkDir, part: int, start_gid: int, indptr: np.ndarray,
                         chunks: Iterable[tuple[np.ndarray, np.ndarray | None]], *, num_nodes: int,
                         num_edge_types: int = 1, edge_attr_shape: tuple[int, np.dtype] | None = None,
                         edge_splits: dict[str, np.ndarray] | None = None,

@@ -217,3 +217,39 @@ def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_par
     budget.require(need, what)
     return MemoryPlan(minimum=minimum, in_memory=in_memory, streamed=streamed, what=what, compress=compress,
                       phases=chosen, sort_bytes=sort_share(minimum, sort_held) if streamed and sort_held else 0)
+
+
+# A unit of the part writes on an executor (``stages.partition.units``), from relabel's and the streamed writer's
+# arrays: the book's two maps read back as int64 (16 B a node) and the node splits that ``streamed.mapped_graph``
+# reads (``SPLIT_NODE_BYTES``); per part row (node and edge type) while ``relabel.part_csr_chunks`` counts the
+# part's degrees, its int64 indptr, the orig rows, the two gathered indptr values and their difference (40 B);
+# link prediction's splits as for the stage (three times); and per chunk entry the chunk temporaries
+# (``CHUNK_BYTES_PER_ENTRY``) plus an edge attribute row twice (gathered, then in the writer's pending chunk).
+UNIT_NODE_BYTES = 16 + SPLIT_NODE_BYTES
+PART_ROW_BYTES = 40
+# Part sizes are known only once the partitioner has run, and the share is checked before: a part is bounded by
+# twice the balanced size (the partitioners and the balance repair keep nodes within 3 %, DEFAULT_TOLERANCE)
+PART_SIZE_BOUND = 2
+WRITER_CHUNK_BYTES = 64 << 20   # the writer's pending Zarr chunk of indices (storage.partition_stream)
+
+
+def unit_minimum(*, num_nodes: int, num_entries: int, num_parts: int, num_edge_types: int, link_bytes: int = 0,
+                 edge_attr_bytes: int = 0) -> int:
+    """One part-writing unit's estimate (above): what each unit's share of ``memory_budget_bytes`` must hold."""
+    rows = min(num_nodes, PART_SIZE_BOUND * -(-num_nodes // max(1, num_parts))) * num_edge_types
+    chunk = min(CHUNK_EDGES, num_entries)
+    attr_row = edge_attr_bytes // max(1, num_entries)
+    return (UNIT_NODE_BYTES * num_nodes + PART_ROW_BYTES * rows + 3 * link_bytes
+            + chunk * (CHUNK_BYTES_PER_ENTRY + 2 * attr_row) + min(WRITER_CHUNK_BYTES, 4 * num_entries))
+
+
+def require_unit_share(budget: MemoryBudget, slots: int, need: int) -> None:
+    """The one-line InputError when ``slots`` units running at once (each with ``budget.bytes // slots``) cannot
+    each hold ``need``, before any work: the number to raise the budget to is the whole of it, not one share."""
+    share = budget.bytes // slots
+    if need > share:
+        raise InputError(f"partition: each of {slots} part-writing units needs an estimated {gib(need)} of memory "
+                         f"(the partition book, the splits, one part's rows and chunk temporaries), more than its "
+                         f"1/{slots} share ({gib(share)}) of memory_budget_bytes={budget.bytes} "
+                         f"({budget.describe()}); raise memory_budget_bytes to {need * slots} or more, or run "
+                         f"fewer workers (executor=dask:N)")

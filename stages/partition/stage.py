@@ -2,22 +2,26 @@
 
 Contract: download manifest + params → artifact ``partition/<key>/`` with ``book.zarr`` (bounds, orig_of_gid,
 gid_of_orig) and ``part-<p>.zarr`` (incoming-edge CSR over lids, neighbour gids); format in ``storage.partition``.
+The partitioner runs in this process; the parts are written here (``executor=local``) or, after the book, by units
+on a Dask cluster (``stages.partition.units``), byte-identical whichever.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from stages.choices import PartitionMethod
+from stages.executor import LOCAL, Executor, open_executor, part_groups
 from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
-from stages.partition.footprint import MemoryPlan, plan
-from stages.partition.streamed import link_stats, mapped_graph, write_parts_streamed
+from stages.partition.footprint import MemoryPlan, plan, require_unit_share, unit_minimum
+from stages.partition.streamed import link_stats, mapped_graph, with_part_lists, write_parts_streamed
+from stages.partition.units import PartsJob, part_lists, unit_figures, write_parts
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, GraphArtifact
 from storage.partition import PartitionBook, write_book, write_part
@@ -58,13 +62,32 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     # the memory plan fails (one line) before store.build makes any directory; a cached build needs none
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
     memory = memory_plan(artifact, params) if force or store.find(NAME, key) is None else None
+    if memory is None or params.executor == LOCAL:   # cached, or the parts written here as before executors
+        return store.build(NAME, VERSION, params.key_params(), upstream,
+                           _body(artifact, params, memory, progress, None), force=force)
+    with open_executor(params.executor, units=params.num_partitions, store=store) as executor:
+        # the partitioner runs alone in this process, under the whole budget; then the units run, each within its
+        # share, while this process holds the summary only (stages.partition.units, footprint.unit_minimum)
+        require_unit_share(MemoryBudget.resolve(params.memory_budget_bytes, NAME), executor.slots,
+                           unit_memory(artifact, params))
+        return store.build(NAME, VERSION, params.key_params(), upstream,
+                           _body(artifact, params, memory, progress, executor), force=force)
 
+
+def _body(artifact: GraphArtifact, params: Params, memory: MemoryPlan | None, progress: bool,
+          executor: Executor | None) -> Callable[[StageWriter], None]:
+    """The build: assign, relabel, write the book and the parts (here, or by ``executor``'s units after the
+    graph is let go)."""
     def body(writer: StageWriter) -> None:
         plan = memory or memory_plan(artifact, params)
-        with measure() as cost, writer.scratch() as scratch:
-            graph = mapped_graph(artifact, scratch) if plan.streamed else \
-                artifact.read(features=False, negatives=True)
-            stats = _partition(writer, graph, params, scratch, plan, progress)
+        with measure() as cost:
+            with writer.scratch() as scratch:
+                graph = mapped_graph(artifact, scratch) if plan.streamed else \
+                    artifact.read(features=False, negatives=True)
+                stats = _partition(writer, graph, params, scratch, plan, progress, write_here=executor is None)
+                del graph   # the units may share this host: their shares of the budget need its memory
+            if executor is not None:
+                stats.update(_write_units(executor, writer, artifact.manifest, params.num_partitions, stats))
         writer.summary.update(stats)
         writer.summary.update({**cost, "memory_path": "streamed" if plan.streamed else "in-memory",
                                "memory_estimate_bytes": plan.minimum if plan.streamed else plan.in_memory})
@@ -72,7 +95,17 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             writer.summary.update({"kaminpar_compressed": plan.compress,
                                    "memory_phase_bytes": {name: int(b) for name, b in plan.phases}})
 
-    return store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
+    return body
+
+
+def _write_units(executor: Executor, writer: StageWriter, download: Manifest, num_parts: int,
+                 stats: dict[str, Any]) -> dict[str, Any]:
+    """The parts written by ``executor``'s units, one per worker slot; the link figures in part order and the
+    executor figures."""
+    jobs = [PartsJob(writer.store.root, download, writer.work_dir(), group)
+            for group in part_groups(num_parts, executor.slots)]
+    results = executor.map(write_parts, jobs, name="partition-unit")
+    return {**with_part_lists(stats, *part_lists(results, num_parts)), **unit_figures(results, executor.slots)}
 
 
 def memory_plan(artifact: GraphArtifact, params: Params) -> MemoryPlan:
@@ -81,8 +114,7 @@ def memory_plan(artifact: GraphArtifact, params: Params) -> MemoryPlan:
     s = artifact.manifest.summary
     schema = artifact.schema
     indptr, indices = artifact.zarr_array("indptr"), artifact.zarr_array("indices")
-    link = sum(2 * n for n in (s.get("edge_split_sizes") or {}).values()) + \
-        sum(int(np.prod(shape)) for shape in (s.get("edge_split_neg_shapes") or {}).values())
+    link = _link_entries(s)
     edge_attr = int(artifact.zarr_array("edge_attr").nbytes) if artifact.num_edge_features else 0
     return plan(MemoryBudget.resolve(params.memory_budget_bytes, NAME), num_nodes=artifact.num_nodes,
                 num_entries=int(indices.shape[0]), num_parts=params.num_partitions, method=params.method,
@@ -90,10 +122,26 @@ def memory_plan(artifact: GraphArtifact, params: Params) -> MemoryPlan:
                 graph_bytes=int(indptr.nbytes + indices.nbytes), link_bytes=8 * link, edge_attr_bytes=edge_attr)
 
 
+def unit_memory(artifact: GraphArtifact, params: Params) -> int:
+    """One part-writing unit's estimate (``footprint.unit_minimum``), from the manifest and the arrays' shapes."""
+    link = _link_entries(artifact.manifest.summary)
+    return unit_minimum(num_nodes=artifact.num_nodes, num_entries=int(artifact.zarr_array("indices").shape[0]),
+                        num_parts=params.num_partitions, num_edge_types=artifact.schema.num_edge_types,
+                        link_bytes=8 * link, edge_attr_bytes=int(artifact.zarr_array("edge_attr").nbytes)
+                        if artifact.num_edge_features else 0)
+
+
+def _link_entries(summary: Mapping[str, Any]) -> int:
+    """Entries of link prediction's splits and fixed negatives (int64 each), from the download summary."""
+    return sum(2 * n for n in (summary.get("edge_split_sizes") or {}).values()) + \
+        sum(int(np.prod(shape)) for shape in (summary.get("edge_split_neg_shapes") or {}).values())
+
+
 def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, plan: MemoryPlan,
-               progress: bool) -> dict[str, Any]:
+               progress: bool, write_here: bool = True) -> dict[str, Any]:
     """Assign, relabel and write: the same computation on both paths (``graph``'s arrays in memory or memory
-    maps), so both write the same bytes; returns the summary."""
+    maps), so both write the same bytes; returns the summary. ``write_here`` False: the book only (the units
+    write the parts), with the link figures' per-part lists left empty."""
     from stages.partition.assign import assign_parts
     from stages.partition.relabel import relabel
     from stages.partition.report import partition_report, typed_report
@@ -124,8 +172,11 @@ def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, 
     write_book(writer, book, {"num_partitions": num_parts, "method": params.method,
                               "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                               "schema": schema.to_dict()})
-    stats.update(write_parts_streamed(writer, graph, book, progress) if plan.streamed else
-                 _write_parts(writer, graph, book, progress))
+    if write_here:
+        stats.update(write_parts_streamed(writer, graph, book, progress) if plan.streamed else
+                     _write_parts(writer, graph, book, progress))
+    else:
+        stats.update(link_stats(graph, [], []))
     stats.update({"num_partitions": num_parts, "method": params.method, "schema": schema.to_dict(),
                   "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                   "bounds": [int(b) for b in book.bounds],

@@ -14,7 +14,7 @@ graph entry) would not fit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from storage.partition import PartitionBook
 from storage.partition_stream import write_part_streamed
 from storage.progress import progress as tqdm
 from storage.spill import spill_array
-from storage.store import StageWriter
+from storage.store import StageWriter, WorkDir
 from storage.zarr_io import read_into
 
 
@@ -48,7 +48,10 @@ def mapped_graph(artifact: GraphArtifact, scratch: str) -> Graph:
         edge_splits={name: read_into(artifact.zarr_array(f"edge_split/{name}")) for name in SPLITS}
         if link_edge_type is not None else {},
         link_edge_type=None if link_edge_type is None else str(link_edge_type),
-        edge_split_negatives={name: read_into(artifact.zarr_array(f"edge_split_neg/{name}")) for name in neg_shapes},
+        # in SPLITS order, as the download wrote them and the in-memory reader gives them (the manifest's summary
+        # sorts its keys: test before valid, which put the parts' attrs in another order)
+        edge_split_negatives={name: read_into(artifact.zarr_array(f"edge_split_neg/{name}"))
+                              for name in SPLITS if name in neg_shapes},
         link_eval=None if link_eval is None else str(link_eval),
         edge_attr=spill_array(artifact.zarr_array("edge_attr"), scratch, "edge_attr")
         if artifact.num_edge_features else None,
@@ -58,22 +61,30 @@ def mapped_graph(artifact: GraphArtifact, scratch: str) -> Graph:
 def write_parts_streamed(writer: StageWriter, graph: Graph, book: PartitionBook, progress: bool) -> dict[str, Any]:
     """``stage._write_parts`` in chunks: each part's rows come from the memory-mapped CSR in row order (a part
     lists its nodes in ascending orig ids, ``relabel``) and go to disk one chunk of entries at a time."""
+    link_sizes, neg_shapes = write_streamed(writer, graph, book, range(book.num_partitions), progress)
+    return link_stats(graph, link_sizes, neg_shapes)
+
+
+def write_streamed(out: StageWriter | WorkDir, graph: Graph, book: PartitionBook, parts: Iterable[int],
+                   progress: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Write the stores of ``parts`` into ``out`` (the stage's writer, or a unit's ``WorkDir``); returns each one's
+    edge split sizes and fixed negatives' shapes (``link_stats``' lists), in the order of ``parts``."""
     r = graph.schema.num_edge_types
     link_sizes, neg_shapes = [], []
-    for p in tqdm(range(book.num_partitions), desc="partition: write parts", disable=not progress, leave=False):
+    for p in tqdm(parts, desc="partition: write parts", disable=not progress, leave=False):
         splits = part_edge_splits(graph.edge_splits, book, p) if graph.edge_splits else None
         negatives = part_edge_split_negatives(graph.edge_split_negatives, graph.edge_splits, graph.link_eval, book,
                                               p) if graph.edge_split_negatives else None
         part_indptr, chunks = part_csr_chunks(graph.indptr, graph.indices, book, p, r)
         edge_attr = graph.edge_attr
-        write_part_streamed(writer, p, int(book.bounds[p]), part_indptr,
+        write_part_streamed(out, p, int(book.bounds[p]), part_indptr,
                             _with_attrs(graph, book, p, part_indptr, chunks), num_nodes=book.num_nodes,
                             num_edge_types=r, edge_splits=splits, edge_split_negatives=negatives,
                             edge_attr_shape=None if edge_attr is None else (int(edge_attr.shape[1]),
                                                                             edge_attr.dtype))
         link_sizes.append({k: int(v.shape[1]) for k, v in (splits or {}).items()})
         neg_shapes.append({k: list(v.shape) for k, v in (negatives or {}).items()})
-    return link_stats(graph, link_sizes, neg_shapes)
+    return link_sizes, neg_shapes
 
 
 def _with_attrs(graph: Graph, book: PartitionBook, p: int, part_indptr: np.ndarray,
@@ -99,3 +110,15 @@ def link_stats(graph: Graph, link_sizes: list[dict[str, Any]], neg_shapes: list[
     if graph.edge_split_negatives:   # OGB's fixed evaluation negatives, with their dst owners
         stats["link_eval"], stats["edge_split_neg_shapes"] = graph.link_eval, neg_shapes
     return stats
+
+
+def with_part_lists(stats: dict[str, Any], link_sizes: list[dict[str, Any]], neg_shapes: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """``link_stats``' figures taken before the parts were written (with empty lists), with the parts' lists in
+    (the units wrote them, ``stages.partition.units``)."""
+    out = dict(stats)
+    if "edge_split_sizes" in out:
+        out["edge_split_sizes"] = link_sizes
+    if "edge_split_neg_shapes" in out:
+        out["edge_split_neg_shapes"] = neg_shapes
+    return out

@@ -147,9 +147,9 @@ def test_unit_share_is_checked_in_one_line() -> None:
     assert "\n" not in msg and "each of 2 part-writing units" in msg
     assert f"raise memory_budget_bytes to {2 * ((50 << 20) + 1)}" in msg
     need = footprint.unit_minimum(num_nodes=1000, num_entries=10_000, num_parts=4, num_edge_types=1)
-    assert need == 24 * 1000 + 40 * 500 + 40 * 10_000 + 4 * 10_000
+    assert need == 24 * 1000 + 40 * 500 + 10_000 + 40 * 5000 + 4 * 5000
     assert footprint.unit_minimum(num_nodes=1000, num_entries=10_000, num_parts=4, num_edge_types=2,
-                                  edge_attr_bytes=12 * 10_000) - need == 40 * 500 + 24 * 10_000
+                                  edge_attr_bytes=12 * 10_000) - need == 40 * 500 + (64 + 24 - 40) * 5000
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ The computation lives in pure numpy / pymetis / kaminpar modules, the stage wrap
 - ``csr_ops``: chunked, vectorised CSR helpers shared by the above.
 - ``footprint``: the stage's memory plan under ``memory_budget_bytes`` (in-memory or streamed; the one-line errors).
 - ``streamed``: the streamed path, the graph memory-mapped from the scratch dir and the parts written in chunks.
+- ``units``: the part writes as units of a Dask executor (``stages.executor``), each a group of parts written by
+  the streamed writer on a worker.
 
 ID spaces are named in every variable: ``orig`` (dataset ids), ``gid`` (after relabel), ``lid`` (gid - bounds[p]).
 """

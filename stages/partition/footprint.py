@@ -223,24 +223,37 @@ def _kaminpar_plan(budget: MemoryBudget, num_nodes: int, adjacency: int, num_par
 # arrays: the book's two maps read back as int64 (16 B a node) and the node splits that ``streamed.mapped_graph``
 # reads (``SPLIT_NODE_BYTES``); per part row (node and edge type) while ``relabel.part_csr_chunks`` counts the
 # part's degrees, its int64 indptr, the orig rows, the two gathered indptr values and their difference (40 B);
-# link prediction's splits as for the stage (three times); and per chunk entry the chunk temporaries
-# (``CHUNK_BYTES_PER_ENTRY``) plus an edge attribute row twice (gathered, then in the writer's pending chunk).
+# link prediction's splits as for the stage (three times); per graph entry of a row chunk the mask that picks the
+# part's entries (1 B); per part entry of a chunk the chunk temporaries (``CHUNK_BYTES_PER_ENTRY``), or with edge
+# attributes the chunk's gids held while ``relabel.rows_edge_orig_pos`` runs (orig positions, their rows, the
+# gids, the lexsort and its gather: 64 B) and an attribute row twice (gathered, then in the writer's pending
+# chunk); and the writer's pending Zarr chunk of indices. Measured (random, 3 parts, 2 units): 200 MiB over the
+# start against 338 MiB estimated at 1 M nodes / 10 M entries, 251 MiB against 826 MiB with link splits and 4
+# edge features (8.5 M entries): conservative, mostly by the part bound below (twice a balanced part) and the
+# link splits counted three times as for the stage.
 UNIT_NODE_BYTES = 16 + SPLIT_NODE_BYTES
 PART_ROW_BYTES = 40
-# Part sizes are known only once the partitioner has run, and the share is checked before: a part is bounded by
-# twice the balanced size (the partitioners and the balance repair keep nodes within 3 %, DEFAULT_TOLERANCE)
+MASK_ENTRY_BYTES = 1
+ATTR_ENTRY_BYTES = 64
+# Part sizes are known only once the partitioner has run, and the share is checked before: a part's nodes and
+# entries are bounded by twice the balanced share (the balance repair keeps nodes, train nodes and in-edges within
+# 3 %, balance.DEFAULT_TOLERANCE; an unrepaired METIS or KaMinPar part within a few %)
 PART_SIZE_BOUND = 2
-WRITER_CHUNK_BYTES = 64 << 20   # the writer's pending Zarr chunk of indices (storage.partition_stream)
+WRITER_CHUNK_BYTES = 64 << 20   # storage.partition_stream: at most one Zarr chunk of indices pending
 
 
 def unit_minimum(*, num_nodes: int, num_entries: int, num_parts: int, num_edge_types: int, link_bytes: int = 0,
                  edge_attr_bytes: int = 0) -> int:
     """One part-writing unit's estimate (above): what each unit's share of ``memory_budget_bytes`` must hold."""
-    rows = min(num_nodes, PART_SIZE_BOUND * -(-num_nodes // max(1, num_parts))) * num_edge_types
-    chunk = min(CHUNK_EDGES, num_entries)
+    parts = max(1, num_parts)
+    rows = min(num_nodes, PART_SIZE_BOUND * -(-num_nodes // parts)) * num_edge_types
+    part_entries = min(num_entries, PART_SIZE_BOUND * -(-num_entries // parts))
+    chunk = min(CHUNK_EDGES, part_entries)
     attr_row = edge_attr_bytes // max(1, num_entries)
+    entry = ATTR_ENTRY_BYTES + 2 * attr_row if edge_attr_bytes else CHUNK_BYTES_PER_ENTRY
     return (UNIT_NODE_BYTES * num_nodes + PART_ROW_BYTES * rows + 3 * link_bytes
-            + chunk * (CHUNK_BYTES_PER_ENTRY + 2 * attr_row) + min(WRITER_CHUNK_BYTES, 4 * num_entries))
+            + MASK_ENTRY_BYTES * min(CHUNK_EDGES, num_entries) + entry * chunk
+            + min(WRITER_CHUNK_BYTES, 4 * part_entries))
 
 
 def require_unit_share(budget: MemoryBudget, slots: int, need: int) -> None:

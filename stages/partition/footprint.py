@@ -240,11 +240,13 @@ ATTR_ENTRY_BYTES = 64
 # 3 %, balance.DEFAULT_TOLERANCE; an unrepaired METIS or KaMinPar part within a few %)
 PART_SIZE_BOUND = 2
 WRITER_CHUNK_BYTES = 64 << 20   # storage.partition_stream: at most one Zarr chunk of indices pending
+UNIT_HOLDS = "the partition book, the splits, one part's rows and chunk temporaries"   # in the error line
 
 
 def unit_minimum(*, num_nodes: int, num_entries: int, num_parts: int, num_edge_types: int, link_bytes: int = 0,
                  edge_attr_bytes: int = 0) -> int:
-    """One part-writing unit's estimate (above): what each unit's share of ``memory_budget_bytes`` must hold."""
+    """One part-writing unit's estimate (above): what each unit's share of ``memory_budget_bytes`` must hold
+    (``MemoryBudget.share``)."""
     parts = max(1, num_parts)
     rows = min(num_nodes, PART_SIZE_BOUND * -(-num_nodes // parts)) * num_edge_types
     part_entries = min(num_entries, PART_SIZE_BOUND * -(-num_entries // parts))
@@ -254,15 +256,3 @@ def unit_minimum(*, num_nodes: int, num_entries: int, num_parts: int, num_edge_t
     return (UNIT_NODE_BYTES * num_nodes + PART_ROW_BYTES * rows + 3 * link_bytes
             + MASK_ENTRY_BYTES * min(CHUNK_EDGES, num_entries) + entry * chunk
             + min(WRITER_CHUNK_BYTES, 4 * part_entries))
-
-
-def require_unit_share(budget: MemoryBudget, slots: int, need: int) -> None:
-    """The one-line InputError when ``slots`` units running at once (each with ``budget.bytes // slots``) cannot
-    each hold ``need``, before any work: the number to raise the budget to is the whole of it, not one share."""
-    share = budget.bytes // slots
-    if need > share:
-        raise InputError(f"partition: each of {slots} part-writing units needs an estimated {gib(need)} of memory "
-                         f"(the partition book, the splits, one part's rows and chunk temporaries), more than its "
-                         f"1/{slots} share ({gib(share)}) of memory_budget_bytes={budget.bytes} "
-                         f"({budget.describe()}); raise memory_budget_bytes to {need * slots} or more, or run "
-                         f"fewer workers (executor=dask:N)")

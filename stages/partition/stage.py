@@ -19,7 +19,7 @@ from stages.executor import LOCAL, Executor, open_executor, part_groups
 from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
-from stages.partition.footprint import MemoryPlan, plan, require_unit_share, unit_minimum
+from stages.partition.footprint import UNIT_HOLDS, MemoryPlan, plan, unit_minimum
 from stages.partition.streamed import link_stats, mapped_graph, with_part_lists, write_parts_streamed
 from stages.partition.units import PartsJob, part_lists, unit_figures, write_parts
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -68,8 +68,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     with open_executor(params.executor, units=params.num_partitions, store=store) as executor:
         # the partitioner runs alone in this process, under the whole budget; then the units run, each within its
         # share, while this process holds the summary only (stages.partition.units, footprint.unit_minimum)
-        require_unit_share(MemoryBudget.resolve(params.memory_budget_bytes, NAME), executor.slots,
-                           unit_memory(artifact, params))
+        MemoryBudget.resolve(params.memory_budget_bytes, NAME).share(executor.slots, unit_memory(artifact, params),
+                                                                     UNIT_HOLDS)
         return store.build(NAME, VERSION, params.key_params(), upstream,
                            _body(artifact, params, memory, progress, executor), force=force)
 

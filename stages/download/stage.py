@@ -1,6 +1,8 @@
 """Download stage: a dataset (synthetic, OGB or the user's .npy files) → the canonical ``graph.zarr``.
 
-Contract: params → artifact ``download/<key>/graph.zarr`` (format in ``storage.graph``).
+Contract: params → artifact ``download/<key>/graph.zarr`` (format in ``storage.graph``). A graph larger than
+``memory_budget_bytes`` streams through the external sort (``stages.download.streamed``), whose buckets run on the
+``executor`` (``stages.sort_units``); the in-memory path and ``executor=local`` run in this process.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ One torchrun rank per partition, launched as the train stage launches its ranks 
 session, streamed logs, group teardown), on the CPU with gloo. Each rank computes every layer of the model for all
 of its nodes in bounded chunks, fetching its remote in-neighbours' rows of the previous layer from their owners
 with the feature exchange (``stages.infer.layerwise``: the algorithm and its memory bound), and writes its rows
-into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time.
+into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time (on the
+``executor``, chunks written by units: ``stages.infer.export_units``).
 
 Exact by default (every in-edge: what the model computes on the whole graph); ``fanouts`` samples each layer's
 neighbours instead. A model without the block protocol (a plain PyG ``forward(x, edge_index)`` plug-in) is run

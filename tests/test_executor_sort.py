@@ -20,7 +20,7 @@ from stages.executor import Executor
 from stages.external_sort import array_chunks, external_csr
 from stages.infer import params as infer_params
 from stages.infer.export_units import export_on, labels_and_splits
-from stages.sort_units import BucketJob, sort_bucket
+from stages.sort_units import BucketJob, sort_bucket, sort_executor
 from storage import ArtifactStore, infer_export
 from storage.features import FeaturesArtifact
 from storage.infer import open_part_outputs, write_part_embedding, write_part_link_embeddings, write_part_predictions
@@ -68,6 +68,15 @@ def test_a_bucket_whose_keys_went_before_it_finished_fails_clearly(tmp_path: Pat
     job = BucketJob(3, str(tmp_path / "bucket-00003.keys"), 0, 10, 10, has_keys=True)
     with pytest.raises(FileNotFoundError, match="the keys of bucket 3 .* are gone before it was sorted"):
         sort_bucket(job)
+
+
+def test_where_the_sort_runs_its_buckets(tmp_path: Path) -> None:
+    """``local`` opens nothing; on an object-store root the sort spills to this host's $TMPDIR, which a remote
+    scheduler's workers may not see: its buckets are sorted in this process, said in the summary."""
+    with sort_executor("local", ArtifactStore(tmp_path)) as (executor, placed):
+        assert executor is None and placed == {}
+    with sort_executor("tcp://10.0.0.5:8786", ArtifactStore("memory://gnnpipe-sort")) as (executor, placed):
+        assert executor is None and "sorted in this process" in placed["sort_units_local"]
 
 
 def test_the_flat_executor_name_reaches_infer_and_no_key() -> None:

@@ -46,7 +46,7 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       # one budget for preprocessing (stages.memory)
                                       "memory_budget_bytes": ("download", "partition", "features", "hotness"),
                                       # where their parallel units run (stages.executor)
-                                      "executor": ("download", "partition", "features", "hotness"),
+                                      "executor": ("download", "partition", "features", "hotness", "infer"),
                                       # the feature rows a training or inference rank holds in RAM
                                       "host_memory_budget_bytes": ("train", "infer")}
 # a short name two stages declare, given to the stage a user means by it

@@ -16,7 +16,10 @@ in its node types' own ids with the offsets that make them the graph's orig ids.
 2. the rows are cut into buckets of consecutive rows whose keys (int64 ``row * N + src``, as in ``canonical``)
    fit the bucket share of the budget; a second pass appends each chunk's keys to its buckets' spill files;
 3. per bucket: read its keys, sort in place, drop duplicates, append the sources (``index_dtype``) to the output
-   spill file and the row counts to ``indptr``.
+   spill file and the row counts to ``indptr``. Given an ``executor`` (``stages.executor``, the download stage's
+   streamed path), each bucket is a unit (``stages.sort_units``) that writes its sources and counts to files of
+   its own beside its keys; this process then fills ``indptr`` and appends the pieces in bucket order: the same
+   bytes. ``slots`` buckets are sorted at once, so each gets ``budget_bytes / slots``.
 
 Keys stay below N * R * N, so int64 holds them while N <= 3.04e9 / sqrt(R) (``canonical.check_num_nodes``: 1.15e9
 nodes with MAG's R = 7). A bucket costs ``BUCKET_BYTES_PER_KEY`` bytes per key: the int64 keys, the duplicate mask,
@@ -29,6 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +40,9 @@ from stages.download.canonical import check_num_nodes, edge_keys
 from storage import spill
 from storage.errors import InputError
 from storage.graph import index_dtype
+
+if TYPE_CHECKING:
+    from stages.executor import Executor
 
 EdgeChunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 """Calling it starts a pass over the edges (called twice: count, then bucket)."""
@@ -65,32 +72,41 @@ class ExternalCsr:
     indices: np.ndarray    # index_dtype [E], memory-mapped
     buckets: int
     spill_bytes: int       # bytes written to spill files (bucket keys and the output indices)
+    units: int = 0         # buckets sorted as units on an executor (0: in this process)
 
 
 @dataclass
 class SortSpace:
-    """Where external sorts spill (``scratch``) and the anonymous memory they may use (``budget_bytes``); adds up
-    what its sorts and the sources' own spills wrote, for the stage's summary."""
+    """Where external sorts spill (``scratch``), the anonymous memory they may use (``budget_bytes``) and where
+    their buckets are sorted (``executor``: None, this process); adds up what its sorts and the sources' own
+    spills wrote, for the stage's summary."""
 
     scratch: str
     budget_bytes: int
+    executor: Executor | None = None
     buckets: int = 0
     spill_bytes: int = 0
+    units: int = 0
 
     @property
     def chunk_edges(self) -> int:
         """Edges per chunk a source yields: one pass-2 slice's worth of the budget."""
         return max(1, self.budget_bytes // SLICE_BYTES_PER_EDGE)
 
-    def csr(self, streams: Sequence[EdgeStream], num_nodes: int) -> ExternalCsr:
-        """``external_typed_csr`` of ``streams`` in this space."""
-        csr = external_typed_csr(streams, num_nodes, budget_bytes=self.budget_bytes, scratch=self.scratch)
+    def csr(self, streams: Sequence[EdgeStream], num_nodes: int, scratch: str | None = None) -> ExternalCsr:
+        """``external_typed_csr`` of ``streams`` in this space (spilling to ``scratch``, a folder of this space's
+        own, if given)."""
+        csr = external_typed_csr(streams, num_nodes, budget_bytes=self.budget_bytes,
+                                 scratch=scratch or self.scratch, executor=self.executor)
         self.buckets += csr.buckets
         self.spill_bytes += csr.spill_bytes
+        self.units += csr.units
         return csr
 
     def info(self) -> dict[str, int]:
-        return {"sort_buckets": self.buckets, "spill_bytes": self.spill_bytes}
+        """The summary's figures (``sort_units`` only where buckets ran on an executor)."""
+        return {"sort_buckets": self.buckets, "spill_bytes": self.spill_bytes,
+                **({"sort_units": self.units} if self.units else {})}
 
 
 @dataclass(frozen=True)
@@ -106,28 +122,33 @@ class EdgeStream:
 
 
 def external_csr(chunks: EdgeChunks, num_nodes: int, *, symmetrise: bool, budget_bytes: int,
-                 scratch: str, stage: str = "download") -> ExternalCsr:
+                 scratch: str, stage: str = "download", executor: Executor | None = None) -> ExternalCsr:
     """The canonical incoming CSR of the edges ``chunks`` yields (one edge type: ``external_typed_csr``); ``stage``
     is named in the error line of an absurdly small budget."""
     return external_typed_csr([EdgeStream(chunks, symmetrise)], num_nodes, budget_bytes=budget_bytes,
-                              scratch=scratch, stage=stage)
+                              scratch=scratch, stage=stage, executor=executor)
 
 
 def external_typed_csr(streams: Sequence[EdgeStream], num_nodes: int, *, budget_bytes: int,
-                       scratch: str, stage: str = "download") -> ExternalCsr:
+                       scratch: str, stage: str = "download", executor: Executor | None = None) -> ExternalCsr:
     """The canonical incoming CSR, one row per (node, edge type), of ``streams`` (edge type e = ``streams[e]``;
     module docstring), within ``budget_bytes`` of anonymous memory on top of what the caller holds (and
-    ``NODE_BYTES`` a row); spill files go to ``scratch`` (removed as they are used)."""
+    ``NODE_BYTES`` a row); spill files go to ``scratch`` (removed as they are used). ``executor``: pass 3's
+    buckets run as its units, ``budget_bytes / executor.slots`` each (``scratch`` must be reachable from its
+    workers); None: in this process, as before executors."""
     n = int(num_nodes)
     check_num_nodes(n, len(streams))
     counts = count_rows(streams, n)
-    bucket_keys = max(MIN_BUCKET_KEYS, budget_bytes // BUCKET_BYTES_PER_KEY)
+    slots = 1 if executor is None else executor.slots
+    bucket_keys = max(MIN_BUCKET_KEYS, budget_bytes // slots // BUCKET_BYTES_PER_KEY)
     starts = bucket_starts(counts, bucket_keys)
     if starts.shape[0] - 1 > MAX_BUCKETS:
+        share = f" ({slots} sorted at once)" if slots > 1 else ""
         raise InputError(f"{stage}: a memory budget of {budget_bytes} bytes for sorting needs "
-                         f"{starts.shape[0] - 1} spill buckets (more than {MAX_BUCKETS}); raise memory_budget_bytes")
+                         f"{starts.shape[0] - 1} spill buckets{share} (more than {MAX_BUCKETS}); raise "
+                         f"memory_budget_bytes")
     del counts
-    paths = [os.path.join(scratch, f"bucket-{b:05d}.keys") for b in range(starts.shape[0] - 1)]
+    paths = [bucket_path(scratch, b) for b in range(starts.shape[0] - 1)]
     slice_edges = max(MIN_SLICE_EDGES, budget_bytes // SLICE_BYTES_PER_EDGE)
     spilled = _bucket_pass(streams, n, starts, paths, slice_edges)
     out_dtype = index_dtype(n)
@@ -135,26 +156,46 @@ def external_typed_csr(streams: Sequence[EdgeStream], num_nodes: int, *, budget_
     indptr = np.zeros(n * len(streams) + 1, dtype=np.int64)
     with open(out_path, "wb"):
         pass   # the output exists even for a graph without edges
-    total = 0
-    for b, path in enumerate(paths):
-        lo, hi = int(starts[b]), int(starts[b + 1])
-        keys = np.fromfile(path, dtype=np.int64) if os.path.exists(path) else np.empty(0, np.int64)
-        if os.path.exists(path):
-            os.remove(path)   # its disk space goes back before the next bucket's
-        keys.sort()
-        keys = distinct_sorted(keys)
-        rows = keys // n
-        indptr[lo + 1:hi + 1] = np.bincount(rows - lo, minlength=hi - lo)
-        del rows
-        np.remainder(keys, n, out=keys)
-        spill.spill_append(out_path, keys.astype(out_dtype, copy=False))
-        total += keys.shape[0]
-        spilled += keys.shape[0] * out_dtype.itemsize
-        del keys
+    if executor is not None:
+        from stages.sort_units import sort_on
+
+        total, written = sort_on(executor, paths, starts, n, indptr, out_path)
+        spilled += written
+    else:
+        total = 0
+        for b, path in enumerate(paths):
+            bucket_counts, keys = sorted_bucket(path, int(starts[b]), int(starts[b + 1]), n, remove=True)
+            indptr[int(starts[b]) + 1:int(starts[b + 1]) + 1] = bucket_counts
+            del bucket_counts
+            spill.spill_append(out_path, keys.astype(out_dtype, copy=False))
+            total += keys.shape[0]
+            spilled += keys.shape[0] * out_dtype.itemsize
+            del keys
     np.cumsum(indptr, out=indptr)
     indices = (np.memmap(out_path, dtype=out_dtype, mode="r", shape=(total,)) if total
                else np.empty(0, dtype=out_dtype))
-    return ExternalCsr(indptr, indices, len(paths), spilled)
+    return ExternalCsr(indptr, indices, len(paths), spilled, len(paths) if executor is not None else 0)
+
+
+def bucket_path(scratch: str, b: int) -> str:
+    """Bucket ``b``'s spill file of keys."""
+    return os.path.join(scratch, f"bucket-{b:05d}.keys")
+
+
+def sorted_bucket(path: str, lo: int, hi: int, n: int, *, remove: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 3 of one bucket, rows [lo, hi), keys in ``path`` (missing: no keys): its rows' counts (int64
+    [hi - lo]) and its sources (int64, in row order, each row's sorted, duplicates dropped). ``remove``: the
+    spill file goes as soon as it is read (its disk space back before the next bucket's)."""
+    keys = np.fromfile(path, dtype=np.int64) if os.path.exists(path) else np.empty(0, np.int64)
+    if remove and os.path.exists(path):
+        os.remove(path)
+    keys.sort()
+    keys = distinct_sorted(keys)
+    rows = keys // n
+    counts = np.bincount(rows - lo, minlength=hi - lo)
+    del rows
+    np.remainder(keys, n, out=keys)
+    return counts, keys
 
 
 def count_rows(streams: Sequence[EdgeStream], n: int) -> np.ndarray:

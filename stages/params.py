@@ -83,32 +83,38 @@ class StageParams(BaseModel):
         return self.model_dump(mode="json", exclude=set(self.runtime_fields()))
 
 
-class BudgetedParams(StageParams):
+class ExecutorParams(StageParams):
+    """The Params of a stage whose parallel units run on an executor (``stages.executor``): the data stages'
+    (``BudgetedParams``) and infer's (its exports); the pipeline's flat name ``executor`` sets it in all five."""
+
+    executor: str = runtime(executor.LOCAL, form=executor.FORM,
+                            description="where the stage's parallel units run: local (this process), dask[:N] (a "
+                                        "local Dask cluster of N worker processes, default one per unit up to the "
+                                        "CPUs, started and stopped by the stage) or a Dask scheduler tcp://host:port; "
+                                        "units: the external sort's buckets (download, streamed), the part "
+                                        "writes (partition), groups of parts (features, hotness), the exports' "
+                                        "chunks (infer); each gets 1/workers of memory_budget_bytes")
+
+    @field_validator("executor")
+    @classmethod
+    def _executor(cls, value: str) -> str:
+        return executor.check_executor(value)
+
+
+class BudgetedParams(ExecutorParams):
     """The data stages' Params (download, partition, features, hotness): their shared memory budget, declared
-    here once (``stages.memory``), and where their parallel units run (``stages.executor``); the pipeline's flat
-    names ``memory_budget_bytes`` and ``executor`` set them in all four."""
+    here once (``stages.memory``), and where their parallel units run (``ExecutorParams``); the pipeline's flat
+    name ``memory_budget_bytes`` sets it in all four."""
 
     memory_budget_bytes: int | None = runtime(None, ge=1 << 20, description="peak anonymous memory of the stage "
                                               "(bytes, or 4GiB, 512MiB); null: half the memory available when it "
                                               "starts; chunked, spilling to the artifact root's disk when the "
                                               "graph does not fit")
 
-    executor: str = runtime(executor.LOCAL, form=executor.FORM,
-                            description="where the stage's parallel units run: local (this process), dask[:N] (a "
-                                        "local Dask cluster of N worker processes, default one per unit up to the "
-                                        "CPUs, started and stopped by the stage) or a Dask scheduler tcp://host:port; "
-                                        "each unit gets 1/workers of memory_budget_bytes; so far the features stage "
-                                        "only (the others run locally)")
-
     @field_validator("memory_budget_bytes", mode="before")
     @classmethod
     def _bytes_from_text(cls, value: Any) -> Any:
         return parse_bytes(value)
-
-    @field_validator("executor")
-    @classmethod
-    def _executor(cls, value: str) -> str:
-        return executor.check_executor(value)
 
 
 class ParamsError(InputError):

@@ -42,7 +42,7 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        **{(stage, "memory_budget_bytes"): 3 << 30
                                           for stage in ("download", "partition", "features", "hotness")},
                                        **{(stage, "executor"): "dask:3"
-                                          for stage in ("download", "partition", "features", "hotness")}}
+                                          for stage in ("download", "partition", "features", "hotness", "infer")}}
 
 
 def _strip_optional(annotation: Any) -> Any:

@@ -1,6 +1,8 @@
 """Download stage: a dataset (synthetic, OGB or the user's .npy files) → the canonical ``graph.zarr``.
 
-Contract: params → artifact ``download/<key>/graph.zarr`` (format in ``storage.graph``).
+Contract: params → artifact ``download/<key>/graph.zarr`` (format in ``storage.graph``). A graph larger than
+``memory_budget_bytes`` streams through the external sort (``stages.download.streamed``), whose buckets run on the
+``executor`` (``stages.sort_units``); the in-memory path and ``executor=local`` run in this process.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from stages.download.typed_files import is_typed_dir, load_typed_files
 from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
+from stages.sort_units import sort_executor
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
@@ -192,7 +195,9 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             choice = choose(params, budget)
             if choice.streamed:
                 with writer.scratch() as scratch:
-                    graph, stream = load_streamed(params, budget, scratch)
+                    with sort_executor(params.executor, store) as (executor, placed):   # the sort's buckets
+                        graph, stream = load_streamed(params, budget, scratch, executor)
+                    stream |= placed
                     attrs = write_graph(writer, graph, progress=progress)
                     sizes = _sizes(graph)   # before the scratch directory (indices, x) goes
             else:

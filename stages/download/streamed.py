@@ -63,7 +63,7 @@ from stages.download.synthetic_hetero import (
 )
 from stages.download.typed import TypedSizes, typed_sizes
 from stages.download.typed_files import is_typed_dir, load_typed_files, typed_file_sizes
-from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, SortSpace, external_csr
+from stages.external_sort import BUCKET_BYTES_PER_KEY, MIN_BUCKET_KEYS, EdgeStream, SortSpace
 from stages.memory import MemoryBudget, gib
 from storage.errors import InputError
 from storage.graph import Graph, index_dtype
@@ -72,6 +72,7 @@ from storage.zarr_io import chunk_rows_for
 
 if TYPE_CHECKING:
     from stages.download.stage import Params
+    from stages.executor import Executor
 
 # Zarr writes a chunk as the chunk (a view, or its cast copy), its encoded bytes and the crc32c-framed copy: 3.
 WRITE_BUFFERS = 3
@@ -121,33 +122,32 @@ def choose(params: Params, budget: MemoryBudget) -> PathChoice:
     return PathChoice(True, estimate, minimum)
 
 
-def load_streamed(params: Params, budget: MemoryBudget, scratch: str) -> tuple[Graph, dict[str, Any]]:
-    """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``) and the sort's
-    figures for the summary."""
-    sort_budget = max(1, budget.bytes - _resident(params))
+def load_streamed(params: Params, budget: MemoryBudget, scratch: str, executor: Executor | None = None
+                  ) -> tuple[Graph, dict[str, Any]]:
+    """The graph through ``external_sort`` (its ``indices`` and ``x`` memory maps in ``scratch``; its buckets
+    sorted on ``executor``, None: in this process) and the sort's figures for the summary."""
+    sort = SortSpace(scratch, max(1, budget.bytes - _resident(params)), executor)
     typed = _typed_sizes(params)
     if params.task == "link":   # a wrong name fails before the sort, not hours later
         _link_type(params, typed)
     if typed is not None:
-        graph, info = _load_typed(params, SortSpace(scratch, sort_budget))
+        graph = _load_typed(params, sort)
     elif params.dataset == "files":
         from stages.download.files_source import open_files
 
         ds = open_files(os.path.abspath(params.path or ""))
-        n = int(ds.y.shape[0])
-        csr = external_csr(ds.topology.chunks(max(1, sort_budget // 64)), n, symmetrise=not ds.directed,
-                           budget_bytes=sort_budget, scratch=scratch)
-        graph, info = ds.graph(csr.indptr, csr.indices), {"sort_buckets": csr.buckets, "spill_bytes": csr.spill_bytes}
+        csr = sort.csr([EdgeStream(ds.topology.chunks(sort.chunk_edges), symmetrise=not ds.directed)],
+                       int(ds.y.shape[0]))
+        graph = ds.graph(csr.indptr, csr.indices)
     else:
-        info = {}
         graph = generate_synthetic(params.num_nodes, params.avg_degree, params.num_features, params.num_classes,
-                                   params.seed, split=params.split, name=params.dataset, scratch=scratch,
-                                   sort_budget=sort_budget, stream_info=info)
+                                   params.seed, split=params.split, name=params.dataset, sort=sort)
+    info = sort.info()
     if params.task != "link":
         return graph, info
     edge_type = link_edge_type_index(graph.schema.edge_types, params.link_edge_type)
-    graph, split = split_edges_streamed(graph, edge_type, params.link_split, params.seed, budget_bytes=sort_budget,
-                                        scratch=scratch)
+    graph, split = split_edges_streamed(graph, edge_type, params.link_split, params.seed,
+                                        budget_bytes=sort.budget_bytes, scratch=scratch)
     return graph, info | split
 
 
@@ -158,15 +158,13 @@ def _link_type(params: Params, typed: TypedSizes | None) -> EdgeType:
     return edge_types[link_edge_type_index(edge_types, params.link_edge_type)]
 
 
-def _load_typed(params: Params, sort: SortSpace) -> tuple[Graph, dict[str, Any]]:
+def _load_typed(params: Params, sort: SortSpace) -> Graph:
     """A typed graph through ``external_sort`` (``typed.build_graph``'s streaming path)."""
     if params.dataset == "synthetic-hetero":
-        graph = generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
-                                          params.num_classes, params.seed, split=params.split,
-                                          add_reverse=params.add_reverse, sort=sort)
-    else:
-        graph = load_typed_files(os.path.abspath(params.path or ""), add_reverse=params.add_reverse, sort=sort)
-    return graph, sort.info()
+        return generate_synthetic_hetero(params.num_nodes, params.avg_degree, params.num_features,
+                                         params.num_classes, params.seed, split=params.split,
+                                         add_reverse=params.add_reverse, sort=sort)
+    return load_typed_files(os.path.abspath(params.path or ""), add_reverse=params.add_reverse, sort=sort)
 
 
 def _estimate(params: Params) -> tuple[int | None, bool, str]:

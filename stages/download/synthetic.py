@@ -37,12 +37,11 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from stages.download.canonical import csr_with_edge_attr, to_csr_incoming
-from stages.external_sort import ExternalCsr, array_chunks, csr_chunks, external_csr
+from stages.external_sort import EdgeStream, ExternalCsr, SortSpace, array_chunks, csr_chunks
 from storage import spill
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
@@ -74,8 +73,8 @@ TOP_UP_ROUNDS = 3
 
 def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num_classes: int, seed: int,
                        split: tuple[float, float, float] = (0.08, 0.02, 0.90), progress: bool = False,
-                       num_edge_features: int = 0, name: str = "synthetic", scratch: str | None = None,
-                       sort_budget: int = 0, stream_info: dict[str, Any] | None = None) -> Graph:
+                       num_edge_features: int = 0, name: str = "synthetic", sort: SortSpace | None = None
+                       ) -> Graph:
     """Generate the graph described in the module docstring (undirected, stored symmetrised).
 
     ``avg_degree`` counts directed edges per node after symmetrisation (``num_edges / num_nodes``); it is
@@ -84,11 +83,12 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     same graph and labels. ``num_edge_features`` > 0: edge attributes (module docstring) from a sixth stream.
     ``name``: the dataset the graph is reported as (``synthetic-link`` draws the same graph).
 
-    ``scratch`` (a spill directory): the streaming path for graphs larger than memory, the same graph bit for bit.
+    ``sort`` (a spill directory and budget): the streaming path for graphs larger than memory, the same graph bit
+    for bit.
     The random streams are consumed in the same order and block sizes, only where the arrays live changes: the urn
-    and the drawn edges go to spill files, the CSR comes from ``external_sort.external_csr`` within
-    ``sort_budget`` bytes (an ``indices`` memory map, its ``info`` in ``graph.extra``), and ``x`` is a memory map;
-    only the O(N) arrays stay in memory; ``stream_info`` receives the sort's buckets and spill bytes. Edge features
+    and the drawn edges go to spill files in ``sort.scratch``, the CSR comes from the external sort within
+    ``sort.budget_bytes`` (an ``indices`` memory map), and ``x`` is a memory map; only the O(N) arrays stay in
+    memory; ``sort`` adds up the sort's buckets and spill bytes. Edge features
     are not streamed (``num_edge_features`` must be 0).
     """
     check_synthetic(num_nodes, avg_degree, num_features, num_classes, split)
@@ -103,15 +103,12 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
 
     steps.set_postfix_str("edges")
     expected = _expected_degrees(rng_edges, comm, comm_sizes, avg_degree)
-    if scratch is None:
+    if sort is None:
         indptr, indices = _topology(rng_edges, expected, comm_sizes, relabel, avg_degree)
     else:
         if num_edge_features:
             raise ValueError("the streaming path does not generate edge features")
-        indptr, indices, info = _streamed_topology(rng_edges, expected, comm_sizes, relabel, avg_degree, scratch,
-                                                   sort_budget)
-        if stream_info is not None:
-            stream_info.update(info)
+        indptr, indices = _streamed_topology(rng_edges, expected, comm_sizes, relabel, avg_degree, sort)
     del expected
     steps.update(2)
 
@@ -120,8 +117,8 @@ def generate_synthetic(num_nodes: int, avg_degree: float, num_features: int, num
     comm_final[relabel] = comm
     del comm, relabel
     y = _labels(rng_labels, comm_class[comm_final], num_classes)
-    x_out = None if scratch is None else np.lib.format.open_memmap(
-        os.path.join(scratch, "x.npy"), mode="w+", dtype=np.float32, shape=(num_nodes, num_features))
+    x_out = None if sort is None else np.lib.format.open_memmap(
+        os.path.join(sort.scratch, "x.npy"), mode="w+", dtype=np.float32, shape=(num_nodes, num_features))
     x = _features(rng_features, comm_final, comm_class, num_classes, num_features, progress=progress, out=x_out)
     steps.update()
     splits = random_split(rng_split, num_nodes, split)
@@ -215,16 +212,14 @@ def _topology(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.nda
 
 
 def _streamed_topology(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.ndarray, relabel: np.ndarray,
-                       avg_degree: float, scratch: str, sort_budget: int
-                       ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """``_topology`` through spill files (``generate_synthetic``'s ``scratch``): the same draws, the same top-up
-    rule, the same set of edges, hence the same CSR; returns ``(indptr, indices memory map, info)``."""
+                       avg_degree: float, sort: SortSpace) -> tuple[np.ndarray, np.ndarray]:
+    """``_topology`` through spill files (``generate_synthetic``'s ``sort``): the same draws, the same top-up
+    rule, the same set of edges, hence the same CSR; returns ``(indptr, indices memory map)``."""
     n = expected.shape[0]
     target = avg_degree * n
-    info = {"sort_buckets": 0, "spill_bytes": 0}
 
     def canonical(round_: int, scale: float, previous: ExternalCsr | None) -> tuple[ExternalCsr, int]:
-        folder = os.path.join(scratch, f"round-{round_}")
+        folder = os.path.join(sort.scratch, f"round-{round_}")
         os.makedirs(folder)
         urn = _urn(rng, expected * scale if scale != 1.0 else expected, os.path.join(folder, "urn.npy"))
         src_path, dst_path = os.path.join(folder, "src.raw"), os.path.join(folder, "dst.raw")
@@ -234,18 +229,16 @@ def _streamed_topology(rng: np.random.Generator, expected: np.ndarray, comm_size
             spill.spill_append(src_path, relabel[urn[lo:hi]])
             spill.spill_append(dst_path, relabel[block])
         count = int(urn.shape[0])
-        info["spill_bytes"] += 2 * count * relabel.dtype.itemsize + urn.nbytes
+        sort.spill_bytes += 2 * count * relabel.dtype.itemsize + urn.nbytes
         del urn
         src, dst = (np.memmap(p, dtype=relabel.dtype, mode="r", shape=(count,)) if count
                     else np.empty(0, relabel.dtype) for p in (src_path, dst_path))
-        chunk = max(1, sort_budget // 64)
+        chunk = sort.chunk_edges
         passes = [array_chunks(src, dst, chunk)]
         if previous is not None:   # the CSR so far is symmetric: symmetrising it again only adds duplicates
             passes.insert(0, csr_chunks(previous.indptr, previous.indices, chunk))
-        csr = external_csr(lambda: itertools.chain.from_iterable(p() for p in passes), n, symmetrise=True,
-                           budget_bytes=sort_budget, scratch=folder)
-        info["sort_buckets"] += csr.buckets
-        info["spill_bytes"] += csr.spill_bytes
+        csr = sort.csr([EdgeStream(lambda: itertools.chain.from_iterable(p() for p in passes), symmetrise=True)],
+                       n, scratch=folder)
         return csr, count
 
     csr, count = canonical(0, 1.0, None)
@@ -257,7 +250,7 @@ def _streamed_topology(rng: np.random.Generator, expected: np.ndarray, comm_size
         keep_rate = have / requested
         csr, count = canonical(round_, (target - have) / (keep_rate * target), csr)
         requested = requested + 2 * count
-    return csr.indptr, csr.indices, info
+    return csr.indptr, csr.indices
 
 
 def _edges(rng: np.random.Generator, expected: np.ndarray, comm_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from stages.params import Seed, StageParams, runtime
+from stages.params import ExecutorParams, Seed, runtime
 from stages.runtime.fanouts import validate_fanouts
 from stages.train.params import Params as TrainParams
 from storage import Manifest
@@ -19,7 +19,10 @@ from storage import Manifest
 EmbeddingLayers = Literal["last", "all"]
 
 
-class Params(StageParams):
+class Params(ExecutorParams):
+    """``executor``: where the exports in orig-id order are written (``stages.infer.export_units``); the ranks
+    are torchrun's."""
+
     fanouts: tuple[int, ...] | None = Field(
         None, description="null: exact inference over every in-neighbour; a list: sampled inference, one fanout "
                           "per model layer as in training (the output layer samples fanouts[0]; -1 = all)")

@@ -8,7 +8,8 @@ One torchrun rank per partition, launched as the train stage launches its ranks 
 session, streamed logs, group teardown), on the CPU with gloo. Each rank computes every layer of the model for all
 of its nodes in bounded chunks, fetching its remote in-neighbours' rows of the previous layer from their owners
 with the feature exchange (``stages.infer.layerwise``: the algorithm and its memory bound), and writes its rows
-into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time.
+into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time (on the
+``executor``, chunks written by units: ``stages.infer.export_units``).
 
 Exact by default (every in-edge: what the model computes on the whole graph); ``fanouts`` samples each layer's
 neighbours instead. A model without the block protocol (a plain PyG ``forward(x, edge_index)`` plug-in) is run
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from stages.executor import parse_executor
+from stages.infer.export_units import export_on, labels_and_splits
 from stages.infer.link import is_link, link_metrics, link_report, link_summary
 from stages.infer.params import Params
 from stages.infer.spec import InferSpec, ranks_path
@@ -42,15 +45,8 @@ from stages.tracking.mlflow_runs import log_infer
 from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
-from storage.infer import (
-    METRICS,
-    NODES,
-    PREDICTIONS,
-    SPLIT_CODES,
-    export_link_embeddings,
-    export_orig_order,
-    write_metrics,
-)
+from storage.infer import METRICS, NODES, PREDICTIONS, write_metrics
+from storage.infer_export import export_link_embeddings, export_orig_order
 from storage.leftovers import infer_job_dir
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
@@ -126,17 +122,10 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
             parts = PartitionArtifact(store, partition)
             book = parts.book()
             metrics["node_types"] = _node_types(parts)
+            export = _export(store, params, writer, upstream, metrics, parts, book, link=link, progress=progress)
             if link:
-                export = export_link_embeddings(writer, book=book, embedding_layers=metrics["embedding_layers"],
-                                                schema=parts.schema, progress=progress)
                 metrics["link_metrics"] = _link_metrics(store, trained, parts, book, writer.file_url(NODES))
                 metrics["scalars"].update(_link_scalars(metrics["link_metrics"]))
-            else:
-                label_of_gid, split_of_gid = _labels_and_splits(FeaturesArtifact(store, features),
-                                                                book.num_partitions)
-                export = export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
-                                           num_classes=metrics["num_classes"], schema=parts.schema,
-                                           embedding_layers=metrics["embedding_layers"], progress=progress)
         metrics.update(export)
         metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
         metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
@@ -144,12 +133,32 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         write_infer_events(writer, metrics["scalars"])
         writer.summary.update(link_summary(metrics, _summary_ranks(metrics)) if link else _summary(metrics))
         writer.summary.update(cost)
+        writer.summary.update({k: export[k] for k in ("export_executor_slots", "export_units") if k in export})
         built = True
 
     manifest = store.build(NAME, VERSION, params.key_params(), upstream, body, force=force)
     if built:   # into the train build's MLflow run; a failing tracking server costs a warning line only
         log_infer(store, manifest, trained, log)
     return manifest
+
+
+def _export(store: ArtifactStore, params: Params, writer: StageWriter, upstream: Mapping[str, Manifest],
+            metrics: dict[str, Any], parts: PartitionArtifact, book: PartitionBook, *, link: bool, progress: bool
+            ) -> dict[str, Any]:
+    """The exports in orig-id order (``storage.infer_export``): in this process with ``executor=local``, as before
+    executors, else their chunks as units on the executor (``stages.infer.export_units``); returns figures."""
+    layers = metrics["embedding_layers"]
+    if parse_executor(params.executor).kind != "local":
+        return export_on(params.executor, store, writer, partition=upstream["partition"],
+                         features=None if link else upstream["features"],
+                         num_classes=metrics.get("num_classes", 0), embedding_layers=layers)
+    if link:
+        return export_link_embeddings(writer, book=book, embedding_layers=layers, schema=parts.schema,
+                                      progress=progress)
+    label_of_gid, split_of_gid = labels_and_splits(FeaturesArtifact(store, upstream["features"]), book.num_partitions)
+    return export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
+                             num_classes=metrics["num_classes"], schema=parts.schema, embedding_layers=layers,
+                             progress=progress)
 
 
 def _link_metrics(store: ArtifactStore, trained: Manifest, parts: PartitionArtifact, book: PartitionBook,
@@ -196,20 +205,6 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
     finally:
         shutil.rmtree(job, ignore_errors=True)
     return ranks
-
-
-def _labels_and_splits(features: FeaturesArtifact, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every gid's label and split code (``storage.infer.SPLIT_CODES``, -1 for none), from the partitions' stores
-    (their labels and split lids; ``x`` is not read)."""
-    labels, splits = [], []
-    for p in range(num_partitions):
-        part = features.part(p, load_x=False)
-        code = np.full(part.y.shape[0], -1, dtype=np.int8)
-        for split in SPLITS:
-            code[part.split_lids[split]] = SPLIT_CODES[split]
-        labels.append(part.y.astype(np.int64, copy=False))
-        splits.append(code)
-    return np.concatenate(labels), np.concatenate(splits)
 
 
 def _node_types(partition: PartitionArtifact) -> list[dict[str, Any]]:

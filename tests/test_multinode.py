@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,30 +21,37 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
 
 from flows.config import STAGES, make_config
 from storage import ArtifactStore
 from tests import _netns
-from tests._train_pipeline import build_without_prefect
-from tests.conftest import GNNPIPE, MOTO_ENV, REPO, TINY, cli_env, moto_server_path
+from tests._multihost import (
+    CONFIG,
+    JOB_TIMEOUT_S,
+    JOIN,
+    assert_same_training,
+    background,
+    build_locally,
+    copy_of,
+    describe,
+    on_host,
+    run_nodes,
+    train_on_one_host,
+    train_on_two_hosts,
+)
+from tests.conftest import GNNPIPE, MOTO_ENV, REPO, cli_env, moto_server_path
 
 pytestmark = pytest.mark.slow
-CONFIG = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 32, "epochs": 3}
-JOB_TIMEOUT_S = 240
-JOIN = ["--join-timeout", "60"]   # a node that fails before joining must not keep the other waiting for 10 minutes
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("multinode") / "artifacts"
-    build_without_prefect({**CONFIG, "artifacts": str(root), "until": "hotness"})
-    return root
+    return build_locally(tmp_path_factory.mktemp("multinode") / "artifacts")
 
 
 @pytest.fixture
 def job(built: Path, tmp_path: Path) -> dict[str, Any]:
-    return _copy_of(built, tmp_path)
+    return copy_of(built, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -53,59 +59,13 @@ def one_host(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """The summary of the job trained on this machine alone (2 ranks, no fault), from its own copy of the built
     artifacts: what every multi-node run here must reproduce exactly. Trained once for the module (it is the same
     training each time: same artifacts, same config)."""
-    return train_on_one_host(_copy_of(built, tmp_path_factory.mktemp("one-host")))
-
-
-def _copy_of(built: Path, tmp_path: Path) -> dict[str, Any]:
-    """A private copy of the built artifacts (byte for byte: the same builds) and a config file naming it."""
-    root = tmp_path / "artifacts"
-    shutil.copytree(built, root)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "artifacts": str(root)}))
-    from flows.config import stage_keys
-
-    keys = stage_keys(make_config(**{**CONFIG, "artifacts": str(root)}))
-    return {"root": root, "cfg": str(cfg), "keys": keys, "key": keys["train"], "store": ArtifactStore(root)}
+    return train_on_one_host(copy_of(built, tmp_path_factory.mktemp("one-host")))
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def run_nodes(commands: list[list[str]], envs: list[dict[str, str]], timeout_s: float = JOB_TIMEOUT_S
-              ) -> list[subprocess.CompletedProcess]:
-    """Start one process per node at once, wait for all; on a timeout kill every node's process group."""
-    procs = [subprocess.Popen(cmd, cwd=REPO, env={**cli_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) for cmd, env in zip(commands, envs)]
-    deadline = time.monotonic() + timeout_s
-    results = []
-    try:
-        for cmd, proc in zip(commands, procs):
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return results
-
-
-def train_on_one_host(job: dict[str, Any]) -> dict[str, Any]:
-    """Train the job's artifact on this machine alone; its summary."""
-    single = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"]], cwd=REPO, env=cli_env(),
-                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert single.returncode == 0, single.stderr[-3000:]
-    summary = job["store"].load("train", job["key"]).summary
-    assert (summary["nodes"], summary["world_size"], summary["resumed_from_epoch"]) == (1, 2, None), summary
-    return summary
-
-
-def _describe(results: list[subprocess.CompletedProcess]) -> str:
-    return "\n".join(f"--- node {i} rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-                     for i, r in enumerate(results))
 
 
 def _workers_left(root: Path) -> list[int]:
@@ -122,14 +82,6 @@ class Root:
     url: str
     env: dict[str, str]
     train_summary: Callable[[], dict[str, Any]]
-
-
-def _on_host(net: _netns.TwoHosts, i: int, code: str, env: dict[str, str], *args: str) -> str:
-    """Run a Python snippet on host ``i``; its stdout."""
-    proc = subprocess.run([*net.exec_prefix(i), sys.executable, "-c", code, *args], cwd=REPO,
-                          env={**cli_env(), **env}, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
 
 
 @contextmanager
@@ -164,15 +116,10 @@ def s3_bucket_on_host_a(job: dict[str, Any], net: _netns.TwoHosts) -> Iterator[R
     if moto is None:
         pytest.skip("moto_server not installed (pip install 'moto[server]')")
     env = {**MOTO_ENV, "AWS_ENDPOINT_URL": f"http://{net.addr[0]}:9000"}
-    server = subprocess.Popen([*net.exec_prefix(0), moto, "-H", net.addr[0], "-p", "9000"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with background(net, 0, [moto, "-H", net.addr[0], "-p", "9000"], job["root"].parent / "moto.log"):
         url = "s3://gnnpipe-nodes/run"
-        _on_host(net, 0, _BUILD_ON_S3, env, json.dumps({**CONFIG, "artifacts": url, "until": "hotness"}))
-        yield Root(url, env, lambda: json.loads(_on_host(net, 0, _TRAIN_SUMMARY, env, url, job["key"])))
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        on_host(net, 0, _BUILD_ON_S3, env, json.dumps({**CONFIG, "artifacts": url, "until": "hotness"}))
+        yield Root(url, env, lambda: json.loads(on_host(net, 0, _TRAIN_SUMMARY, env, url, job["key"])))
 
 
 @pytest.mark.parametrize("artifact_root", [shared_directory, s3_bucket_on_host_a], ids=["shared-dir", "s3"])
@@ -183,13 +130,9 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]
         pytest.skip(f"no two-host network on this machine: {reason}")
     one_host = request.getfixturevalue("one_host")   # not trained where the test skips
     with _netns.two_hosts() as net, artifact_root(job, net) as root:
-        rdzv = f"{net.addr[0]}:29400"
-        commands = [[*net.exec_prefix(i), *GNNPIPE, "train", "-c", job["cfg"], "--artifacts", root.url,
-                     "--nnodes", "2", "--node-rank", str(i), "--rdzv", rdzv, "--local-addr", net.addr[i], *JOIN]
-                    for i in (0, 1)]
-        results = run_nodes(commands, [{**root.env, "GLOO_SOCKET_IFNAME": net.ifname[i]} for i in (0, 1)])
+        results = train_on_two_hosts(net, job, root.url, root.env)
         crossed = [net.rx_bytes(i) for i in (0, 1)]
-        assert [r.returncode for r in results] == [0, 0], _describe(results)
+        assert [r.returncode for r in results] == [0, 0], describe(results)
         assert "node 0 publishes" in results[1].stdout
         two_hosts = root.train_summary()
     # one_host trained from a local copy of the same builds (one host training from S3: tests/test_s3.py)
@@ -197,12 +140,6 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(job: dict[str, Any]
     # everything between the nodes went over the veth link, the only way out of each namespace
     assert min(crossed) > two_hosts["remote_bytes_per_epoch"] * len(two_hosts["epochs"]), crossed
     assert_same_training(two_hosts, one_host)
-
-
-def assert_same_training(a: dict[str, Any], b: dict[str, Any]) -> None:
-    """Same seeds, same rank per partition, and a 2-rank all-reduce is exact: the very same training."""
-    assert (a["test_acc"], a["best_val_acc"]) == (b["test_acc"], b["best_val_acc"])
-    assert [e["loss"] for e in a["epochs"]] == pytest.approx([e["loss"] for e in b["epochs"]], rel=1e-6)
 
 
 def _slurm_env(node: int) -> dict[str, str]:
@@ -217,7 +154,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     # whichever node hosts rank 1 loses it at the start of epoch 2, as a crashed machine would
     results = run_nodes(commands, [{**_slurm_env(i), "GNNPIPE_TRAIN_FAULT": "1:1:0"} for i in (0, 1)])
     elapsed = time.monotonic() - start
-    assert all(r.returncode != 0 for r in results), _describe(results)
+    assert all(r.returncode != 0 for r in results), describe(results)
     errors = [r.stderr.strip().splitlines()[-1] for r in results]
     assert any("rank 1 was killed by SIGKILL" in e for e in errors), errors
     assert all(e.startswith("error: training failed: rank ") for e in errors), errors
@@ -226,7 +163,7 @@ def test_slurm_step_fails_fast_when_a_node_dies_and_the_rerun_resumes(job: dict[
     assert job["store"].find("train", job["key"]) is None
 
     rerun = run_nodes(commands, [_slurm_env(i) for i in (0, 1)])
-    assert [r.returncode for r in rerun] == [0, 0], _describe(rerun)
+    assert [r.returncode for r in rerun] == [0, 0], describe(rerun)
     summary = job["store"].load("train", job["key"]).summary
     assert summary["resumed_from_epoch"] == 0 and summary["nodes"] == 2
     assert len(summary["epochs"]) == CONFIG["epochs"]
@@ -243,7 +180,7 @@ def _two_local_nodes(job: dict[str, Any], extra: tuple[list[str], list[str]]) ->
 
 
 def _last_error_lines(results: list[subprocess.CompletedProcess]) -> list[str]:
-    assert [r.returncode for r in results] == [2, 2], _describe(results)
+    assert [r.returncode for r in results] == [2, 2], describe(results)
     return [r.stderr.strip().splitlines()[-1] for r in results]
 
 

@@ -106,10 +106,11 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
 
 def _with_units(cost: dict[str, Any], units: list[dict[str, Any]], slots: int) -> dict[str, Any]:
-    """The stage's own figures; on Dask also each unit's (a worker's peak memory is not this process's)."""
+    """The stage's own figures; on Dask also each unit's (a worker's peak memory is not this process's) and the
+    host and pid of the worker that ran it."""
     if slots == 1:   # the one unit ran in this process: its peak is within the stage's
         return cost
-    keep = ("wall_s", "peak_anon_bytes", "start_anon_bytes")
+    keep = ("host", "pid", "wall_s", "peak_anon_bytes", "start_anon_bytes")
     return {**cost, "executor_slots": slots,
             "units": [{"parts": [r["part"] for r in u["parts"]], **{k: u[k] for k in keep if k in u}}
                       for u in units]}

@@ -15,6 +15,8 @@ share of the budget (``memory_budget_bytes`` / slots).
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +127,8 @@ class PartsJob:
 
 def write_parts(job: PartsJob) -> dict[str, Any]:
     """The unit: every type's rows of ``job.parts`` streamed into their stores, then y, the splits and attrs.
-    Returns each part's figures (``parts``) and the unit's wall time and peak memory."""
+    Returns each part's figures (``parts``), the unit's wall time and peak memory, and where it ran (``host``,
+    ``pid``: which worker of a cluster wrote which parts)."""
     store = ArtifactStore(job.root)
     graph, artifact = GraphArtifact(store, job.download), PartitionArtifact(store, job.partition)
     start_anon = anon_rss_bytes()
@@ -152,4 +155,5 @@ def write_parts(job: PartsJob) -> dict[str, Any]:
             per_part.append({"part": p, "rows": attrs["num_nodes"],
                              "chunk_rows": max((t.chunk_rows[p] for t in plan.types), default=0),
                              **attrs["split_sizes"]})
-    return {"parts": per_part, "start_anon_bytes": start_anon, **cost}
+    return {"parts": per_part, "start_anon_bytes": start_anon, "host": socket.gethostname(), "pid": os.getpid(),
+            **cost}

@@ -1,0 +1,173 @@
+"""The data stages on a Dask cluster spread over two hosts, then training on what it built (issue 29, item 5).
+
+Hosts a and b are network namespaces joined by a veth pair (``tests/_netns.py``). Host a runs the Dask scheduler
+and a Prefect server, each host one ``dask worker`` (one process of one thread); the artifact root is a directory
+both see at the same path, as a shared file system mounted alike on every node would be. From host b, as a user on
+a login node would, ``gnnpipe run --until hotness --set executor=tcp://<a>:8786`` builds the data stages there:
+the features units run one on each host's worker, and every stage has the key and the bytes of a build in this
+process. The two hosts then train on it with the multi-node command of ``tests/test_multinode.py``, and the
+training is the one a single host does on the local build. A worker on a host that does not see the root (its
+own empty file system mounted there) fails the stage before any unit, in one line naming that worker.
+
+The Prefect server is there because inside a flow run every unit is a Prefect task run, which reports to
+``PREFECT_API_URL`` from the worker that runs it: the temporary server ``gnnpipe run`` starts listens on
+127.0.0.1 of the driver's host, which a worker on another host cannot reach ("Failed to reach API at
+http://127.0.0.1:<port>/api/").
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from flows import services
+from storage import ArtifactStore
+from tests import _netns
+from tests._multihost import (
+    JOB_TIMEOUT_S,
+    assert_same_training,
+    background,
+    build_locally,
+    copy_of,
+    describe,
+    job_at,
+    on_host,
+    train_on_one_host,
+    train_on_two_hosts,
+)
+from tests.conftest import GNNPIPE, REPO, artifact_files, cli_env
+
+pytestmark = pytest.mark.slow
+DATA_STAGES = ("download", "partition", "features", "hotness")
+DASK = str(Path(sys.executable).with_name("dask"))   # the entry point `pip install distributed` puts beside python
+SCHEDULER_PORT = 8786   # fixed ports: the hosts' network namespaces are this test's alone
+API_PORT = 4200
+READY_S = 180   # a Prefect server took 22 s to answer on the 2-core box under a load of 5
+
+_READY = """
+import sys
+from distributed import Client
+from flows import services
+services.wait_healthy(sys.argv[2], timeout_s=float(sys.argv[3]))
+with Client(sys.argv[1], timeout=float(sys.argv[3])) as client:
+    client.wait_for_workers(2, timeout=float(sys.argv[3]))
+"""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The scheduler's address, the Prefect API both hosts reach, each host's worker (the ``dask worker`` process
+    that leads its group), and a directory that host b's worker sees as an empty file system of its own."""
+
+    net: _netns.TwoHosts
+    address: str
+    api: str
+    workers: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]
+    only_on_a: Path
+
+    def wait_ready(self) -> None:
+        on_host(self.net, 0, _READY, {}, self.address, self.api, str(READY_S))
+
+    def driver(self, i: int, job: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+        """``gnnpipe run`` of ``job`` on host ``i``, its data stages on this cluster."""
+        return subprocess.run([*self.net.exec_prefix(i), *GNNPIPE, "run", "-c", job["cfg"], "--set",
+                               f"executor={self.address}", *args], cwd=REPO, env=cli_env(self.api),
+                              capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+
+    def host_of(self, pid: int) -> int | None:
+        """Which host's worker ``pid`` is (the nanny's worker process under it), if either's."""
+        for i, worker in enumerate(self.workers):
+            if pid in {p.pid for p in psutil.Process(worker.pid).children(recursive=True)}:
+                return i
+        return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Started here and left to come up while the local build and the reference training run (``wait_ready``);
+    everything is stopped (SIGTERM to its group, then SIGKILL) however the module ends."""
+    reason = _netns.unavailable()
+    if reason:
+        pytest.skip(f"no two-host network on this machine: {reason}")
+    tmp = tmp_path_factory.mktemp("cluster")
+    only_on_a = tmp / "only-on-a"
+    only_on_a.mkdir()
+    with _netns.two_hosts() as net, ExitStack() as stack:   # the stack stops the workers first, the server last
+        a = net.addr[0]
+        address, api = f"tcp://{a}:{SCHEDULER_PORT}", services.api_url(a, API_PORT)
+        stack.enter_context(background(net, 0, [services.prefect_exe(), "server", "start", "--host", a, "--port",
+                                                str(API_PORT), "--analytics-off"], tmp / "prefect.log",
+                                       {**services.server_env(a, API_PORT), "PREFECT_HOME": str(tmp / "prefect"),
+                                        "PREFECT_UI_ENABLED": "0"}))
+        stack.enter_context(background(net, 0, [DASK, "scheduler", "--host", a, "--port", str(SCHEDULER_PORT),
+                                                "--no-dashboard"], tmp / "scheduler.log"))
+        workers = tuple(stack.enter_context(background(
+            net, i, [DASK, "worker", address, "--host", net.addr[i], "--nworkers", "1", "--nthreads", "1",
+                     "--no-dashboard", "--local-directory", str(tmp / f"worker-{i}")], tmp / f"worker-{i}.log",
+            {"PYTHONPATH": str(REPO)},   # the workers import gnnpipe's units, as an installed gnnpipe would give
+            setup=f"mount -t tmpfs gnnpipe-b {shlex.quote(str(only_on_a))}" if i == 1 else None)) for i in (0, 1))
+        yield Cluster(net, address, api, (workers[0], workers[1]), only_on_a)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_locally(tmp_path_factory.mktemp("local") / "artifacts")
+
+
+@pytest.fixture(scope="module")
+def one_host(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The local build trained on one host: the reference of tests/test_multinode.py."""
+    return train_on_one_host(copy_of(built, tmp_path_factory.mktemp("one-host")))
+
+
+def test_data_stages_built_across_two_hosts_equal_a_local_build_and_train_like_one_host(
+        cluster: Cluster, built: Path, tmp_path: Path, request: pytest.FixtureRequest):
+    cluster.wait_ready()
+    job = job_at(tmp_path / "artifacts", tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(cluster.driver, 1, job, "--until", "hotness")
+        one_host = request.getfixturevalue("one_host")   # the reference trains meanwhile: the build waits on I/O
+        run = running.result()
+    assert run.returncode == 0, run.stderr[-5000:]
+
+    local = ArtifactStore(built)
+    for name in DATA_STAGES:
+        got, want = job["store"].load(name, job["keys"][name]), local.load(name, job["keys"][name])
+        assert (got.files, got.digests) == (want.files, want.digests), name
+        files, want_files = artifact_files(job["store"], got), artifact_files(local, want)
+        assert sorted(files) == sorted(want_files) and [f for f in files if files[f] != want_files[f]] == [], name
+    features = job["store"].load("features", job["keys"]["features"]).summary
+    # one unit per worker (2 parts, 2 slots), and each on its own host
+    assert features["executor_slots"] == 2
+    assert sorted(cluster.host_of(u["pid"]) for u in features["units"]) == [0, 1], features["units"]
+
+    results = train_on_two_hosts(cluster.net, job, str(job["root"]), {})
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    two_hosts = job["store"].load("train", job["key"]).summary
+    assert (two_hosts["nodes"], two_hosts["world_size"]) == (2, 2)
+    assert_same_training(two_hosts, one_host)
+
+
+def test_a_worker_that_cannot_see_the_root_fails_the_stage_in_one_line(cluster: Cluster, built: Path):
+    """The root is a directory host b's worker sees as an empty file system of its own (a node without the
+    shared mount): features stops before any unit, in one line naming that worker, and the build it was forced
+    to redo stays as it was."""
+    cluster.wait_ready()
+    job = copy_of(built, cluster.only_on_a)
+    before = job["store"].load("features", job["keys"]["features"])
+    run = cluster.driver(0, job, "--until", "features", "--force", "features")
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 2 and last.startswith("error: "), run.stderr[-5000:]
+    assert f"Dask worker tcp://{cluster.net.addr[1]}:" in last and f"artifact root {job['root']} " in last, last
+    after = job["store"].load("features", job["keys"]["features"])
+    assert after.build_id == before.build_id

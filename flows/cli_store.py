@@ -22,6 +22,7 @@ from flows.records import locks_dir, prefect_dir
 from stages.params import as_typed
 from storage import ArtifactStore, InputError, Manifest, leftovers
 from storage import inventory as inv
+from storage.reach import remove_tokens
 from storage.train import checkpoint_dirs, job_checkpoints, remove_checkpoints
 
 CONFIG = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters")
@@ -288,6 +289,8 @@ def clean(stage_name: str | None = typer.Option(None, "--stage", help="remove on
     lines += _remove_cache_records(store, stage_name)
     if stage_name is None:
         inv.remove_used(store)
+        lines += [f"removed {url} (left by a run killed while it checked that Dask workers reach the root)"
+                  for url in remove_tokens(store)]
     typer.echo("\n".join(lines) if lines else f"nothing to remove in {store.root}")
 
 

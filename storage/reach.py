@@ -3,11 +3,14 @@
 The caller writes ``<root>/.reach-<token>`` holding the token; every other process reads it back through fsspec,
 as the stage's units will read and write the root. A root path that exists where the worker runs but is another
 disk (the same mount point, not shared) fails too: the file is missing there, or holds another token. The file is
-removed however the check ends, so a failed check leaves nothing under the root.
+removed however the check ends, so a failed check leaves nothing under the root; only a SIGKILL during the check
+(a fraction of a second) leaves it, and ``gnnpipe clean`` removes such leftovers (:func:`remove_tokens`).
+``gnnpipe status`` lists the stages' directories only, so a leftover token is never shown as a build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +32,17 @@ def reach_token(store: ArtifactStore) -> Iterator[tuple[str, str]]:
     try:
         yield store.url(name), token
     finally:
-        store.fs.rm_file(f"{store.base}/{name}")
+        with contextlib.suppress(FileNotFoundError):   # `gnnpipe clean` meanwhile
+            store.fs.rm_file(f"{store.base}/{name}")
+
+
+def remove_tokens(store: ArtifactStore) -> list[str]:
+    """Delete the token files under ``store``'s root (a killed check's, or a live one's: ``gnnpipe clean`` removes
+    what a run is writing anyway); returns their URLs."""
+    found = sorted(store.fs.glob(f"{store.base}/{_PREFIX}*"))
+    for path in found:
+        store.fs.rm_file(path)
+    return [store.url(path.rsplit("/", 1)[-1]) for path in found]
 
 
 def read_token(url: str, token: str) -> str | None:

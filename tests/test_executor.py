@@ -87,10 +87,11 @@ def test_units_are_prefect_task_runs(tiny: dict[str, Any], dask_cluster: str, pr
     from flows.pipeline import pipeline
 
     cfg = make_config(tiny, until="features", executor=dask_cluster)
-    results = pipeline(**flow_parameters(cfg))
+    state = pipeline(**flow_parameters(cfg), return_state=True)
+    results = state.result()
     assert results["features"]["state"] == "Completed"
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs()
+    with get_client(sync_client=True) as client:   # this flow run's: other tests share the server
+        runs = [r for r in client.read_task_runs() if r.flow_run_id == state.state_details.flow_run_id]
     stage = [r for r in runs if r.name.startswith("features-") and not r.name.startswith("features-unit")]
     units = [r for r in runs if r.name.startswith("features-unit-part-")]
     assert len(stage) == 1 and sorted(r.name for r in units) == ["features-unit-part-0", "features-unit-part-1"]

@@ -32,8 +32,8 @@ EXIT_WITHIN_S = 10.0   # the issue's bound, from the signal to the exit of gnnpi
 class Run:
     """``gnnpipe run`` in a session of its own (as a shell runs a foreground job), its output collected."""
 
-    def __init__(self, args: list[str], api_url: str | None = None) -> None:
-        self.proc = subprocess.Popen([*GNNPIPE, "run", *args], cwd=REPO, env=cli_env(api_url), stdout=subprocess.PIPE,
+    def __init__(self, args: list[str], api_url: str | None = None, gnnpipe: list[str] = GNNPIPE) -> None:
+        self.proc = subprocess.Popen([*gnnpipe, "run", *args], cwd=REPO, env=cli_env(api_url), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or []), daemon=True)

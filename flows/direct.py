@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flows.config import STAGES, make_config
+from stages.executor import run_scope
 from storage import ArtifactStore, Manifest
 
 
@@ -17,10 +18,12 @@ def run_stages(cfg_values: Mapping[str, Any], on_built: Callable[[str, Manifest]
     cfg = make_config(dict(cfg_values))
     store = ArtifactStore(cfg.artifacts)
     manifests: dict[str, Manifest] = {}
-    for name in cfg.stages():
-        module = STAGES[name]
-        manifests[name] = module.run(store, cfg.stage_params(name), {u: manifests[u] for u in module.UPSTREAM},
-                                     progress=False)
-        if on_built is not None:
-            on_built(name, manifests[name])
+    with run_scope() as release_clusters:   # one dask[:N] cluster for the stages (stages.executor)
+        for name in cfg.stages():
+            module, params = STAGES[name], cfg.stage_params(name)
+            if "executor" not in type(params).model_fields:
+                release_clusters()
+            manifests[name] = module.run(store, params, {u: manifests[u] for u in module.UPSTREAM}, progress=False)
+            if on_built is not None:
+                on_built(name, manifests[name])
     return store, manifests

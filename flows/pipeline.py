@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+from collections.abc import Callable
 from typing import Any, cast
 
 from flows.env import configure_prefect_env
@@ -30,6 +31,7 @@ from flows.locks import tidy  # noqa: E402
 from flows.quiet import note_user_error  # noqa: E402
 from flows.records import prefect_dir, remove_failure_records  # noqa: E402
 from flows.tasks import TASKS, StageOutcome, cache_policy  # noqa: E402
+from stages.executor import run_scope  # noqa: E402
 from storage import ArtifactStore, GnnpipeError, Manifest  # noqa: E402
 from storage.inventory import building_for, mark_used, own_origin  # noqa: E402
 
@@ -54,13 +56,20 @@ def stage_label(state_name: str | None, outcome: StageOutcome) -> str:
 
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` inside the current flow run; returns each stage's state, key and headline."""
-    logger = get_run_logger()
     store = ArtifactStore(cfg.artifacts)
     store.check_writable()
+    with run_scope() as release_clusters:   # one dask[:N] cluster for the run's stages (stages.executor)
+        return _run_stages(cfg, store, release_clusters)
+
+
+def _run_stages(cfg: PipelineConfig, store: ArtifactStore, release_clusters: Callable[[], None]) -> dict[str, Any]:
+    logger = get_run_logger()
     results: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name in cfg.stages():
         module, params = STAGES[name], cfg.stage_params(name)
+        if "executor" not in type(params).model_fields:   # training: its ranks get the idle workers' CPUs and memory
+            release_clusters()
         upstream = {u: keys[u] for u in module.UPSTREAM}
         key = artifact_key(module, params, upstream)
         forced = name in cfg.force

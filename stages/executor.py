@@ -1,9 +1,12 @@
 """Where a data stage's parallel units run (docs/design.md, "Executors"): the ``executor`` runtime setting.
 
 - ``local`` (the default): the units run one after the other in the stage's process.
-- ``dask`` / ``dask:N``: a ``distributed.LocalCluster`` of N worker processes, one thread each, that the stage
-  starts and stops (``dask``: one worker per unit, at most one per usable CPU: a unit is single-threaded numpy and
-  I/O, so more workers than CPUs only contend).
+- ``dask`` / ``dask:N``: a ``distributed.LocalCluster`` of N worker processes, one thread each (``dask``: one per
+  usable CPU, and no more than a stage's units when it runs alone: a unit is single-threaded numpy and I/O, so more
+  workers than CPUs only contend). Within a ``run_scope`` (a pipeline run) the first stage that needs it starts it
+  and the next stages use it, until a stage without units (training) or the end of the run stops it: a start costs
+  5-10 s and a fresh worker's first unit 13-27 s of imports on the 2-core machine, once a run instead of once a
+  stage. A stage run alone (``gnnpipe stage``) starts and stops its own.
 - ``tcp://host:port``: the Dask scheduler of a cluster someone else runs; its workers must import gnnpipe.
 
 On Dask the cluster is prefect-dask's ``DaskTaskRunner``: inside a Prefect run (a stage task of the flow) every unit
@@ -11,6 +14,10 @@ is a Prefect task run on it, a child of the stage's task run; outside one (``flo
 the same unit function is submitted to the runner's client as a plain Dask task, because a Prefect task with no
 run starts a temporary server of its own in every worker (26 s on the 2-core machine, against 3 ms a plain task).
 Units take and return small picklable values (URLs, manifests, per-part figures): the arrays stay in the store.
+A Prefect task run reports to the run's API from the worker that runs it; when a worker cannot reach that API (the
+temporary server ``gnnpipe run`` starts listens on this host's loopback; a worker on another host cannot reach it),
+the units run as plain Dask tasks instead, and one warning says which worker and how to see them in Prefect (a
+server every worker reaches, ``PREFECT_API_URL``): the stage's own task run is recorded either way.
 
 Before any unit runs, every worker reads back a token file the stage wrote under the artifact root
 (``storage.reach``); a worker that cannot is one ``InputError`` line naming it and the root. A run SIGKILLed during
@@ -123,8 +130,8 @@ class DaskExecutor(Executor):
     """Units on a Dask cluster; ``own``: the cluster is a LocalCluster this run started (its workers are ours to
     kill), not someone else's scheduler."""
 
-    def __init__(self, runner: Any, slots: int, *, own: bool = False) -> None:
-        self.runner, self.slots, self.own = runner, slots, own
+    def __init__(self, runner: Any, slots: int, *, own: bool = False, task_runs: bool = True) -> None:
+        self.runner, self.slots, self.own, self.task_runs = runner, slots, own, task_runs
 
     def map(self, fn: Callable[[U], R], units: Sequence[U], *, name: str) -> list[R]:
         from distributed import KilledWorker
@@ -134,7 +141,7 @@ class DaskExecutor(Executor):
 
         futures: list[Any] = []
         try:
-            if TaskRunContext.get() or FlowRunContext.get():
+            if self.task_runs and (TaskRunContext.get() or FlowRunContext.get()):
                 arg = next(iter(inspect.signature(fn).parameters))   # Prefect passes parameters by name
                 # no Prefect retries: a unit that raises fails the same way again (its input, the disk), and a
                 # worker that dies under a unit is Dask's to handle (the unit is rescheduled, see the module doc)
@@ -159,6 +166,7 @@ class DaskExecutor(Executor):
         its workers now: a running unit stops only with its process, and the stage is about to remove the work
         directory it writes into (``ArtifactStore.writing``), which a unit left running would create again."""
         if self.own:   # first: a unit cancelled while it runs is one more warning from its worker
+            _Scope.forget(self.runner)   # its workers are gone: a later stage of the run starts a new cluster
             with _quiet("distributed"):   # "Worker process still alive ..., killing", lost results: expected
                 _kill_workers(self.runner.client.cluster)
         pending = [getattr(f, "wrapped_future", f) for f in futures]
@@ -221,12 +229,95 @@ def open_executor(text: str, *, units: int, store: ArtifactStore) -> Iterator[Ex
     if spec.kind == "local":
         yield Executor()
         return
-    runner = _runner(spec, units)
-    with runner:
-        client = _connect(runner, spec)
-        workers = _workers(client, spec)
-        check_reach(client, store)
-        yield DaskExecutor(runner, slots=max(1, min(units, len(workers))), own=spec.kind == "dask")
+    scope = _Scope.current
+    if spec.kind == "dask" and scope is not None:   # the run's cluster: started by the first stage that needs it
+        runner = scope.runner(text, spec)
+        yield _ready(runner, spec, units, store)
+        return
+    with _runner(spec, units) as runner:
+        yield _ready(runner, spec, units, store)
+
+
+def _ready(runner: Any, spec: ExecutorSpec, units: int, store: ArtifactStore) -> DaskExecutor:
+    """The executor on ``runner``'s cluster once it has a worker, every worker reaches the root, and it is known
+    whether the workers reach the Prefect API."""
+    client = _connect(runner, spec)
+    workers = _workers(client, spec)
+    check_reach(client, store)
+    return DaskExecutor(runner, slots=max(1, min(units, len(workers))), own=spec.kind == "dask",
+                        task_runs=_api_reachable(client))
+
+
+class _Scope:
+    """The clusters of one run (``run_scope``): ``dask[:N]`` text -> its entered DaskTaskRunner."""
+
+    current: _Scope | None = None
+
+    def __init__(self) -> None:
+        self.runners: dict[str, Any] = {}
+
+    def runner(self, text: str, spec: ExecutorSpec) -> Any:
+        if text not in self.runners:
+            runner = _runner(spec, usable_cpus())
+            runner.__enter__()
+            self.runners[text] = runner
+        return self.runners[text]
+
+    def close(self) -> None:
+        runners, self.runners = list(self.runners.values()), {}
+        for runner in runners:
+            runner.__exit__(None, None, None)
+
+    @classmethod
+    def forget(cls, runner: Any) -> None:
+        """``runner``'s workers were killed (a failed stage): the run's next stage must not use it."""
+        scope = cls.current
+        if scope is not None:
+            scope.runners = {t: r for t, r in scope.runners.items() if r is not runner}
+
+
+@contextmanager
+def run_scope() -> Iterator[Callable[[], None]]:
+    """One ``dask[:N]`` cluster for every stage of a run inside the block (module docstring), stopped when the
+    block ends however it ends; yields ``release``, which stops it now (before a stage without units: training
+    needs the memory and CPUs its idle workers hold)."""
+    scope, before = _Scope(), _Scope.current
+    _Scope.current = scope
+    try:
+        yield scope.close
+    finally:
+        _Scope.current = before
+        scope.close()
+
+
+def _api_reachable(client: Any) -> bool:
+    """Whether every worker reaches the Prefect API this process reports to (True outside a Prefect run: no unit
+    is a task run then); False with one warning naming the first worker that cannot."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url or not (TaskRunContext.get() or FlowRunContext.get()):
+        return True
+    answers: dict[str, str | None] = client.run(api_problem, str(url))
+    for worker, problem in sorted(answers.items()):
+        if problem is not None:
+            _log.warning("Dask worker %s cannot reach the Prefect API at %s (%s): the units run as plain Dask "
+                         "tasks, not Prefect task runs; to see them in Prefect, run a server every worker reaches "
+                         "(prefect server start --host 0.0.0.0) and set PREFECT_API_URL to it", worker, url, problem)
+            return False
+    return True
+
+
+def api_problem(url: str) -> str | None:
+    """None if the Prefect API at ``url`` answers its health check from this process, else why not."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=5) as resp:
+            return None if resp.status == 200 else f"HTTP {resp.status}"
+    except Exception as err:  # noqa: BLE001 - any failure to connect is the answer
+        return f"{type(err).__name__}: {err}"
 
 
 def _runner(spec: ExecutorSpec, units: int) -> Any:

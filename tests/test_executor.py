@@ -65,6 +65,33 @@ def test_dask_build_is_byte_identical(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
+def test_a_run_builds_every_data_stage_on_one_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a run (``run_scope``) the four data stages share the one dask:2 cluster the first of them started,
+    and each stage is the local build's, file for file."""
+    values = {**TINY, **LAYOUT, "until": "hotness"}
+    store, local = run_stages({**values, "artifacts": str(tmp_path / "local")})
+    started: list[str] = []
+    real = executor._runner
+    monkeypatch.setattr(executor, "_runner", lambda spec, units: started.append(str(spec)) or real(spec, units))
+    dask_store, on_dask = run_stages({**values, "artifacts": str(tmp_path / "dask"), "executor": "dask:2"})
+    assert len(started) == 1 and executor._Scope.current is None
+    for name in DATA_STAGES:
+        assert on_dask[name].key == local[name].key
+        assert artifact_files(dask_store, on_dask[name]) == artifact_files(store, local[name]), name
+    assert [u["parts"] for u in on_dask["hotness"].summary["units"]] == [[0, 1], [2]]
+
+
+def test_a_worker_without_the_prefect_api_is_said() -> None:
+    """The check a worker runs before units become task runs: why the API does not answer (here: a port bound
+    but not listening)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        assert "URLError" in (executor.api_problem(f"http://127.0.0.1:{sock.getsockname()[1]}/api") or "")
+
+
+@pytest.mark.slow
 def test_unreachable_root_fails_before_any_write(dask_cluster: str) -> None:
     """A ``memory://`` root lives in this process only: the workers, other processes, cannot see it. The stage
     fails in one line naming a worker and the root, and leaves nothing under the root's features directory."""

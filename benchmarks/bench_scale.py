@@ -191,8 +191,11 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def fit(path: str) -> None:
-    rows = sorted((json.loads(line) for line in open(path) if line.strip()),
+    rows = sorted((json.loads(line) for line in open(path) if line.strip() and line.startswith("{")),
                   key=lambda r: (ALL_STAGES.index(r["stage"]), r["nodes"]))
+    if any("executor" in r for r in rows):
+        executor_table(rows)
+        return
     print("| stage | nodes | CSR entries | wall s | stage s | peak anon GiB | stage anon GiB | peak disk GiB | "
           "kept GiB | path | load |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
@@ -213,6 +216,21 @@ def fit(path: str) -> None:
         cells += [f"{law['a'] * t[SIZE_OF[stage]] ** law['b'] / 3600:.1f}" for t in (PAPERS, IGBH)]
         cells += [f"{minimum(stage, t) / 2**30:.1f}" for t in (PAPERS, IGBH)]
         print(f"| {stage} | " + " | ".join(cells) + " |")
+
+
+def executor_table(rows: list[dict[str, Any]]) -> None:
+    """[3/5]'s side by side: each stage on each executor, the process tree's peak (workers included) and each
+    unit's own (a worker's peak minus what it held before the unit: the interpreter and its imports)."""
+    print("| stage | nodes | executor | wall s | stage s | peak anon GiB (all processes) | units: wall s | "
+          "units: peak GiB | load |")
+    print("|---|---:|---|---:|---:|---:|---|---|---:|")
+    for r in rows:
+        units = r.get("units") or []
+        walls = " / ".join(f"{u['wall_s']:.0f}" for u in units if "wall_s" in u) or "-"
+        peaks = " / ".join(f"{u['peak_anon_bytes'] / 2**30:.2f}" for u in units if u.get("peak_anon_bytes")) or "-"
+        print(f"| {r['stage']} | {r['nodes']:,} | {r['executor']} | {r['wall_s']:.0f} | "
+              f"{r.get('stage_wall_s') or 0:.0f} | {r['peak_anon_bytes'] / 2**30:.2f} | {walls} | {peaks} | "
+              f"{r['load']:.1f} |")
 
 
 def growth(pts: list[dict[str, Any]], size: str) -> dict[str, float]:

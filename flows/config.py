@@ -31,7 +31,7 @@ from stages.partition import stage as partition_stage
 from stages.protocol import Stage
 from stages.train import stage as train_stage
 from storage import InputError
-from storage.store import stage_key
+from storage.manifest import stage_key
 
 STAGES: dict[str, Stage] = {"download": download_stage, "partition": partition_stage,
                              "features": features_stage, "hotness": hotness_stage, "train": train_stage,

@@ -3,7 +3,7 @@
 Stages talk to each other only through this package, and only it knows file names and layouts: a stage reads its
 upstream artifacts through the typed handles defined here (``storage.graph.GraphArtifact``,
 ``storage.partition.PartitionArtifact``, ``storage.features.FeaturesArtifact``, ``storage.hotness.HotnessArtifact``),
-built from a :class:`~storage.store.Manifest`, and writes its own through a :class:`~storage.store.StageWriter` with
+built from a :class:`~storage.manifest.Manifest`, and writes its own through a :class:`~storage.store.StageWriter` with
 the format modules' ``write_*`` functions.
 """
 

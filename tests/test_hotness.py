@@ -13,8 +13,8 @@ from stages.hotness.counting import count_requests
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from storage import InputError
 from storage.hotness import CURVE_PNG, HotnessArtifact
+from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, concat_parts
-from storage.store import stage_key
 from tests._train_pipeline import build_without_prefect
 
 

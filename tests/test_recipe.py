@@ -20,7 +20,7 @@ from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
 from stages.train.launcher import TrainingError
 from storage import ArtifactStore, InputError
-from storage.store import stage_key
+from storage.manifest import stage_key
 from storage.train import MODEL, checkpoint_dir
 from tests._train_pipeline import (
     BATCH_SIZE,

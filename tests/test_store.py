@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from storage import ArtifactError, ArtifactStore, InputError
-from storage.store import stage_key
+from storage.manifest import stage_key
 from storage.zarr_io import open_group, read_array, write_array
 
 

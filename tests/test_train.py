@@ -29,7 +29,7 @@ from stages.train.spec import TrainSpec
 from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
-from storage.store import stage_key
+from storage.manifest import stage_key
 from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream

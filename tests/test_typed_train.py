@@ -18,7 +18,7 @@ from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
 from stages.train.launcher import TrainingError
 from storage import ArtifactStore, Manifest
-from storage.store import stage_key
+from storage.manifest import stage_key
 from storage.train import METRICS, MODEL, checkpoint_dir, list_checkpoints, list_shards
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 

@@ -36,9 +36,9 @@ from stages.params import BudgetedParams
 from stages.runtime.feature_codec import FeatureCodec
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.graph import GraphArtifact
+from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
-from storage.store import stage_key
 
 NAME = "features"
 VERSION = 3   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);

@@ -30,9 +30,9 @@ from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed
 from stages.runtime.fanouts import graph_fanouts
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.hotness import CURVE_PNG, write_curves
+from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
-from storage.store import stage_key
 
 NAME = "hotness"
 VERSION = 4   # 4: typed graphs; 3: the neighbour draws come from the stage's seed (torch's global generator before)

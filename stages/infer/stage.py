@@ -48,9 +48,9 @@ from storage.graph import SPLITS
 from storage.infer import METRICS, NODES, PREDICTIONS, write_metrics
 from storage.infer_export import export_link_embeddings, export_orig_order
 from storage.leftovers import infer_job_dir
+from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
-from storage.store import stage_key
 
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has

@@ -24,10 +24,10 @@ from stages.partition.streamed import link_stats, mapped_graph, with_part_lists,
 from stages.partition.units import PartsJob, part_lists, unit_figures, write_parts
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, GraphArtifact
+from storage.manifest import stage_key
 from storage.partition import PartitionBook, write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
-from storage.store import stage_key
 
 NAME = "partition"
 VERSION = 1

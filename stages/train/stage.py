@@ -31,9 +31,9 @@ from stages.train.plugin_code import plugin_files
 from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 from storage import ArtifactStore, InputError, Manifest, StageWriter
+from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
-from storage.store import stage_key
 from storage.train import CURVES_PNG, HIT_RATE_PNG, job_dir, read_result, result_dir, spec_path, write_train_artifact
 
 NAME = "train"

@@ -210,6 +210,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def remove_partial_writes(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries ``atomic_write_bytes`` leaves under ``directory`` when its process is killed between
+    the write and the rename (a rank SIGKILLed by torchrun's teardown while it wrote its error record: the CI saw
+    ``.error-1.json.tmp-<id>`` left by a job whose other rank had failed first); returns what it removed. Only
+    when no process of the job is left to finish one."""
+    found = [path for path in Path(directory).rglob(".*.tmp-*") if _PARTIAL.fullmatch(path.name) and path.is_file()]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
+
+
+_PARTIAL = re.compile(r"\..+\.tmp-[0-9a-f]{8}")
+
+
 def torch_bytes(obj: Any) -> bytes:
     import io
 

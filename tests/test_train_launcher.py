@@ -114,6 +114,19 @@ def test_failed_job_without_a_rank_report(tmp_path: Path):
     assert "[torchrun] boom" in lines
 
 
+def test_a_record_half_written_by_a_killed_rank_is_removed(tmp_path: Path):
+    """A rank killed by the teardown between writing its error record's temporary and renaming it (the CI saw
+    ``.error-1.json.tmp-<id>`` left after a file-size-limit failure): the launcher removes it once the job is gone,
+    and nothing else."""
+    partial, kept = tmp_path / ".error-1.json.tmp-3beaaa2e", tmp_path / "error-0.json"
+    for path in (partial, kept):
+        path.write_text("{")
+    with pytest.raises(TrainingError):
+        launch("unused", 1, result_dir=str(tmp_path), log=lambda line: None, timeout_s=60,
+               command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert not partial.exists() and kept.exists()
+
+
 def test_failure_message_names_the_rank_that_caused_it():
     rec0 = {0: {"rank": 0, "type": "RuntimeError", "user_error": False, "message": "Connection reset by peer"}}
     # rank 1 died by SIGKILL (no error record); rank 0's lost connection is a consequence

@@ -35,7 +35,7 @@ import psutil
 from stages.train.cluster import Cluster
 from stages.train.lifeline import supervised
 from storage.errors import GnnpipeError, InputError
-from storage.train import error_paths
+from storage.train import error_paths, remove_partial_writes
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 10.0
@@ -245,6 +245,7 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
         stubborn = terminate_group(proc.pid, grace_s)
         proc.wait()
         reader.join(timeout=5)
+        remove_partial_writes(result_dir)   # every rank is gone: a record half-written by a killed one is litter
     if stubborn:
         log(f"[launcher] SIGKILLed pids {stubborn} that ignored SIGTERM for {grace_s:.0f} s")
     if timed_out:

@@ -34,7 +34,16 @@ from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
-from storage.train import CURVES_PNG, HIT_RATE_PNG, job_dir, read_result, result_dir, spec_path, write_train_artifact
+from storage.train import (
+    CURVES_PNG,
+    HIT_RATE_PNG,
+    job_dir,
+    read_result,
+    remove_partial_writes,
+    result_dir,
+    spec_path,
+    write_train_artifact,
+)
 
 NAME = "train"
 VERSION = 5   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
@@ -90,8 +99,11 @@ class _Job:
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their
         # big tensors go on huge pages, which must be asked for before they start (stages.train.host_memory)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath(), **huge_page_env()}
-        launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,
-               timeout_s=self.params.timeout_s, env=env, cluster=self.cluster)
+        try:
+            launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,
+                   timeout_s=self.params.timeout_s, env=env, cluster=self.cluster)
+        finally:   # a checkpoint half-written by a rank the teardown killed (the launcher sweeps the results)
+            remove_partial_writes(self.ckpt_dir)
         return results
 
     def remove_checkpoints(self) -> None:

@@ -116,6 +116,16 @@ def part_groups(num_parts: int, slots: int) -> list[tuple[int, ...]]:
     return [tuple(int(p) for p in g) for g in np.array_split(np.arange(num_parts), min(slots, num_parts))]
 
 
+# what a unit's result may carry of its own cost and place, kept per unit in the stage's summary on Dask (a
+# worker's peak memory is not the stage process's)
+UNIT_FIGURES = ("host", "pid", "wall_s", "peak_anon_bytes", "start_anon_bytes", "base_anon_bytes")
+
+
+def unit_record(parts: list[int], result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A unit's line in the summary's ``units``: its parts, ``extra``, and the ``UNIT_FIGURES`` it returned."""
+    return {"parts": parts, **extra, **{k: result[k] for k in UNIT_FIGURES if k in result}}
+
+
 class Executor:
     """Runs a list of units, ``fn(unit)`` each (``fn`` takes one parameter, a unit has a ``label`` naming it in
     Prefect's task runs); ``slots``: how many run at once (what a unit's share of the memory budget is)."""

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field
 
 from stages.choices import Compressor, FeatureDtype, FeatureNorm
-from stages.executor import open_executor, part_groups
+from stages.executor import open_executor, part_groups, unit_record
 from stages.features import stream
 from stages.features.schemes import fit_codec_blocks
 from stages.features.units import (  # noqa: F401 - default_chunk_rows, split_lids_of: the stage's, re-exported
@@ -110,10 +110,8 @@ def _with_units(cost: dict[str, Any], units: list[dict[str, Any]], slots: int) -
     host and pid of the worker that ran it."""
     if slots == 1:   # the one unit ran in this process: its peak is within the stage's
         return cost
-    keep = ("host", "pid", "wall_s", "peak_anon_bytes", "start_anon_bytes")
     return {**cost, "executor_slots": slots,
-            "units": [{"parts": [r["part"] for r in u["parts"]], **{k: u[k] for k in keep if k in u}}
-                      for u in units]}
+            "units": [unit_record([r["part"] for r in u["parts"]], u) for u in units]}
 
 
 def _scheme_summary(codec: FeatureCodec) -> dict[str, Any]:

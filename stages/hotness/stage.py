@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from stages.choices import TaskName
-from stages.executor import open_executor, part_groups
+from stages.executor import open_executor, part_groups, unit_record
 from stages.hotness.units import PlanJob, plan_parts
 from stages.hotness.whole_csr import CsrLayout
 from stages.memory import MemoryBudget
@@ -116,10 +116,8 @@ def _with_units(cost: dict[str, Any], units: list[dict[str, Any]], slots: int) -
     worker's peak is not this process's)."""
     if slots == 1:   # the one unit ran in this process: its peak is within the stage's
         return cost
-    keep = ("wall_s", "peak_anon_bytes", "start_anon_bytes", "base_anon_bytes")
     return {**cost, "executor_slots": slots,
-            "units": [{"parts": [r["part"] for r in u["rows"]], "csr_mapped": u["mapped"],
-                       **{k: u[k] for k in keep if k in u}} for u in units]}
+            "units": [unit_record([r["part"] for r in u["rows"]], u, csr_mapped=u["mapped"]) for u in units]}
 
 
 def report(manifest: Manifest) -> Report:

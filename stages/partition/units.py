@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stages.executor import unit_record
 from stages.meter import anon_rss_bytes, measure
 from stages.partition.streamed import mapped_graph, write_streamed
 from storage import ArtifactStore, Manifest
@@ -68,9 +69,7 @@ def write_parts(job: PartsJob) -> dict[str, Any]:
 def unit_figures(results: list[dict[str, Any]], slots: int) -> dict[str, Any]:
     """The summary's executor figures: the slots and each unit's parts, time and memory (a worker's peak memory
     is not this process's)."""
-    keep = ("wall_s", "peak_anon_bytes", "start_anon_bytes")
-    return {"executor_slots": slots,
-            "units": [{"parts": u["parts"], **{k: u[k] for k in keep if k in u}} for u in results]}
+    return {"executor_slots": slots, "units": [unit_record(u["parts"], u) for u in results]}
 
 
 def part_lists(results: list[dict[str, Any]], num_parts: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

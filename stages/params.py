@@ -24,8 +24,9 @@ from pydantic.fields import FieldInfo
 
 from stages import executor
 from stages.memory import parse_bytes
-from stages.runtime.fanouts import check_edge_fanouts, validate_fanouts
+from stages.runtime.fanouts import check_edge_fanouts, graph_fanouts, validate_fanouts
 from storage.errors import InputError
+from storage.schema import GraphSchema
 
 _RUNTIME = "runtime"
 FORM = "form"   # json_schema_extra key: how a value looks, in words, where the annotation cannot say (expected_form)
@@ -41,6 +42,16 @@ Fanouts = Annotated[tuple[int, ...], AfterValidator(_fanouts)]
 EdgeFanouts = Annotated[dict[str, tuple[int, ...]], AfterValidator(check_edge_fanouts)]
 """Typed graphs: per-hop fanouts of the edge types named (``src___rel___dst`` or a unique relation name), in place
 of ``fanouts`` for those types; 0 = that type is not sampled on that hop (``stages.runtime.fanouts.hop_fanouts``)."""
+
+def check_graph_fanouts(fanouts: tuple[int, ...], edge_fanouts: dict[str, tuple[int, ...]],
+                        schema: GraphSchema) -> None:
+    """A stage's check, before any work, that its ``fanouts``/``edge_fanouts`` fit its graph's edge types: the
+    runtime's ValueError (``graph_fanouts``) becomes the user's InputError here, the layer storage/errors.py names."""
+    try:
+        graph_fanouts(fanouts, edge_fanouts, schema)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
 
 Seed = Annotated[int, Field(ge=0)]
 """A random seed: numpy's SeedSequence (stages/runtime/seeds.py) and default_rng take only non-negative ones."""

@@ -104,7 +104,7 @@ def _as_inference_error(err: GnnpipeError, timeout_s: float) -> GnnpipeError:
         return err
     text = _CHECKPOINTS.sub("", str(err)).replace("training", "inference")
     if "timed out" in text:
-        text = f"{text}; raise infer.job_timeout_s (now {timeout_s:g} s) and rerun"
+        text = f"{text}; raise infer.timeout_s (now {timeout_s:g} s) and rerun"
     return InferenceError(text)
 
 
@@ -203,13 +203,13 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
                          scratch_dir=str(job_scratch_dir(job)))
         spec_file = str(job_spec_path(job))
         spec.save(spec_file)
-        env = {"OMP_NUM_THREADS": str(rank_threads(params.rank_threads, num_partitions)),
+        env = {"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, num_partitions)),
                "PYTHONPATH": rank_pythonpath()}
         try:
-            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.job_timeout_s,
+            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.timeout_s,
                    env=env, command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"))
         except GnnpipeError as err:
-            raise _as_inference_error(err, params.job_timeout_s) from None
+            raise _as_inference_error(err, params.timeout_s) from None
         ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
     finally:
         shutil.rmtree(job, ignore_errors=True)

@@ -32,7 +32,7 @@ from storage.write_errors import write_failure
 def infer(spec: InferSpec, rank: int, world: int, local_world: int) -> None:
     """Run global rank ``rank`` of the job to the end: its outputs written, rank 0's ``ranks.json`` too."""
     params = Params(**spec.params)
-    torch.set_num_threads(rank_threads(params.rank_threads, local_world))
+    torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
     dist.init_process_group("gloo", timeout=timedelta(seconds=params.peer_timeout_s))
     record = infer_rank(spec, rank, world, local_world)
     records: list[Any] = [None] * world

@@ -7,10 +7,14 @@ these names:
 - nested: ``{"train": {"epochs": 3}}`` (YAML/TOML sections) or dotted: ``train.epochs=3``;
 - qualified flat: ``train_epochs=3`` (``<stage>_<field>``; any field);
 - short flat: ``epochs=3``, where the name is unambiguous: a field only one stage declares, a name in
-  ``ALIASES``, or a name in ``SHARED``, which sets that field in each of its stages.
+  ``ALIASES``, or a name in ``SHARED``, which sets that field in each of its stages;
+- an old name of a renamed field (its stage's ``Params.RENAMED``: ``job_timeout_s`` is ``infer.timeout_s`` now),
+  flat, qualified, dotted or nested, with one note per name (``renamed_names``).
 
-A more specific name wins: shared < short < qualified/dotted/nested. The flow's parameters (``flow_parameters``)
-list each field once, under the shortest name that reaches it alone.
+Layers (a config file, then ``--set``, then options) override each other whatever names they use; within one, a
+more specific name wins: shared < short < qualified < dotted/nested/old. The flow's parameters (``flow_names``) are
+each field under the short name that reaches it alone, else its qualified one, plus the qualified name of a field a
+SHARED name sets (None: follow the shared value); the old short names are parameters too (None: unset).
 """
 
 from __future__ import annotations

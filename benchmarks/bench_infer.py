@@ -51,7 +51,7 @@ def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None,
                ) -> dict[str, Any]:
     from stages.infer import stage as infer
 
-    params = infer.Params(fanouts=fanouts, chunk_edges=args.chunk_edges, rank_threads=args.threads)
+    params = infer.Params(fanouts=fanouts, chunk_edges=args.chunk_edges, threads_per_rank=args.threads)
     manifest = infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, force=True,
                          log=(print if args.verbose else lambda line: None))
     s = manifest.summary

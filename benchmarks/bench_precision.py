@@ -1,4 +1,4 @@
-"""Low-precision feature stores (issue [7/7], DESIGN.md §7): what each ``features.dtype`` saves and what it costs.
+"""Low-precision feature stores (issue [7/7], docs/design.md §6): what each ``features.dtype`` saves and what it costs.
 
 For each storage dtype, through the real stages on 2 partitions (download → partition → features → hotness →
 train, gloo ranks on CPU): bytes of the features artifact on disk, host RAM of the two ranks' stores, the cache rows

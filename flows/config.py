@@ -7,10 +7,14 @@ these names:
 - nested: ``{"train": {"epochs": 3}}`` (YAML/TOML sections) or dotted: ``train.epochs=3``;
 - qualified flat: ``train_epochs=3`` (``<stage>_<field>``; any field);
 - short flat: ``epochs=3``, where the name is unambiguous: a field only one stage declares, a name in
-  ``ALIASES``, or a name in ``SHARED``, which sets that field in each of its stages.
+  ``ALIASES``, or a name in ``SHARED``, which sets that field in each of its stages;
+- an old name of a renamed field (its stage's ``Params.RENAMED``: ``job_timeout_s`` is ``infer.timeout_s`` now),
+  flat, qualified, dotted or nested, with one note per name (``renamed_names``).
 
-A more specific name wins: shared < short < qualified/dotted/nested. The flow's parameters (``flow_parameters``)
-list each field once, under the shortest name that reaches it alone.
+Layers (a config file, then ``--set``, then options) override each other whatever names they use; within one, a
+more specific name wins: shared < short < qualified < dotted/nested/old. The flow's parameters (``flow_names``) are
+each field under the short name that reaches it alone, else its qualified one, plus the qualified name of a field a
+SHARED name sets (None: follow the shared value); the old short names are parameters too (None: unset).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from stages.download import stage as download_stage
 from stages.features import stage as features_stage
 from stages.hotness import stage as hotness_stage
 from stages.infer import stage as infer_stage
-from stages.params import ParamsError, StageParams, field_error, is_sequence, show_value
+from stages.params import ParamsError, StageParams, field_error, is_sequence, renamed_note, show_value
 from stages.partition import stage as partition_stage
 from stages.protocol import Stage
 from stages.train import stage as train_stage
@@ -49,8 +53,10 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       "executor": ("download", "partition", "features", "hotness", "infer"),
                                       # the feature rows a training or inference rank holds in RAM
                                       "host_memory_budget_bytes": ("train", "infer")}
-# a short name two stages declare, given to the stage a user means by it
-ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs")}
+# a short name two stages declare, given to the stage a user means by it (infer's runtime settings have train's
+# names: ``infer.timeout_s``, ``infer_timeout_s``)
+ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs"), "timeout_s": ("train", "timeout_s"),
+                                       "threads_per_rank": ("train", "threads_per_rank")}
 CONTROL = ("artifacts", "until", "force", "wait")
 
 
@@ -159,6 +165,20 @@ def flat_names() -> dict[str, Name]:
     return names
 
 
+def renamed_names() -> dict[str, Name]:
+    """The old flat names of renamed fields (each stage's ``Params.RENAMED``), still accepted with a note: the old
+    short name where the old field name was its stage's alone, and the old qualified one. Not flow parameters of
+    their own beyond ``flow_signature_defaults``'s (None: unset), nor in the parameter table's names."""
+    declared = [field for _, field, _ in _declared()]
+    names: dict[str, Name] = {}
+    for stage, module in STAGES.items():
+        for old, new in module.Params.RENAMED.items():
+            if old not in declared and old not in SHARED and old not in ALIASES:
+                names[old] = Name(old, ((stage, new),), 1)
+            names[f"{stage}_{old}"] = Name(f"{stage}_{old}", ((stage, new),), 2)
+    return names
+
+
 def flow_names() -> list[Name]:
     """The flow's parameters: each field once, by the short name that reaches it alone; a field a SHARED name sets
     also gets its qualified name (``train_seed``; default None: follow the shared value), and a field with no short
@@ -215,10 +235,13 @@ def _resolve(layers: Sequence[Mapping[str, Any]]
              ) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], tuple[str, Any]]]:
     """Per-stage field values, and the name and value the user gave each field (for error messages). A later layer
     wins; within a layer, the more specific name."""
-    flat = flat_names()
+    flat, renamed = flat_names(), renamed_names()
     ranked: dict[tuple[str, str], tuple[tuple[int, int], Any, str]] = {}
 
     def put(stage: str, field: str, value: Any, rank: tuple[int, int], name: str) -> None:
+        if (new := STAGES[stage].Params.RENAMED.get(field)) is not None:   # an old field name, dotted or nested
+            renamed_note(f"{stage}.{field}", f"{stage}.{new}")
+            field = new
         if (stage, field) not in ranked or ranked[(stage, field)][0] <= rank:
             ranked[(stage, field)] = (rank, value, name)
 
@@ -237,6 +260,13 @@ def _resolve(layers: Sequence[Mapping[str, Any]]
                     continue   # a flow's "follow the shared value"
                 for stage, field in flat[key].targets:
                     put(stage, field, value, (layer, flat[key].rank), key)
+            elif key in renamed:
+                if value is None:
+                    continue   # the flow's default for an old name: not given
+                (stage, field), = renamed[key].targets
+                renamed_note(key, f"{stage}_{field} ({stage}.{field})")
+                # given only on purpose, so it wins in its layer: the flow passes the new name too, at its default
+                put(stage, field, value, (layer, 3), key)
             else:
                 raise InputError(f"invalid parameter {key}: unknown name; {_suggest(key)}")
     sections: dict[str, dict[str, Any]] = {}
@@ -301,6 +331,11 @@ def flow_signature_defaults() -> dict[str, tuple[Any, Any, str]]:
             if is_sequence(info):   # `prefect deployment run -p fanouts=15,10,5`, as on the command line
                 annotation = annotation | str
             out[name.name] = (annotation, list(default) if isinstance(default, tuple) else default, description)
+    for old in renamed_names().values():   # a deployment's parameters written before the rename still bind
+        if old.rank == 1:
+            (stage, field), = old.targets
+            out[old.name] = (_nullable(old.info.annotation), None, f"old name of {stage}_{field}, still accepted "
+                                                                   f"(default None: unset)")
     return out
 
 

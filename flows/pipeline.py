@@ -1,8 +1,12 @@
-"""The gnnpipe flow: download → partition → features → hotness → train, each a cached task.
+"""The gnnpipe flow: download → partition → features → hotness → train → infer, each a cached task (up to ``until``).
 
 Before trusting Prefect's cache for a stage, the flow checks that the stage's artifact exists and is valid; if
 not, it refreshes that task's cache so the stage runs again. Reports are published as Prefect artifacts here, in
-the flow, because a cached task does not run its body.
+the flow, because a cached task does not run its body. Around the stages: one ``dask[:N]`` cluster for the run,
+released before training (``stages.executor.run_scope``); the run recorded for the next one to mark Crashed if its
+process dies (``flows.crashed``); its origin written into the manifests it builds; an earlier attempt's leftovers
+tidied once a stage's artifact is valid (``flows.locks.tidy``); a user error noted so that it is said in one line
+(``flows.quiet``).
 
 The flow's parameters are not written here: ``pipeline``'s signature (names, types, defaults, and the docstring's
 ``Args:`` that the Prefect UI shows) is generated from the stages' Params by ``flows.config.flow_names``, so a new
@@ -101,6 +105,7 @@ def _run_stages(cfg: PipelineConfig, store: ArtifactStore, release_clusters: Cal
 
 
 def _pipeline(**parameters: Any) -> dict[str, Any]:
+    # the flow's body: its signature and docstring are set below from the stages' Params (``_signature``)
     try:
         with crashed.tracked_run(), building_for(_origin()):
             return run_pipeline(make_config(parameters))
@@ -125,7 +130,8 @@ def _signature() -> tuple[inspect.Signature, str]:
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=annotation))
         args.append(f"    {name}: {description}")
-    doc = ("Distributed-GNN pipeline on partitioned graphs (download → partition → features → hotness → train).\n\n"
+    doc = ("Distributed-GNN pipeline on partitioned graphs (download → partition → features → hotness → train → "
+           "infer).\n\n"
            "Args:\n" + "\n".join(args))
     return inspect.Signature(params, return_annotation=dict[str, Any]), doc
 

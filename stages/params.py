@@ -16,16 +16,27 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Annotated, Any, Literal, Union
+import warnings
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from stages import executor
 from stages.memory import parse_bytes
-from stages.runtime.fanouts import check_edge_fanouts, validate_fanouts
+from stages.runtime.fanouts import check_edge_fanouts, graph_fanouts, validate_fanouts
 from storage.errors import InputError
+from storage.schema import GraphSchema
 
 _RUNTIME = "runtime"
 FORM = "form"   # json_schema_extra key: how a value looks, in words, where the annotation cannot say (expected_form)
@@ -42,6 +53,16 @@ EdgeFanouts = Annotated[dict[str, tuple[int, ...]], AfterValidator(check_edge_fa
 """Typed graphs: per-hop fanouts of the edge types named (``src___rel___dst`` or a unique relation name), in place
 of ``fanouts`` for those types; 0 = that type is not sampled on that hop (``stages.runtime.fanouts.hop_fanouts``)."""
 
+def check_graph_fanouts(fanouts: tuple[int, ...], edge_fanouts: dict[str, tuple[int, ...]],
+                        schema: GraphSchema) -> None:
+    """A stage's check, before any work, that its ``fanouts``/``edge_fanouts`` fit its graph's edge types: the
+    runtime's ValueError (``graph_fanouts``) becomes the user's InputError here, the layer storage/errors.py names."""
+    try:
+        graph_fanouts(fanouts, edge_fanouts, schema)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
 Seed = Annotated[int, Field(ge=0)]
 """A random seed: numpy's SeedSequence (stages/runtime/seeds.py) and default_rng take only non-negative ones."""
 
@@ -53,18 +74,48 @@ def runtime(default: Any, *, description: str, form: str | None = None, **constr
     return Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
+_NOTED: set[str] = set()
+
+
+def renamed_note(old: str, new: str) -> None:
+    """Say once per process that ``old`` is the old name of ``new``: still accepted, so that configs, deployments
+    and job specs written before the rename keep working."""
+    if old not in _NOTED:
+        _NOTED.add(old)
+        # FutureWarning: shown by default (DeprecationWarning is hidden outside __main__)
+        warnings.warn(f"{old} is an old name: it is {new} now (the old name still works, for now)", FutureWarning,
+                      stacklevel=3)
+
+
 class StageParams(BaseModel):
     """Frozen and closed (an unknown name is an error, not silently ignored). Built directly, a bad value raises
     one-line InputError naming the field, the value and the expected form (the pipeline config does the same with
-    the name the user typed)."""
+    the name the user typed).
+
+    ``RENAMED``: a field's old names (old -> new), still accepted with a note (``renamed_note``); the pipeline
+    config derives the old flat names from it (``flows.config.renamed_names``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    RENAMED: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as err:
             raise ParamsError(type(self), err.errors()[0]) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        if not cls.RENAMED or not isinstance(data, dict) or not cls.RENAMED.keys() & data.keys():
+            return data
+        out = dict(data)
+        for old, new in cls.RENAMED.items():
+            if old in out:
+                renamed_note(old, new)
+                value = out.pop(old)
+                out.setdefault(new, value)   # the new name wins where both are given
+        return out
 
     @field_validator("*", mode="before")
     @classmethod

@@ -1,5 +1,5 @@
 """The stage contract, as a type: each ``stages/<name>/stage.py`` module satisfies :class:`Stage`, and the type
-checker (``make lint``) verifies it where flows/config.py registers the five modules.
+checker (``make lint``) verifies it where flows/config.py registers the six modules (``STAGES``).
 
 A stage is a module, not a class: NAME, VERSION and UPSTREAM are its identity, ``Params`` its parameters (see
 ``stages.params``), ``run`` builds (or finds) its one artifact from its upstream manifests, ``report`` turns the

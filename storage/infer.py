@@ -30,6 +30,10 @@ Artifact ``infer/<key>/``:
   part, start_gid, num_nodes, task, embedding_width, embedding_layers.
 - ``metrics.json``: the stage's figures (``stages.infer.stage``), with the flat ``scalars`` a tracker logs.
 
+While it runs, the job directory (``storage.leftovers.infer_job_dir``) holds ``spec.json`` (the job spec the ranks
+read, ``stages.infer.spec.InferSpec``), ``result/`` (rank 0's ``ranks.json``: every rank's figures; a failing rank's
+``error-<r>.json``) and ``scratch/`` (layer matrices past the host memory budget, ``stages.infer.matrices``).
+
 Every Zarr array carries the crc32c codec (``storage.zarr_io``). pyarrow is imported only where Parquet is
 written or read. This module writes the ranks' parts, ``storage.infer_export`` the exports;
 ``storage.infer_artifact.InferArtifact`` reads the artifact.
@@ -37,7 +41,9 @@ written or read. This module writes the ranks' parts, ``storage.infer_export`` t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +60,23 @@ SPLIT_CODES: dict[str, int] = {name: code for code, name in enumerate(SPLITS)}  
 PART_CHUNK_ROWS = 1 << 14     # a part's rows per chunk: an export chunk reads few rows it does not use
 OUT = "out"                   # emb/out: a link model's node embeddings (its output layer's rows)
 LINK_EMBEDDINGS = f"{NODES}/emb/{OUT}"
+
+
+def job_spec_path(job: Path) -> Path:
+    return job / "spec.json"
+
+
+def job_result_dir(job: Path) -> Path:
+    return job / "result"
+
+
+def job_scratch_dir(job: Path) -> Path:
+    return job / "scratch"
+
+
+def ranks_path(result_dir: str | os.PathLike[str]) -> str:
+    """Where rank 0 leaves every rank's figures (a JSON list, one record per rank) for the stage."""
+    return os.path.join(result_dir, "ranks.json")
 
 
 def part_name(p: int) -> str:

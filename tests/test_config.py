@@ -23,6 +23,7 @@ from flows.config import (
     flow_names,
     flow_parameters,
     make_config,
+    renamed_names,
     stage_keys,
 )
 from flows.load import load_config
@@ -128,7 +129,9 @@ def test_the_flow_signature_and_deployment_schema_list_every_flow_name():
 
     from flows.pipeline import pipeline
 
-    expected = [*CONTROL, *(n.name for n in flow_names())]
+    # then the old short names of renamed fields, None by default (unset), so a deployment's old parameters bind
+    old = [n.name for n in renamed_names().values() if n.rank == 1]
+    expected = [*CONTROL, *(n.name for n in flow_names()), *old]
     assert list(inspect.signature(pipeline).parameters) == expected
     schema = parameter_schema(pipeline)
     assert set(schema.properties) == set(expected)
@@ -244,6 +247,51 @@ FLOW_NAMES = {
     "train_fanouts", "train_batch_size", "epochs", "lr", "weight_decay", "dropout", "gat_heads", "train_seed",
     "cache_policy", "timeout_s", "collective_timeout_s", "host_memory_budget_bytes", "threads_per_rank", "device",
 }
+
+
+def test_an_old_name_of_a_renamed_field_still_works_and_maps_to_the_new_one(tmp_path: Path):
+    """infer's job_timeout_s and rank_threads are train's timeout_s and threads_per_rank now ([5/5]): every old
+    route still reaches the renamed field, with one note; the flat short names stay train's."""
+    import warnings
+
+    from stages.infer.params import Params as InferParams
+    from stages.params import _NOTED
+
+    _NOTED.clear()
+    with pytest.warns(FutureWarning, match=r"job_timeout_s is an old name: it is timeout_s now"):
+        direct = InferParams(job_timeout_s=5.0, rank_threads=2)   # a job spec or a test written before
+    assert (direct.timeout_s, direct.threads_per_rank) == (5.0, 2)
+    assert InferParams(job_timeout_s=5.0, timeout_s=7.0).timeout_s == 7.0   # the new name wins
+    toml = tmp_path / "old.toml"
+    toml.write_text("[infer]\njob_timeout_s = 9.0\n")
+    routes = [make_config(job_timeout_s=9.0, rank_threads=3), make_config({"infer.job_timeout_s": 9.0}),
+              make_config(infer_job_timeout_s=9.0), load_config(None, ["job_timeout_s=9", "rank_threads=3"]),
+              load_config(toml, [])]
+    for cfg in routes:
+        assert cfg.infer.timeout_s == 9.0 and cfg.train.timeout_s == DEFAULTS.train.timeout_s
+    assert routes[0].infer.threads_per_rank == 3 and routes[0].train.threads_per_rank is None
+    # the short names are train's, as before; infer's new ones are qualified
+    cfg = make_config(timeout_s=11.0, threads_per_rank=4, infer_timeout_s=12.0)
+    assert (cfg.train.timeout_s, cfg.train.threads_per_rank, cfg.infer.timeout_s) == (11.0, 4, 12.0)
+    assert cfg.infer.threads_per_rank is None
+    # a later layer wins whichever name each uses; a renamed field does not re-key the artifact (runtime)
+    assert make_config({"job_timeout_s": 1.0}, {"infer.timeout_s": 2.0}).infer.timeout_s == 2.0
+    assert make_config({"infer_timeout_s": 1.0}, {"job_timeout_s": 2.0}).infer.timeout_s == 2.0
+    assert stage_keys(routes[0]) == stage_keys(DEFAULTS)
+    # a deployment's old parameter binds; None (the flow's default for it) sets nothing
+    from flows.pipeline import pipeline
+
+    assert make_config(pipeline.validate_parameters({"job_timeout_s": 9.0})).infer.timeout_s == 9.0
+    assert make_config(pipeline.validate_parameters({"job_timeout_s": None})) == DEFAULTS
+    # the note is said once per name
+    _NOTED.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        make_config(job_timeout_s=1.0)
+        make_config(job_timeout_s=2.0)
+    assert [str(w.message) for w in seen if issubclass(w.category, FutureWarning)] == [
+        "job_timeout_s is an old name: it is infer_timeout_s (infer.timeout_s) now (the old name still works, for "
+        "now)"]
 
 
 def test_flow_parameter_names_stay_stable():

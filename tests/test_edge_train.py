@@ -86,7 +86,7 @@ def test_exact_inference_of_an_edge_aware_model_equals_the_whole_graph(built, na
     in-edges' features from the rank's own edges, and give the whole graph's outputs (PyG, with edge_attr)."""
     art, upstream, trained = built
     manifests = {**upstream, "train": trained[name]}
-    params = infer.Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, chunk_edges=4000)
+    params = infer.Params(threads_per_rank=1, timeout_s=300.0, peer_timeout_s=60.0, chunk_edges=4000)
     manifest = infer.run(art, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
     ref = full_graph_reference(art, manifests)
     prob = np.asarray(InferArtifact(art, manifest).node_array("prob")[:])

@@ -29,7 +29,7 @@ from tests.conftest import GNNPIPE, REPO, cli_env
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
     """One partition, a 3-layer GraphSAGE, both hidden layers stored: the only infer build of its root."""
     store, manifests = build_to_train(str(tmp_path_factory.mktemp("art")), 1, fanouts=(5, 5, 5))
-    params = Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, embeddings="all")
+    params = Params(threads_per_rank=1, timeout_s=300.0, peer_timeout_s=60.0, embeddings="all")
     return store, infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, progress=False)
 
 

@@ -1,4 +1,4 @@
-"""Low-precision feature stores (DESIGN.md §7): each ``features.dtype`` scheme round-trips within its error bound,
+"""Low-precision feature stores (docs/design.md §6): each ``features.dtype`` scheme round-trips within its error bound,
 the manifest and the stores record it, rows are cached and exchanged in the storage dtype and decoded identically
 wherever they are read (train's loader, the infer stage), and int8 / float8 train within a few points of float32."""
 

@@ -49,7 +49,7 @@ class Case:
 def _case(root: str, num_partitions: int, infer_params: dict[str, Any], **train: Any) -> Case:
     store, manifests = build_to_train(root, num_partitions, **train)
     lines: list[str] = []
-    params = Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, **infer_params)
+    params = Params(threads_per_rank=1, timeout_s=300.0, peer_timeout_s=60.0, **infer_params)
     manifest = infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lines.append)
     return Case(store, manifests, manifest, full_graph_reference(store, manifests), lines)
 
@@ -174,7 +174,7 @@ def test_report_metrics_and_files(sage2: Case):
 @pytest.mark.slow
 def test_the_stage_is_cached_and_runtime_settings_are_not_in_its_key(sage2: Case):
     before = [b for b in sage2.store.builds() if b["stage"] == "infer"]
-    again = infer.run(sage2.store, Params(rank_threads=2, chunk_edges=123, job_timeout_s=5.0),
+    again = infer.run(sage2.store, Params(threads_per_rank=2, chunk_edges=123, timeout_s=5.0),
                       {u: sage2.manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
     assert again.key == sage2.manifest.key and again.build_id == sage2.manifest.build_id
     assert [b for b in sage2.store.builds() if b["stage"] == "infer"] == before and len(before) == 1
@@ -182,7 +182,7 @@ def test_the_stage_is_cached_and_runtime_settings_are_not_in_its_key(sage2: Case
 
 @pytest.mark.slow
 def test_sampled_inference_is_an_artifact_of_its_own(sage2: Case):
-    sampled = infer.run(sage2.store, Params(fanouts=(3, 3), rank_threads=1, chunk_edges=2000),
+    sampled = infer.run(sage2.store, Params(fanouts=(3, 3), threads_per_rank=1, chunk_edges=2000),
                         {u: sage2.manifests[u] for u in infer.UPSTREAM}, log=lambda line: None)
     s = sampled.summary
     assert sampled.key != sage2.manifest.key and s["mode"] == "sampled" and s["fanouts"] == [3, 3]
@@ -202,7 +202,7 @@ def test_a_zero_host_budget_and_exports_on_dask_rebuild_the_same_bytes(sage2: Ca
     (``stages.infer.export_units``; many chunks over 2 units: tests/test_executor_sort.py). The rebuilt artifact
     (same key: both runtime settings, one torchrun job for the two) has the same bytes."""
     want = _outputs(sage2.store, sage2.manifest)
-    rebuilt = infer.run(sage2.store, Params(host_memory_budget_bytes=0, executor=dask_cluster, rank_threads=1,
+    rebuilt = infer.run(sage2.store, Params(host_memory_budget_bytes=0, executor=dask_cluster, threads_per_rank=1,
                                             chunk_edges=2000),
                         {u: sage2.manifests[u] for u in infer.UPSTREAM}, force=True, log=lambda line: None)
     assert rebuilt.key == sage2.manifest.key and rebuilt.build_id != sage2.manifest.build_id
@@ -350,7 +350,7 @@ def test_a_padding_chunk_is_empty_in_sampled_inference_too():
 
 
 def test_params_key_and_config_routes():
-    assert Params(chunk_edges=5, job_timeout_s=1, peer_timeout_s=1, rank_threads=3).key_params() == \
+    assert Params(chunk_edges=5, timeout_s=1, peer_timeout_s=1, threads_per_rank=3).key_params() == \
         Params().key_params() == {"fanouts": None, "embeddings": "last"}
     assert Params(fanouts="10,5", seed=3).key_params() == {"fanouts": [10, 5], "embeddings": "last", "seed": 3}
     with pytest.raises(InputError, match="invalid parameter fanouts='10,0'"):
@@ -384,7 +384,7 @@ def test_inputs_are_checked_before_any_rank_starts():
 def test_launcher_failures_are_said_as_inference():
     err = infer._as_inference_error(TrainingError("training timed out after 5 s and was stopped (checkpoints kept: "
                                                   "rerun, or raise timeout_s, to resume)"), 5.0)
-    assert str(err) == "inference timed out after 5 s and was stopped; raise infer.job_timeout_s (now 5 s) and rerun"
+    assert str(err) == "inference timed out after 5 s and was stopped; raise infer.timeout_s (now 5 s) and rerun"
     err = infer._as_inference_error(TrainingError("training failed: rank 1 was killed by SIGKILL; the job was "
                                                   "stopped (checkpoints kept: rerun to resume)"), 5.0)
     assert str(err) == "inference failed: rank 1 was killed by SIGKILL; the job was stopped"

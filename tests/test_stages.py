@@ -123,8 +123,8 @@ def test_artifact_handles_agree_with_the_book_and_the_parts(built):
     assert GraphArtifact(store, dl).num_nodes == book.num_nodes == 1500
     assert partition.num_partitions == book.num_partitions == 3
     assert np.array_equal(partition.bounds(), book.bounds)
-    in_degree_gid = np.concatenate([np.diff(partition.csr(p).indptr) for p in range(3)])
-    assert np.array_equal(partition.in_degree(), in_degree_gid)
+    in_degree_of_gid = np.concatenate([np.diff(partition.csr(p).indptr) for p in range(3)])
+    assert np.array_equal(partition.in_degree(), in_degree_of_gid)
     assert (feats.num_features, feats.feature_dtype, feats.num_classes) == (8, np.dtype("float32"), 3)
     assert feats.row_bytes == 8 * 4
     part = feats.part(2, load_x=False)

@@ -38,7 +38,7 @@ def built(tmp_path_factory: pytest.TempPathFactory):
     manifests = build_upstream(store, WORLD_SIZE, SMALL, chunk_rows=256)   # several chunks: the Zarr path reads many
     graph = GraphArtifact(store, manifests["download"]).read()
     book = PartitionArtifact(store, manifests["partition"]).book()
-    return store, manifests, graph.x[book.orig_of_gid], book   # x_gid: row g is gid g's features
+    return store, manifests, graph.x[book.orig_of_gid], book   # x_of_gid: row g is gid g's features
 
 
 def spawn_ranks(target, args: tuple, tmp, world: int = WORLD_SIZE, timeout_s: float = TIMEOUT_S) -> list[dict]:
@@ -55,16 +55,16 @@ def ranks_out(built, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_gathered_rows_equal_the_source_rows(ranks_out, built, mode):
-    x_gid = built[2]
+    x_of_gid = built[2]
     for out in ranks_out:
         res = out[mode]
         assert len(res["batches"]) > 0
         for n_id, rows in res["batches"]:
-            assert rows.dtype == torch.float32 and rows.shape == (n_id.numel(), x_gid.shape[1])
-            assert np.array_equal(rows.numpy(), x_gid[n_id.numpy()])
+            assert rows.dtype == torch.float32 and rows.shape == (n_id.numel(), x_of_gid.shape[1])
+            assert np.array_equal(rows.numpy(), x_of_gid[n_id.numpy()])
         odd, odd_rows = res["odd"]
-        assert np.array_equal(odd_rows.numpy(), x_gid[odd.numpy()])
-        assert np.array_equal(res["cache_rows"].numpy(), x_gid[res["cache_gid"].numpy()])
+        assert np.array_equal(odd_rows.numpy(), x_of_gid[odd.numpy()])
+        assert np.array_equal(res["cache_rows"].numpy(), x_of_gid[res["cache_gid"].numpy()])
 
 
 @pytest.mark.slow
@@ -98,14 +98,14 @@ def test_store_modes_and_policies(ranks_out, built):
 
 
 def test_zarr_store_gathers_like_memory(built):
-    store, manifests, x_gid, book = built
+    store, manifests, x_of_gid, book = built
     x = FeaturesArtifact(store, manifests["features"]).x(1)
     mem, lazy = open_feature_store(x), open_feature_store(x, memory_budget_bytes=0)
     assert isinstance(mem, InMemoryFeatureStore) and isinstance(lazy, ZarrFeatureStore) and lazy.chunk_rows == 256
     rng = np.random.default_rng(0)
     lid = torch.from_numpy(rng.integers(0, mem.num_rows, 700))   # unsorted, repeats, many chunks
     lo = int(book.bounds[1])
-    expected = x_gid[lo + lid.numpy()]
+    expected = x_of_gid[lo + lid.numpy()]
     assert np.array_equal(mem.gather(lid).numpy(), expected)
     assert np.array_equal(lazy.gather(lid).numpy(), expected)
     assert lazy.gather(torch.empty(0, dtype=torch.long)).shape == (0, mem.num_features)
@@ -135,16 +135,16 @@ def test_cache_lookup_by_gid():
 
 def _one_rank_features(built, device: str) -> tuple[DistFeatures, np.ndarray]:
     """A whole-graph store on one rank without a process group: the single-process path."""
-    x_gid = built[2]
-    x_store = InMemoryFeatureStore(torch.from_numpy(x_gid.copy()))
-    return DistFeatures(x_store, [0, x_gid.shape[0]], device=device), x_gid
+    x_of_gid = built[2]
+    x_store = InMemoryFeatureStore(torch.from_numpy(x_of_gid.copy()))
+    return DistFeatures(x_store, [0, x_of_gid.shape[0]], device=device), x_of_gid
 
 
 def test_one_rank_without_process_group(built):
-    features, x_gid = _one_rank_features(built, "cpu")
+    features, x_of_gid = _one_rank_features(built, "cpu")
     features.build_cache(torch.tensor([7, 3, 3, 100]))
     n_id = torch.tensor([3, 5, 100, 5, 2999])
-    assert np.array_equal(features.gather(n_id).numpy(), x_gid[n_id.numpy()])
+    assert np.array_equal(features.gather(n_id).numpy(), x_of_gid[n_id.numpy()])
     c = features.reset_counters()
     assert (c.cache_hits, c.local_rows, c.remote_rows, c.requested_rows) == (2, 3, 0, 5)
     assert c.hit_rate == pytest.approx(0.4) and features.counters.requested_rows == 0
@@ -153,9 +153,9 @@ def test_one_rank_without_process_group(built):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gather_on_cuda(built):
-    features, x_gid = _one_rank_features(built, "cuda")
+    features, x_of_gid = _one_rank_features(built, "cuda")
     features.build_cache(torch.arange(0, 3000, 7))
     for _ in range(3):   # reuses the pinned staging buffer
         n_id = torch.randint(0, 3000, (5000,))
         rows = features.gather(n_id)
-        assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_gid[n_id.numpy()])
+        assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_of_gid[n_id.numpy()])

@@ -30,7 +30,7 @@ GRAPH: dict[str, Any] = {"dataset": "synthetic-hetero", "num_nodes": 3000, "avg_
 
 def _case(root: str, model: str, chunk_edges: int) -> tuple[ArtifactStore, dict[str, Manifest], Manifest]:
     store, manifests = build_to_train(root, 2, model=model, graph=GRAPH)
-    params = Params(rank_threads=1, job_timeout_s=300.0, peer_timeout_s=60.0, chunk_edges=chunk_edges)
+    params = Params(threads_per_rank=1, timeout_s=300.0, peer_timeout_s=60.0, chunk_edges=chunk_edges)
     return store, manifests, infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lambda _: None)
 
 

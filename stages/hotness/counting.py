@@ -42,15 +42,15 @@ def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: in
 def _count(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,
            generator: torch.Generator, desc: str, progress: bool, seeds_of: SeedsOf | None,
            limit: int | None) -> Tensor:
-    count_gid = torch.zeros(sampler.num_nodes, dtype=torch.long)
+    count_of_gid = torch.zeros(sampler.num_nodes, dtype=torch.long)
     num_batches = epochs * -(-seed_gid[:limit].numel() // batch_size)
     with tqdm(total=num_batches, desc=desc, unit="batch", disable=not progress, leave=False) as bar:
         for _ in range(epochs):
             for item in iter_seed_batches(seed_gid, batch_size, generator=generator, limit=limit):
                 n_id = sampler.sample(item if seeds_of is None else seeds_of(item, generator)).n_id
-                count_gid.index_add_(0, n_id, torch.ones_like(n_id))
+                count_of_gid.index_add_(0, n_id, torch.ones_like(n_id))
                 bar.update()
-    return count_gid
+    return count_of_gid
 
 
 def link_seeds_of(edge_gid: Tensor, draws: NegativeDraws, num_negatives: int) -> SeedsOf:

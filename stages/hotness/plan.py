@@ -30,28 +30,28 @@ def budget_rows(*, budget_bytes: int | None, ratio: float | None, row_bytes: int
     return Budget(int(rows), f"{base} = {rows:,} rows")
 
 
-def hotness_order(count_gid: np.ndarray, in_degree_gid: np.ndarray) -> np.ndarray:
+def hotness_order(count_of_gid: np.ndarray, in_degree_of_gid: np.ndarray) -> np.ndarray:
     """All gids, most requested first; ties (notably never-requested gids) by in-degree, then gid."""
-    return np.lexsort((np.arange(count_gid.shape[0]), -in_degree_gid, -count_gid))
+    return np.lexsort((np.arange(count_of_gid.shape[0]), -in_degree_of_gid, -count_of_gid))
 
 
-def degree_order(in_degree_gid: np.ndarray) -> np.ndarray:
+def degree_order(in_degree_of_gid: np.ndarray) -> np.ndarray:
     """The baseline: all gids by in-degree, highest first (what a degree-based cache would hold)."""
-    return np.lexsort((np.arange(in_degree_gid.shape[0]), -in_degree_gid))
+    return np.lexsort((np.arange(in_degree_of_gid.shape[0]), -in_degree_of_gid))
 
 
-def hit_rates(eval_count_gid: np.ndarray, order_gid: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Share of the lookups in ``eval_count_gid`` served by a cache of the first ``s`` gids of ``order_gid``."""
-    total = eval_count_gid.sum()
+def hit_rates(eval_count_of_gid: np.ndarray, order_gid: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Share of the lookups in ``eval_count_of_gid`` served by a cache of the first ``s`` gids of ``order_gid``."""
+    total = eval_count_of_gid.sum()
     if total == 0:
         return np.zeros(len(sizes))
-    cum = np.concatenate([[0], np.cumsum(eval_count_gid[order_gid])])
+    cum = np.concatenate([[0], np.cumsum(eval_count_of_gid[order_gid])])
     return cum[np.minimum(sizes, order_gid.shape[0])] / total
 
 
-def remote_share_removed(eval_count_gid: np.ndarray, plan_gid: np.ndarray, lo: int, hi: int) -> float:
+def remote_share_removed(eval_count_of_gid: np.ndarray, plan_gid: np.ndarray, lo: int, hi: int) -> float:
     """Share of the lookups of remote rows (gids outside ``[lo, hi)``) that the plan serves from cache."""
-    remote = eval_count_gid.copy()
+    remote = eval_count_of_gid.copy()
     remote[lo:hi] = 0
     total = remote.sum()
     return float(remote[plan_gid].sum() / total) if total else 0.0

@@ -26,8 +26,7 @@ from stages.hotness.units import PlanJob, plan_parts
 from stages.hotness.whole_csr import CsrLayout
 from stages.memory import MemoryBudget
 from stages.meter import measure
-from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed
-from stages.runtime.fanouts import graph_fanouts
+from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed, check_graph_fanouts
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.hotness import CURVE_PNG, write_curves
 from storage.manifest import stage_key
@@ -76,7 +75,7 @@ def _csr_note(layout: CsrLayout, mapped: list[bool]) -> str:
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
     partition = PartitionArtifact(store, upstream["partition"])
-    graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)   # checked before anything is written
+    check_graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)   # checked before anything is written
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
     layout = CsrLayout.of(partition)
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})

@@ -43,38 +43,38 @@ if TYPE_CHECKING:
 
 class RowCosts:
     """What a gid's feature row costs: one width for a homogeneous graph; per node type for a typed one, where
-    ``row_bytes_gid`` is 0 for a featureless type's gids (not cacheable) and ``type_of_gid`` names each gid's."""
+    ``row_bytes_of_gid`` is 0 for a featureless type's gids (not cacheable) and ``type_of_gid`` names each gid's."""
 
-    def __init__(self, row_bytes: int, row_bytes_gid: np.ndarray | None = None,
+    def __init__(self, row_bytes: int, row_bytes_of_gid: np.ndarray | None = None,
                  type_of_gid: np.ndarray | None = None, type_names: tuple[str, ...] = ()) -> None:
-        self.row_bytes, self.row_bytes_gid = row_bytes, row_bytes_gid
+        self.row_bytes, self.row_bytes_of_gid = row_bytes, row_bytes_of_gid
         self.type_of_gid, self.type_names = type_of_gid, type_names
 
     def cacheable(self, order_gid: np.ndarray) -> np.ndarray:
-        return order_gid if self.row_bytes_gid is None else order_gid[self.row_bytes_gid[order_gid] > 0]
+        return order_gid if self.row_bytes_of_gid is None else order_gid[self.row_bytes_of_gid[order_gid] > 0]
 
-    def lookups(self, count_gid: np.ndarray) -> np.ndarray:
+    def lookups(self, count_of_gid: np.ndarray) -> np.ndarray:
         """Feature-row lookups per gid: the requests of cacheable gids."""
-        return count_gid if self.row_bytes_gid is None else np.where(self.row_bytes_gid > 0, count_gid, 0)
+        return count_of_gid if self.row_bytes_of_gid is None else np.where(self.row_bytes_of_gid > 0, count_of_gid, 0)
 
     def budget(self, params: Params, hot_order: np.ndarray, lo: int, hi: int) -> planning.Budget:
         num_nodes = hot_order.shape[0]
-        if self.row_bytes_gid is None:
+        if self.row_bytes_of_gid is None:
             return planning.budget_rows(budget_bytes=params.cache_budget_bytes, ratio=params.cache_ratio,
                                         row_bytes=self.row_bytes, part_rows=hi - lo, num_nodes=num_nodes)
-        own_bytes = int(self.row_bytes_gid[lo:hi].sum())
+        own_bytes = int(self.row_bytes_of_gid[lo:hi].sum())
         if params.cache_budget_bytes is not None:
             budget_bytes, base = params.cache_budget_bytes, f"{params.cache_budget_bytes:,} bytes per rank"
         else:
             budget_bytes = int(round(params.cache_ratio * own_bytes))
             base = f"{params.cache_ratio:g} × the partition's {own_bytes:,} feature bytes"
-        rows = int(np.searchsorted(np.cumsum(self.row_bytes_gid[hot_order]), budget_bytes, side="right"))
+        rows = int(np.searchsorted(np.cumsum(self.row_bytes_of_gid[hot_order]), budget_bytes, side="right"))
         return planning.Budget(rows, f"{base} = {rows:,} rows of the featured types")
 
-    def by_type(self, count_gid: np.ndarray) -> dict[str, int]:
+    def by_type(self, count_of_gid: np.ndarray) -> dict[str, int]:
         """Counts per gid summed per node type."""
         assert self.type_of_gid is not None
-        sums = np.bincount(self.type_of_gid, weights=count_gid, minlength=len(self.type_names))
+        sums = np.bincount(self.type_of_gid, weights=count_of_gid, minlength=len(self.type_names))
         return {name: int(v) for name, v in zip(self.type_names, sums)}
 
     def gids_by_type(self, gid: np.ndarray) -> dict[str, int]:
@@ -84,7 +84,7 @@ class RowCosts:
         return {name: int(v) for name, v in zip(self.type_names, counts)}
 
 
-def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_gid: np.ndarray,
+def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in_degree_of_gid: np.ndarray,
                     deg_order: np.ndarray, lo: int, hi: int, costs: RowCosts, params: Params, progress: bool,
                     seeds_of: SeedsOf | None = None, limit: int | None = None
                     ) -> tuple[CachePlan, dict[str, Any], dict[str, Any]]:
@@ -94,7 +94,7 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
 
     from stages.hotness.counting import count_requests
 
-    num_nodes = in_degree_gid.shape[0]
+    num_nodes = in_degree_of_gid.shape[0]
     # all epochs of partition p from one generator (epoch 0 of its stream); stream ids in stages.runtime.seeds
     fit_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_FIT))
     eval_gen = torch.Generator().manual_seed(stream_seed(params.seed, p, 0, STREAM_HOTNESS_EVAL))
@@ -105,7 +105,7 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
     held_out = costs.lookups(count_requests(sampler, train_gid, batch_size=params.batch_size, epochs=1,
                                             generator=eval_gen, desc=f"hotness: evaluate part {p}",
                                             progress=progress, seeds_of=seeds_of, limit=limit).numpy())
-    hot_order = costs.cacheable(planning.hotness_order(fit, in_degree_gid))
+    hot_order = costs.cacheable(planning.hotness_order(fit, in_degree_of_gid))
     budget = costs.budget(params, hot_order, lo, hi)
     plan_gid = hot_order[: budget.rows]
     requested = int(np.count_nonzero(fit))
@@ -123,7 +123,7 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
     if costs.type_of_gid is not None:   # typed: requests per node type (embedding rows too), and the plan's
         row["requests_by_type"] = costs.by_type(requests)
         row["plan_rows_by_type"] = costs.gids_by_type(plan_gid)
-        row["plan_bytes"] = int(costs.row_bytes_gid[plan_gid].sum()) if costs.row_bytes_gid is not None else 0
+        row["plan_bytes"] = int(costs.row_bytes_of_gid[plan_gid].sum()) if costs.row_bytes_of_gid is not None else 0
     curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
              "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}
     plan = CachePlan(p, plan_gid, hot_order[:requested], fit[hot_order[:requested]],
@@ -211,14 +211,14 @@ def plan_parts(job: PlanJob) -> dict[str, Any]:
         mapped = choose_mapped(layout, job.budget, base_anon)
         csr = LocalCSR.from_numpy(*assemble(partition, layout, scratch if mapped else None), start_gid=0,
                                   num_edge_types=schema.num_edge_types)
-        in_degree_gid = partition.in_degree()
+        in_degree_of_gid = partition.in_degree()
         costs = row_costs(partition, features)
-        deg_order = costs.cacheable(planning.degree_order(in_degree_gid))
+        deg_order = costs.cacheable(planning.degree_order(in_degree_of_gid))
         sampler = NeighborSampler(csr, fanouts)
         for p in job.parts:
             lo, hi = int(bounds[p]), int(bounds[p + 1])
             items, seeds_of, limit = train_items(params, partition, features, p)
-            plan, row, curve = plan_partition(p, sampler, items, in_degree_gid, deg_order, lo, hi, costs, params,
+            plan, row, curve = plan_partition(p, sampler, items, in_degree_of_gid, deg_order, lo, hi, costs, params,
                                               job.progress, seeds_of, limit)
             write_plan(job.out, plan)
             rows.append(row)

@@ -1,13 +1,15 @@
 """The infer stage's parameters, importable without torch (configs validate in milliseconds).
 
-Names are the stage's own (``chunk_edges``, ``job_timeout_s``, ...): a field name another stage declares too loses
-its short name (docs/design.md §2), and ``chunk_rows``, ``timeout_s``, ``threads_per_rank`` are the features' and
-train's short names. ``fanouts`` and ``seed`` are SHARED names that do not reach this stage: ``infer.fanouts``.
+A runtime setting the train stage has too has train's name (``timeout_s``, ``threads_per_rank``; the old
+``job_timeout_s`` and ``rank_threads`` still work, with a note: ``RENAMED``). A field name another stage declares
+too loses its short name (docs/design.md §2): the flat ``timeout_s`` and ``threads_per_rank`` are train's
+(``flows.config.ALIASES``), this stage's are ``infer.timeout_s``/``infer_timeout_s``. ``fanouts`` and ``seed`` are
+SHARED names that do not reach this stage: ``infer.fanouts``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -23,6 +25,9 @@ class Params(ExecutorParams):
     """``executor``: where the exports in orig-id order are written (``stages.infer.export_units``); the ranks
     are torchrun's."""
 
+    # train's names since [5/5]; configs, deployments and job specs written before still work
+    RENAMED: ClassVar[dict[str, str]] = {"job_timeout_s": "timeout_s", "rank_threads": "threads_per_rank"}
+
     fanouts: tuple[int, ...] | None = Field(
         None, description="null: exact inference over every in-neighbour; a list: sampled inference, one fanout "
                           "per model layer as in training (the output layer samples fanouts[0]; -1 = all)")
@@ -34,11 +39,11 @@ class Params(ExecutorParams):
                                                           "it bounds a chunk's temporaries and the rows per halo "
                                                           "piece (SAGE, GCN) or the gathered neighbour rows "
                                                           "(other models)")
-    job_timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
+    timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
     peer_timeout_s: float = runtime(300.0, gt=0, description="a rank silent this long inside an exchange fails "
                                                              "the job")
-    rank_threads: int | None = runtime(None, ge=1, description="torch threads per inference rank; null: this "
-                                                               "node's CPUs / its ranks")
+    threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per inference rank; null: "
+                                                                   "this node's CPUs / its ranks")
     # a rank's exact inference holds x and two layer matrices (own + halo rows): 10.8-11.8 GiB a rank at 14 M nodes
     # x 128 features on 2 ranks, which the OOM killer ended on a 24 GiB host (benchmarks/RESULTS.md "[2/5]
     # Growth"); past this budget x stays in Zarr and the matrices are memory-mapped (stages.infer.matrices)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +19,5 @@ class InferSpec(JobSpec):
     train_key: str
     params: dict[str, Any]    # stages.infer.params.Params, all fields (runtime ones included)
     out_url: str              # the artifact being written (StageWriter.url): each rank writes its part-<p>.zarr
-    result_dir: str           # local: rank 0 writes metrics.json, a failing rank error-<r>.json (storage.train)
+    result_dir: str           # local: rank 0 writes ranks.json, a failing rank error-<r>.json (storage.infer)
     scratch_dir: str          # local: layer matrices past the host memory budget, mapped (stages.infer.matrices)
-
-
-def ranks_path(result_dir: str | os.PathLike[str]) -> str:
-    """Where rank 0 leaves every rank's figures (a JSON list, one record per rank) for the stage."""
-    return os.path.join(result_dir, "ranks.json")

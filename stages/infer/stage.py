@@ -37,7 +37,7 @@ from stages.executor import parse_executor
 from stages.infer.export_units import export_on, labels_and_splits
 from stages.infer.link import is_link, link_metrics, link_report, link_summary
 from stages.infer.params import Params
-from stages.infer.spec import InferSpec, ranks_path
+from stages.infer.spec import InferSpec
 from stages.meter import measure
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
@@ -45,7 +45,16 @@ from stages.tracking.mlflow_runs import log_infer
 from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
-from storage.infer import METRICS, NODES, PREDICTIONS, write_metrics
+from storage.infer import (
+    METRICS,
+    NODES,
+    PREDICTIONS,
+    job_result_dir,
+    job_scratch_dir,
+    job_spec_path,
+    ranks_path,
+    write_metrics,
+)
 from storage.infer_export import export_link_embeddings, export_orig_order
 from storage.leftovers import infer_job_dir
 from storage.manifest import stage_key
@@ -95,7 +104,7 @@ def _as_inference_error(err: GnnpipeError, timeout_s: float) -> GnnpipeError:
         return err
     text = _CHECKPOINTS.sub("", str(err)).replace("training", "inference")
     if "timed out" in text:
-        text = f"{text}; raise infer.job_timeout_s (now {timeout_s:g} s) and rerun"
+        text = f"{text}; raise infer.timeout_s (now {timeout_s:g} s) and rerun"
     return InferenceError(text)
 
 
@@ -186,21 +195,21 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
     job = infer_job_dir(store, key)   # beside the artifacts: the next attempt removes what a killed one left
     shutil.rmtree(job, ignore_errors=True)
     try:
-        results = job / "result"
+        results = job_result_dir(job)
         results.mkdir(parents=True)
         spec = InferSpec(artifacts=store.root, key=key, partition_key=upstream["partition"].key,
                          features_key=upstream["features"].key, train_key=upstream["train"].key,
                          params=params.model_dump(mode="json"), out_url=writer.url, result_dir=str(results),
-                         scratch_dir=str(job / "scratch"))
-        spec_file = str(Path(job, "spec.json"))
+                         scratch_dir=str(job_scratch_dir(job)))
+        spec_file = str(job_spec_path(job))
         spec.save(spec_file)
-        env = {"OMP_NUM_THREADS": str(rank_threads(params.rank_threads, num_partitions)),
+        env = {"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, num_partitions)),
                "PYTHONPATH": rank_pythonpath()}
         try:
-            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.job_timeout_s,
+            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.timeout_s,
                    env=env, command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"))
         except GnnpipeError as err:
-            raise _as_inference_error(err, params.job_timeout_s) from None
+            raise _as_inference_error(err, params.timeout_s) from None
         ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
     finally:
         shutil.rmtree(job, ignore_errors=True)

@@ -30,7 +30,11 @@ from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore
 from stages.runtime.sums import FieldSums
 from stages.runtime.uva import UvaRows, UvaUnavailableError
-from storage.errors import InputError
+
+
+class HostGatherError(ValueError):
+    """``host_gather=uva`` cannot read this rank's rows in place: a setting the rank's caller turns into the user's
+    one-line error (``stages.train.rank_data``; storage/errors.py: the runtime raises ValueError)."""
 
 
 @dataclass
@@ -162,12 +166,12 @@ class DistFeatures:
 
     def _uva_rows(self, store: FeatureStore) -> UvaRows:
         if not isinstance(store, InMemoryFeatureStore):
-            raise InputError("host_gather=uva reads the feature rows in place, but this rank's rows stay in Zarr "
-                             "(over host_memory_budget_bytes): raise the budget or set host_gather=copy")
+            raise HostGatherError("host_gather=uva reads the feature rows in place, but this rank's rows stay in "
+                                  "Zarr (over host_memory_budget_bytes): raise the budget or set host_gather=copy")
         try:
             return UvaRows(store.x, self.device)
         except UvaUnavailableError as err:
-            raise InputError(f"host_gather=uva: {err}; set host_gather=copy") from None
+            raise HostGatherError(f"host_gather=uva: {err}; set host_gather=copy") from None
 
     def _host_rows(self, lid: Tensor) -> Tensor:
         """Own rows of ``lid`` from the host store, on the training device."""

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from storage.errors import InputError
 from storage.schema import KEY_SEPARATOR, GraphSchema
 
 Fanout = int | tuple[int, ...]
@@ -97,8 +96,6 @@ def match_edge_type(name: str, edge_types: Sequence[tuple[str, str, str]], what:
 
 def graph_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[int]],
                   schema: GraphSchema) -> list[Fanout]:
-    """``hop_fanouts`` for ``schema``'s edge types; a name or length that does not fit is the user's InputError."""
-    try:
-        return hop_fanouts(fanouts, edge_fanouts, [e.as_tuple() for e in schema.edge_types])
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    """``hop_fanouts`` for ``schema``'s edge types: a ValueError when a name or length does not fit, which the
+    stages check first (``stages.params.check_graph_fanouts``) and report as the user's error."""
+    return hop_fanouts(fanouts, edge_fanouts, [e.as_tuple() for e in schema.edge_types])

@@ -1,6 +1,6 @@
 """How stored feature rows map to the float32 rows the model computes on: one codec per node type's store.
 
-A feature store keeps its rows in a **storage dtype** and the model computes in float32 (DESIGN.md §7). The store,
+A feature store keeps its rows in a **storage dtype** and the model computes in float32 (docs/design.md §6). The store,
 the device cache and the exchange all hold and move rows in the storage dtype (float8 as its bits: ``carrier``);
 ``FeatureCodec.decode`` turns them into float32 on the device the rows already sit on, once, after the exchange
 (``DistFeatures.decode`` is the one place the loader, the typed rows and the infer stage call). Schemes (the

@@ -1,7 +1,8 @@
 """Link prediction behind the Task seam ([6/7], docs/design.md §7): is there an edge ``src -> dst`` of one type?
 
 A rank's items are its positive edges (those whose destination it owns, ``storage.partition``), numbered across
-the splits (train first, then valid, then test) so that a batch of items names its edges whatever the split. A
+the splits (train first, then valid, then test) so that a batch of items names its edges whatever the split: these
+numbers are link items (docs/design.md §4), columns of ``LinkPrediction.edge_gid``, neither egids nor elids. A
 batch of B positives becomes ONE sample, as a node batch is (``stages.runtime.link_batch``: the distinct ends of
 the positives and of their negatives are the seeds, one set of collectives), and the pairs become positions among
 the seeds. Negatives corrupt each positive's destination with uniform draws of the destination's node type anywhere in
@@ -92,6 +93,7 @@ class LinkPrediction:
                           f"rank, ties half; shared in a batch){', filtered' if membership is not None else ''}")
 
     def seeds(self, split: str) -> Tensor:
+        """The split's link items: its columns of ``edge_gid``."""
         a, b = self.item_range[split]
         return torch.arange(a, b, device=self.edge_gid.device)
 

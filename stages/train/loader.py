@@ -17,7 +17,7 @@ of the task's items, so that one ``train_epoch`` serves this rank and the benchm
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -35,10 +35,14 @@ class NodeLoader:
     """Batches of one rank's own nodes: seeds (shuffled by ``shuffle_gen``), sampled with ``sampler_gen``."""
 
     def __init__(self, data: RankData, fanouts: Sequence[Fanout], batch_size: int, *, shuffle_gen: torch.Generator,
-                 sampler_gen: torch.Generator, epoch_items: int | None = None) -> None:
-        """``epoch_items``: train on only so many of this rank's train items an epoch, a fresh shuffled sample of
-        them each epoch (None: all)."""
-        self.split_gid, self.batch_size, self.shuffle_gen = data.split_gid, batch_size, shuffle_gen
+                 sampler_gen: torch.Generator, epoch_items: int | None = None,
+                 items: Mapping[str, Tensor] | None = None) -> None:
+        """``items``: the task's items per split (``Task.seeds``; default: the rank's seed gids,
+        ``data.split_gid``); ``epoch_items``: train on only so many of this rank's train items an epoch, a fresh
+        shuffled sample of them each epoch (None: all)."""
+        # gids under task=node, link items (columns of the rank's positive-edge table) under task=link: docs §4
+        self.split_items = dict(data.split_gid if items is None else items)
+        self.batch_size, self.shuffle_gen = batch_size, shuffle_gen
         # the batches' collectives (sampling, the epoch's batch count) on the data's group: a prefetching
         # producer's own (``stages.train.prefetch``)
         self.group = data.group
@@ -56,7 +60,7 @@ class NodeLoader:
         self.features = data.features                        # rows in the store's dtype, on the device
         # this rank's real train batches; the padding batches after them count in no loss or accuracy
         self.epoch_items = epoch_items
-        num_train = self.split_gid["train"].numel()
+        num_train = self.split_items["train"].numel()
         epoch_train = num_train if epoch_items is None else min(num_train, epoch_items)
         self.num_real_train_batches = math.ceil(epoch_train / batch_size)
 
@@ -103,14 +107,14 @@ class NodeLoader:
         """One epoch of this rank's shuffled train items (``epoch_items`` of them), ``equal_batch_count`` batches
         (padding last); the count is agreed when iteration starts (a collective on ``group``: whichever thread
         iterates runs it)."""
-        return iter_equal_seed_batches(self.split_gid["train"], self.batch_size, generator=self.shuffle_gen,
+        return iter_equal_seed_batches(self.split_items["train"], self.batch_size, generator=self.shuffle_gen,
                                        group=self.group, limit=self.epoch_items)
 
     def eval_batches(self, split: str) -> list[Tensor]:
-        """The split's own nodes in order, then empty batches up to the largest rank's count."""
-        seed_gid, bs = self.split_gid[split], self.batch_size
-        total = equal_batch_count(seed_gid.numel(), bs)
-        return [seed_gid[b * bs:(b + 1) * bs] for b in range(total)]
+        """The split's own items in order, then empty batches up to the largest rank's count."""
+        items, bs = self.split_items[split], self.batch_size
+        total = equal_batch_count(items.numel(), bs)
+        return [items[b * bs:(b + 1) * bs] for b in range(total)]
 
 
 def with_degrees(batch: Data, degrees: DistFeatures) -> Data:

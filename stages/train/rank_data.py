@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.dist_features import DistFeatures
+from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
@@ -133,8 +133,11 @@ class RankData:
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
-        rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
-                         local_world=local_world, device=device, group=group)
+        try:
+            rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
+                             local_world=local_world, device=device, group=group)
+        except HostGatherError as err:   # the runtime's ValueError for a user's setting: one line (storage/errors.py)
+            raise InputError(str(err)) from None
         setup = {"rank": rank, **rows.setup, **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
         return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=rows.rows,
                    degrees=degree_path(csr, bounds, device, group), y_of_lid=torch.from_numpy(part.y).to(device),

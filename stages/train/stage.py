@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from stages.meter import measure
+from stages.params import check_graph_fanouts
 from stages.run_log import stage_log
-from stages.runtime.fanouts import graph_fanouts
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
 from stages.train.cluster import Cluster, rank_threads
@@ -70,7 +70,7 @@ class _Job:
         partition_artifact = PartitionArtifact(self.store, partition)
         self.num_partitions = partition_artifact.num_partitions
         # edge_fanouts that name no edge type of this graph fail here, before any launch
-        graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
+        check_graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
         if self.params.task == "link" and partition_artifact.link_edge_type is None:
             raise InputError(LINK_NEEDS_SPLIT)
         check_edge_weight(self.params.edge_weight, partition_artifact.num_edge_features)

@@ -32,7 +32,7 @@ class Task(Protocol):
 
     def seeds(self, split: str) -> Tensor:
         """This rank's items of ``split`` (``SPLITS``), 1-D on the training device: the loader shuffles and
-        batches them (node gids; positions of the rank's positive edges)."""
+        batches them (node gids; under task=link, link items: docs/design.md §4)."""
         ...
 
     def batch(self, item: Tensor, *, training: bool) -> tuple[Tensor, Any]:

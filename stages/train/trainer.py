@@ -12,7 +12,6 @@ weights equal, so the result is the same on every rank. Determinism (per-epoch r
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -95,14 +94,14 @@ class Trainer:
                              "with group=stages.train.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
         self.task = make_task(params, data, self.rng.sampler)
-        # the loader batches the task's seeds
-        seeds = dataclasses.replace(data, split_gid={split: self.task.seeds(split) for split in data.split_gid})
+        # the loader batches the task's items: seed gids, or link items under task=link (docs/design.md §4)
+        split_items = {split: self.task.seeds(split) for split in data.split_gid}
         fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, data.schema)
         epoch_items = None
         if params.task == "link" and params.edges_per_epoch is not None:
-            epoch_items = rank_share(params.edges_per_epoch, int(seeds.split_gid["train"].numel()))
-        self.loader = NodeLoader(seeds, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
-                                 sampler_gen=self.rng.sampler, epoch_items=epoch_items)
+            epoch_items = rank_share(params.edges_per_epoch, int(split_items["train"].numel()))
+        self.loader = NodeLoader(data, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
+                                 sampler_gen=self.rng.sampler, epoch_items=epoch_items, items=split_items)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
         self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
         link = params.task == "link"   # the model's outputs are then embeddings, hidden wide, for the decoder

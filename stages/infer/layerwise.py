@@ -75,6 +75,7 @@ from stages.runtime.typed_batch import set_types
 from stages.train.blocks import BatchGraph, Block
 from stages.train.loader import with_degrees
 from stages.train.model import is_block_model, needs_degrees, seed_logits
+from stages.train.model_contract import capabilities
 
 # rows per halo piece at most this many bytes: the exchange holds a few copies of a piece (the owner's answer, the
 # wire, the received rows), ~256 MiB a rank; at 14 M nodes a piece of chunk_edges = 2^22 rows x 64 columns was
@@ -159,7 +160,7 @@ class Inference:
         self.num_chunks = equal_chunk_count(len(self.chunks))
         self.layerwise = has_layer_steps(self.model)
         # from whole layer matrices (stages.infer.halo) when the model's steps take targets anywhere in them
-        self.from_matrices = self.layerwise and bool(getattr(self.model, "supports_offset_targets", False))
+        self.from_matrices = self.layerwise and capabilities(self.model).supports_offset_targets
 
     @property
     def path(self) -> str:

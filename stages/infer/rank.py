@@ -24,8 +24,8 @@ from stages.meter import measure
 from stages.runtime.feature_store import host_budget
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
+from stages.train.encoder import build_encoder, encoder_edge_dim
 from stages.train.model import needs_degrees
-from stages.train.plugins import edge_dim_for, make_model, resolve_model
 from stages.train.rank_data import degree_path
 from stages.train.spec import check_world_size
 from stages.train.typed_data import typed_in_channels
@@ -47,14 +47,11 @@ def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArt
     """The trained model (the published, best-validation weights) in eval mode, built as the trainer built it, and
     on a typed graph the learnt embedding tables of its featureless node types (``storage.train``). Of a link
     prediction model, the encoder: ``hidden`` outputs, the nodes' embeddings (the decoder is not needed)."""
-    params = train_params(train)
     link = is_link(train)
     in_channels: int | dict[str, int | None] = (
         features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
-    model = make_model(params.model, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
-                       out_channels=params.hidden if link else features.num_classes, num_layers=params.num_layers,
-                       dropout=params.dropout, heads=params.gat_heads, schema=partition.schema,
-                       edge_dim=model_edge_dim(partition, train))
+    model = build_encoder(train_params(train), in_channels=in_channels, num_classes=features.num_classes,
+                          schema=partition.schema, num_edge_features=partition.num_edge_features).module
     state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
                                                  map_location="cpu", weights_only=True))
     model.load_state_dict(submodule_state(state, ENCODER) if link else state)
@@ -63,9 +60,8 @@ def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArt
 
 def model_edge_dim(partition: PartitionArtifact, train: Manifest) -> int:
     """The edge feature width the trained model takes (0: none), decided as the trainer decided it."""
-    params = train_params(train)
-    return edge_dim_for(resolve_model(params.model, typed=not partition.schema.is_homogeneous),
-                        partition.num_edge_features, params.edge_features)
+    return encoder_edge_dim(train_params(train), typed=not partition.schema.is_homogeneous,
+                            num_edge_features=partition.num_edge_features)
 
 
 def hidden_layers_to_keep(num_layers: int, which: str) -> list[int]:

@@ -8,5 +8,7 @@
   ``stats`` (an epoch's metrics, all-reduced), ``checkpoint`` (atomic save, resume agreement), ``rng`` (per-epoch
   reseeded streams), ``faults`` (test-only fault injection).
 - ``spec``: what the launcher hands the ranks; ``cache_policy``: which gids each rank caches; ``model``, ``loop``:
-  the GNN and the epoch/evaluation loops; ``plot``: the report's figures.
+  the GNN and the epoch/evaluation loops; ``model_contract``: the flags a model declares (``BlockModel``) and their
+  one reader; ``encoder``: the node model built from the params, for the trainer and inference; ``plot``: the
+  report's figures.
 """

@@ -8,7 +8,8 @@ with the block protocol:
   batch's ``n_id`` and the batch's blocks (``stages.train.blocks.make_blocks``, one per layer, first layer first)
   and returns the rows of the last block's targets, the seeds. Layer l computes only the nodes the next layer
   needs (docs/design.md §5). A module with ``needs_degrees`` true gets ``batch.deg`` (true in-degree + 1 of every
-  ``n_id`` position, attached by the loader) through ``Block.deg``.
+  ``n_id`` position, attached by the loader) through ``Block.deg``. Every flag a model may declare is named, with
+  its meaning, by ``stages.train.model_contract.BlockModel`` and read by ``capabilities`` there.
 - any other ``nn.Module`` is called as a plain PyG model, ``model(x, edge_index)`` on the whole sampled batch, or
   ``model(x, edge_index, edge_attr=...)`` when the batch carries edge features (an edge-aware model,
   ``stages.train.plugins.edge_dim_for``).
@@ -29,6 +30,7 @@ from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.choices import MODELS
 from stages.train.blocks import Block, make_blocks, relu_dropout, spmm, spmm_with_root
+from stages.train.model_contract import capabilities, unwrapped
 from storage.schema import GraphSchema
 
 __all__ = ["MODELS", "BlockGAT", "BlockGCN", "BlockGraphSAGE", "build_model", "is_block_model", "needs_degrees",
@@ -43,6 +45,7 @@ class _BlockForward:
     num_layers: int
     training: bool
     needs_degrees = False
+    needs_node_types = False
     # whether block_step is right for targets anywhere among the sources (``Block.dst_start``), not only first:
     # not through a conv that adds self loops by position (GATConv joins source i to target i)
     supports_offset_targets = False
@@ -176,19 +179,14 @@ def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, 
     raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DistributedDataParallel wrapper (the trainer passes the wrapper: its forward syncs)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def is_block_model(model: torch.nn.Module) -> bool:
     """Whether ``model`` (or the module DDP wraps) follows the block protocol."""
-    return bool(getattr(_unwrapped(model), "supports_blocks", False))
+    return capabilities(model).supports_blocks
 
 
 def needs_degrees(model: torch.nn.Module) -> bool:
     """Whether ``model``'s batches must carry ``batch.deg`` (the loader attaches it then)."""
-    return is_block_model(model) and bool(getattr(_unwrapped(model), "needs_degrees", False))
+    return capabilities(model).attach_degrees
 
 
 def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data, *,
@@ -203,10 +201,11 @@ def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Da
     if isinstance(x, dict):   # a typed batch: rows per node type (stages.train.typed_model.HeteroModel)
         return _typed_seed_logits(model, x, batch, precision)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-        if is_block_model(model):
-            block_model: Any = _unwrapped(model)   # a block model's num_layers is an int (nn.Module says Tensor)
+        caps = capabilities(model)
+        if caps.supports_blocks:
+            block_model: Any = unwrapped(model)   # a block model's num_layers is an int (nn.Module says Tensor)
             out = model(x, blocks=make_blocks(batch, block_model.num_layers))[:batch.batch_size]
-        elif getattr(_unwrapped(model), "needs_node_types", False):   # a typed body (inference's whole-model path)
+        elif caps.needs_node_types:   # a typed body (inference's whole-model path)
             out = model(x, batch.edge_index, getattr(batch, "edge_type", None),
                         node_type=batch.node_type)[:batch.batch_size]
         elif getattr(batch, "edge_attr", None) is not None:   # an edge-aware model (plugins.edge_dim_for)
@@ -220,7 +219,7 @@ def _typed_seed_logits(model: torch.nn.Module, x_dict: dict[str, Tensor], batch:
     device = batch.node_type.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
         if is_block_model(model):
-            block_model: Any = _unwrapped(model)
+            block_model: Any = unwrapped(model)
             out = model(x_dict, node_type=batch.node_type,
                         blocks=make_blocks(batch, block_model.num_layers))[:batch.batch_size]
         else:

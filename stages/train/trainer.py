@@ -27,13 +27,14 @@ from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.seeds import STREAM_LINK_EVAL_EDGES, stream_seed
 from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
+from stages.train.encoder import build_encoder
 from stages.train.guard import loss_check
 from stages.train.link_task import LinkModel, LinkPrediction
 from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
 from stages.train.params import LINK_NEEDS_SPLIT, Params
-from stages.train.plugins import edge_dim_for, make_decoder, make_loss, make_model, resolve_model
+from stages.train.plugins import make_decoder, make_loss
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
@@ -103,17 +104,12 @@ class Trainer:
         self.loader = NodeLoader(data, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler, epoch_items=epoch_items, items=split_items)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
-        self.model_kind = resolve_model(params.model, typed=data.in_channels is not None)   # ``auto`` resolved
-        link = params.task == "link"   # the model's outputs are then embeddings, hidden wide, for the decoder
-        self.out_channels = params.hidden if link else data.num_classes
-        # the edge features' width the model takes (0: none, and batches carry no edges)
-        self.edge_dim = edge_dim_for(self.model_kind, 0 if data.edges is None else data.edges.num_features,
-                                     params.edge_features)
-        self.encoder = make_model(self.model_kind, params.model_kwargs,
-                                  in_channels=data.in_channels if data.in_channels is not None else data.num_features,
-                                  hidden=params.hidden, out_channels=self.out_channels,
-                                  num_layers=params.num_layers, dropout=params.dropout, heads=params.gat_heads,
-                                  schema=data.schema, edge_dim=self.edge_dim)
+        in_channels = data.in_channels if data.in_channels is not None else data.num_features
+        built = build_encoder(params, in_channels=in_channels, num_classes=data.num_classes, schema=data.schema,
+                              num_edge_features=0 if data.edges is None else data.edges.num_features)
+        self.model_kind, self.out_channels, self.edge_dim = built.kind, built.out_channels, built.edge_dim
+        self.encoder = built.module
+        link = params.task == "link"   # the encoder's outputs are then embeddings, hidden wide, for the decoder
         self.model = (LinkModel(self.encoder, make_decoder(params.decoder, params.hidden, params.dropout),
                                 params.precision) if link else self.encoder).to(data.device)
         # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)

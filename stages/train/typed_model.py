@@ -24,6 +24,7 @@ from torch_geometric.nn import GATConv, RGCNConv
 
 from stages.runtime.typed_batch import TypeSplit
 from stages.train.blocks import Block, relu_dropout, spmm
+from stages.train.model_contract import capabilities
 
 __all__ = ["BlockMLP", "BlockRGAT", "BlockRGCN", "HeteroBody", "HeteroModel", "TypedInput"]
 
@@ -34,6 +35,7 @@ class _Layered(torch.nn.Module):
     supports_blocks = True
     needs_degrees = False
     supports_offset_targets = True   # a block's targets are its ``dst_rows`` (layer-wise inference: anywhere)
+    needs_node_types = False
 
     def __init__(self, num_layers: int, dropout: float, widths: list[int]) -> None:
         super().__init__()
@@ -199,6 +201,8 @@ class HeteroBody(torch.nn.Module):
 
     needs_node_types = True
     supports_blocks = False
+    needs_degrees = False
+    supports_offset_targets = False
 
     def __init__(self, module: torch.nn.Module, node_types: Sequence[str],
                  edge_types: Sequence[tuple[str, str, str]]) -> None:
@@ -226,7 +230,11 @@ class HeteroBody(torch.nn.Module):
 
 
 class HeteroModel(torch.nn.Module):
-    """``TypedInput`` then ``body`` (a block model or a plain PyG one taking ``(x, edge_index)``)."""
+    """``TypedInput`` then ``body`` (a block model or a plain PyG one taking ``(x, edge_index)``). Blocks and degrees
+    as the body declares them."""
+
+    supports_offset_targets = False   # never run layer by layer itself: inference runs its body (infer.model_input)
+    needs_node_types = False          # called on ``x_dict`` by keyword (``seed_logits``' typed path), not this way
 
     def __init__(self, encoder: TypedInput, body: torch.nn.Module) -> None:
         super().__init__()
@@ -234,11 +242,11 @@ class HeteroModel(torch.nn.Module):
 
     @property
     def supports_blocks(self) -> bool:
-        return bool(getattr(self.body, "supports_blocks", False))
+        return capabilities(self.body).supports_blocks
 
     @property
     def needs_degrees(self) -> bool:
-        return bool(getattr(self.body, "needs_degrees", False))
+        return capabilities(self.body).needs_degrees
 
     @property
     def num_layers(self) -> int:
@@ -255,7 +263,7 @@ class HeteroModel(torch.nn.Module):
         h = self.encoder(x_dict, node_type)
         if blocks is not None:
             return self.body(h, blocks=blocks)
-        if getattr(self.body, "needs_node_types", False):
+        if capabilities(self.body).needs_node_types:
             return self.body(h, edge_index, edge_type, node_type=node_type)
         if self.relational:
             return self.body(h, edge_index, edge_type)

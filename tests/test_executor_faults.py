@@ -2,7 +2,8 @@
 
 - A worker SIGKILLed while it runs a features unit: Dask reschedules the unit, which rewrites its parts' stores
   over what the dead attempt left, and the build is byte-identical to the local one. With no failure allowed
-  (``allowed_failures`` 0) the stage fails in one line instead, leaves nothing, and a rerun finishes it.
+  (``allowed_failures`` 0) the stage fails in one line instead, leaves nothing, and a rerun finishes it. The same
+  kill under ``gnnpipe run`` (the units task runs of a flow run on a Prefect server): the run exits 0, same bytes.
 - Ctrl-C during the units: ``gnnpipe run`` exits within seconds; the run's own cluster is gone (no worker process
   left) and nothing is half-written; on an external cluster the scheduler holds none of the run's tasks.
 - ``.reach-*`` token files a killed check left: ``gnnpipe clean`` removes them, ``status`` shows nothing of them.
@@ -164,6 +165,29 @@ def test_a_unit_that_kills_every_worker_fails_in_one_line(tmp_path: Path, own_cl
     assert got.key == reference["features"].key and got.digests == reference["features"].digests
     assert artifact_files(store, got) == artifact_files(ArtifactStore(str(tmp_path / "ref" / "art")),
                                                         reference["features"])
+
+
+@pytest.mark.slow
+def test_a_worker_killed_inside_a_flow_run_changes_no_byte(tmp_path: Path, own_cluster: Any,
+                                                            prefect_server: str) -> None:
+    """The same kill under ``gnnpipe run --set executor=tcp://...`` against a Prefect server: the units are task
+    runs of the flow run on the cluster's workers; the dead worker's unit is rescheduled, the run exits 0 and its
+    features build is byte-identical to a local one."""
+    from distributed import Client
+
+    _, reference = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "ref" / "art"), "until": "features"})
+    want = reference["features"]
+    with Client(own_cluster) as client:
+        client.wait_for_workers(2, timeout=WAIT_S)
+        killer = _kill_when_held(tmp_path, client)
+        run, root = held_run(tmp_path, own_cluster.scheduler_address, prefect_server)
+        killer.join(timeout=WAIT_S)
+        assert run.proc.wait(timeout=WAIT_S) == 0, "".join(run.lines)[-3000:]
+        assert killer.killed not in client.run(os.getpid).values()   # type: ignore[attr-defined]
+    store = ArtifactStore(str(root))
+    got = store.find("features", want.key)
+    assert got is not None and got.digests == want.digests
+    assert artifact_files(store, got) == artifact_files(ArtifactStore(str(tmp_path / "ref" / "art")), want)
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------------------------

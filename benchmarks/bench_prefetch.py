@@ -40,6 +40,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from stages.runtime.collectives import all_reduce_f64
     from stages.train.loop import preparer, train_epoch
     from stages.train.params import Params
     from stages.train.prefetch import batch_stream, producer_group
@@ -61,9 +62,7 @@ def rank_main(args: argparse.Namespace) -> None:
     count = args.warmup + args.max_batches
 
     def max_wall(seconds: float) -> float:   # a round lasts as long as its slowest rank
-        wall = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
-        return float(wall.item())
+        return all_reduce_f64([seconds], dist.ReduceOp.MAX)[0]
 
     def train_round(depth: int) -> float:
         trainer.rng.seed_epoch(0)   # every round trains on the same batches

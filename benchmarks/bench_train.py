@@ -62,6 +62,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from stages.runtime.collectives import all_reduce
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.dist_sampler import equal_batch_count
     from stages.train.cache_policy import cache_gids
@@ -103,9 +104,8 @@ def rank_main(args: argparse.Namespace) -> None:
         c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
         sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"],
                              c.local_bytes], dtype=torch.float64)
-        dist.all_reduce(sums)
-        wall = torch.tensor([timing["wall_s"]], dtype=torch.float64)
-        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        sums = all_reduce(sums)
+        wall = all_reduce(torch.tensor([timing["wall_s"]], dtype=torch.float64), dist.ReduceOp.MAX)
         counted = args.warmup + args.max_batches
         req, hits, remote, remote_bytes, edges, local_bytes = sums.tolist()
         s_per_batch = wall.item() / timing["batches"]

@@ -55,14 +55,28 @@ def all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group
     return recv.to(device=send.device, dtype=send.dtype if wire_dtype is None else torch.long)
 
 
+def all_reduce(t: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None) -> Tensor:
+    """``t`` reduced over the group's ranks, on ``t``'s device. The collective itself runs on the group's device
+    (``comm_device``): nccl refuses CPU tensors ("No backend type associated with device type cpu"), which is how
+    two benchmarks crashed on the first GPU run, and gloo takes either. Every reduction goes through here."""
+    on = t.to(comm_device(group))
+    dist.all_reduce(on, op=op, group=group)
+    return on.to(t.device)
+
+
+def all_reduce_f64(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                   group: dist.ProcessGroup | None = None) -> list[float]:
+    """``values`` reduced over the group's ranks in one collective (float64: counts stay exact below 2^53)."""
+    return all_reduce(torch.tensor(values, dtype=torch.float64), op, group).tolist()
+
+
 def max_over_ranks(value: int, group: dist.ProcessGroup | None = None) -> int:
     """The largest ``value`` over the group's ranks (``value`` itself without a process group). Collective: loops of
     collectives run that many steps on every rank, the ranks with fewer steps joining with empty ones."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return value
-    total = torch.tensor([value], dtype=torch.long, device=comm_device(group))
-    dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
-    return int(total.item())
+    return int(all_reduce(torch.tensor([value], dtype=torch.long), dist.ReduceOp.MAX, group).item())
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import comm_device
+from stages.runtime.collectives import all_reduce, comm_device
 from stages.train.loop import CheckLoss
 from storage.errors import GnnpipeError
 
@@ -44,9 +43,9 @@ def loss_check(rank: int, world: int, epoch: int) -> CheckLoss:
     device = comm_device()
 
     def check(batch: int, loss: Tensor) -> None:
-        flags = torch.zeros(world, dtype=torch.float32, device=device)
+        flags = torch.zeros(world, dtype=torch.float32, device=device)   # already where the collective runs
         flags[rank] = _kind(float(loss.detach()))
-        dist.all_reduce(flags)
+        flags = all_reduce(flags)
         bad = [(r, _KINDS[f]) for r, f in enumerate(flags.tolist()) if f]
         if not bad:
             return

@@ -22,9 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from stages.runtime.collectives import comm_device
+from stages.runtime.collectives import all_reduce_f64, comm_device
 from stages.runtime.sums import FieldSums
-from stages.train.stats import all_reduce_f64
 
 
 def ogb_rank(pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> Tensor:

@@ -7,10 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from stages.runtime.collectives import comm_device
+from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.train.loop import EpochSums
 from storage.report import percent
@@ -19,13 +18,6 @@ from storage.report import percent
 def or_none(value: float) -> float | None:
     """``value``, or None for NaN: a metric over an empty split (``Task.metric``), written as JSON null."""
     return None if math.isnan(value) else value
-
-
-def all_reduce_f64(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
-    """``values`` reduced over all ranks in one collective (float64: counts stay exact below 2^53)."""
-    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
-    dist.all_reduce(t, op=op)
-    return t.tolist()
 
 
 @dataclass(frozen=True)

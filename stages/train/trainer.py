@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.dist_sampler import proportional_share
 from stages.runtime.fanouts import graph_fanouts
@@ -39,7 +40,7 @@ from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
-from stages.train.stats import EpochStats, all_reduce_f64, or_none
+from stages.train.stats import EpochStats, or_none
 from stages.train.tasks import NodeClassification, Task
 from storage.errors import InputError
 from storage.graph import SPLITS

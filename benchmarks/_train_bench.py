@@ -36,7 +36,7 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
               worker_argv: list[str]) -> dict[str, Any]:
     """``script --rank-worker --spec SPEC *worker_argv`` on ``ranks`` torchrun ranks of train ``params``; returns
     the ``bench.json`` its rank 0 wrote."""
-    from stages.train.launcher import launch
+    from stages.jobs.launcher import launch
     from stages.train.spec import TrainSpec
 
     with tempfile.TemporaryDirectory() as tmp:

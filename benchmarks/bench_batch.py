@@ -13,7 +13,7 @@ values do not change the work). The model: built-in SAGE 3x256 (``build_model("s
 - ``block_bf16``: the same with ``precision="bfloat16"`` (``train.precision``: autocast of the products).
 
 All run with big tensors on transparent huge pages, as the train stage starts its ranks
-(``stages/train/host_memory.py``); ``--no-huge-pages`` measures without.
+(``stages/jobs/host_memory.py``); ``--no-huge-pages`` measures without.
 
 Dense GFLOP of the batch (the FLOP bound's numerator), SAGE layer l with ``n_l`` targets, ``c_in -> c_out``: two
 GEMMs (``lin_l`` on the mean, ``lin_r`` on the root) of ``2 n_l c_in c_out`` FLOP each; the backward repeats them
@@ -48,7 +48,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from _graph_args import add_graph_args  # noqa: E402 - after benchmarks/ is on sys.path
 from bench_sampler import load_graph  # noqa: E402
 
-from stages.train.host_memory import THP_ENV, huge_page_env  # noqa: E402 - torch-free
+from stages.jobs.host_memory import THP_ENV, huge_page_env  # noqa: E402 - torch-free
 
 PATHS = ("whole", "block", "block_bf16")
 
@@ -158,7 +158,7 @@ def main() -> None:
                                                             "synthetic graph through each path (~10 min)")
     ap.add_argument("--no-huge-pages", action="store_true", help="4 KiB pages for the big tensors (before [2/7])")
     args = ap.parse_args()
-    # before the first CPU tensor, which is when torch reads the switch (stages/train/host_memory.py)
+    # before the first CPU tensor, which is when torch reads the switch (stages/jobs/host_memory.py)
     os.environ.update({THP_ENV: "0"} if args.no_huge_pages else huge_page_env())
     if args.accuracy:
         accuracy_check(args)

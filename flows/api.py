@@ -6,7 +6,7 @@ server-up``) started, found by its PID and URL files in ``$PREFECT_HOME/run``; e
 Why not Prefect's own temporary server: it runs in gnnpipe's process group, so Ctrl-C, ``timeout``, ``docker stop``
 or Slurm, which signal the whole group, kill it first, and Prefect's shutdown then retries the dead API for 90-120 s.
 Ours runs in its own session (the group signal does not reach it), on a free port, under a lifeline supervisor (a
-SIGKILLed gnnpipe does not leave it behind, whichever thread started it: stages/train/lifeline.py), and is stopped
+SIGKILLed gnnpipe does not leave it behind, whichever thread started it: stages/jobs/lifeline.py), and is stopped
 (SIGTERM to its group, then SIGKILL) when the run ends, however it ends. Its start is overlapped with importing
 Prefect in this process (seconds each on a 2-core box: the numbers are in benchmarks/RESULTS.md).
 """
@@ -76,7 +76,7 @@ class TemporaryServer:
         self._out: IO[bytes] | None = None
 
     def start(self) -> None:
-        from stages.train.lifeline import supervised  # SIGTERM to the server if gnnpipe dies
+        from stages.jobs.lifeline import supervised  # SIGTERM to the server if gnnpipe dies
 
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(self.log, "ab")  # closed in stop()

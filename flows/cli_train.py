@@ -16,8 +16,8 @@ import typer
 
 from flows.config import PipelineConfig, stage_keys
 from flows.load import load_config
+from stages.jobs.cluster import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_PORT, DEFAULT_RDZV_ID, Cluster, from_slurm
 from stages.train import stage as train_stage
-from stages.train.cluster import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_PORT, DEFAULT_RDZV_ID, Cluster, from_slurm
 from storage import ArtifactStore, InputError, Manifest
 
 

@@ -4,7 +4,7 @@
 ``report(manifest) -> Report`` turns its summary into something a person reads. ``Params`` (a
 ``stages.params.StageParams``) is the one place each of its parameters is declared.
 
-Not stages: ``runtime/`` (samplers and the feature path, shared by hotness and train), ``params``, ``choices``
-(the enumerations users pick from), ``protocol`` and ``meter`` (wall time and peak memory of a stage). See
-docs/design.md §1.
+Not stages: ``runtime/`` (samplers and the feature path, shared by hotness and train), ``jobs/`` (the launcher
+of train's and infer's ranks), ``params``, ``choices`` (the enumerations users pick from), ``protocol`` and
+``meter`` (wall time and peak memory of a stage). See docs/design.md §1.
 """

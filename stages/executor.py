@@ -60,7 +60,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from stages.train.cluster import usable_cpus
+from stages.jobs.cluster import usable_cpus
 from storage.errors import InputError
 from storage.reach import reach_token, read_token
 from storage.store import ArtifactStore

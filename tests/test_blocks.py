@@ -352,7 +352,7 @@ def test_the_ranks_environment_puts_big_tensors_on_huge_pages(monkeypatch):
     import subprocess
     import sys
 
-    from stages.train.host_memory import THP_ENV, huge_page_env, huge_pages_granted
+    from stages.jobs.host_memory import THP_ENV, huge_page_env, huge_pages_granted
     from tests.conftest import REPO
 
     monkeypatch.delenv(THP_ENV, raising=False)

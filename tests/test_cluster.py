@@ -8,7 +8,7 @@ import socket
 import psutil
 import pytest
 
-from stages.train.cluster import (
+from stages.jobs.cluster import (
     Cluster,
     bound_here,
     expand_hostlist,

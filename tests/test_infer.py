@@ -16,10 +16,10 @@ from stages.infer import stage as infer
 from stages.infer.chunks import chunk_edges_of, plan_chunks
 from stages.infer.layerwise import Inference
 from stages.infer.params import Params
+from stages.jobs.launcher import TrainingError
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
-from stages.train.launcher import TrainingError
 from stages.train.model import build_model, needs_degrees
 from stages.train.rank_data import degree_path
 from storage import ArtifactStore, InputError, Manifest

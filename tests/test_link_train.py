@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from stages.download import stage as download
+from stages.jobs.launcher import TrainingError
 from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
-from stages.train.launcher import TrainingError
 from stages.train.link_decoders import link_loss
 from stages.train.link_task import LinkPrediction
 from storage import ArtifactStore, InputError, Manifest

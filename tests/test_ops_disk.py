@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from stages.download import stage as download
-from stages.train.launcher import launch
+from stages.jobs.launcher import launch
 from stages.train.worker import refused_write
 from storage import ArtifactStore, GnnpipeError, InputError
 from storage.write_errors import StoreWriteError, write_failure

@@ -29,9 +29,9 @@ import torch
 
 from stages.download import stage as download
 from stages.download.files_source import load_files
+from stages.jobs.launcher import TrainingError, failure_message, launch
 from stages.train import stage as train
 from stages.train import trainer as trainer_module
-from stages.train.launcher import TrainingError, failure_message, launch
 from stages.train.recipe import BestModel
 from stages.train.stats import EpochStats
 from stages.train.tasks import NodeClassification

@@ -121,10 +121,12 @@ def test_the_interrupted_stage_is_named_from_the_traceback():
     assert interrupted_stage(_raise_in("stages.partition.compute", Interrupted(signal.SIGINT))) == "partition"
     assert interrupted_stage(_raise_in("flows.pipeline", Interrupted(signal.SIGINT))) is None
     assert interrupted_stage(_raise_in("stages.protocol", Interrupted(signal.SIGINT))) is None   # not a stage
-    # SIGTERM during a flow run: Prefect's own handler raised first, ours while Prefect handled that
+    # SIGTERM during a flow run: Prefect's own handler raised first, ours while Prefect handled that (in the train
+    # stage's frame, which calls the launcher: stages.jobs is no stage)
+    assert interrupted_stage(_raise_in("stages.jobs.launcher", Interrupted(signal.SIGTERM))) is None
     try:
         try:
-            raise _raise_in("stages.train.launcher", RuntimeError("Prefect's TerminationSignal"))
+            raise _raise_in("stages.train.stage", RuntimeError("Prefect's TerminationSignal"))
         except RuntimeError:
             raise Interrupted(signal.SIGTERM) from None
     except Interrupted as exc:

@@ -324,7 +324,7 @@ def test_a_server_that_does_not_answer_costs_a_warning_not_the_artifact(built: B
 
 # ---- a set URI without mlflow ------------------------------------------------------------------------------------
 def test_a_set_uri_without_mlflow_fails_before_any_rank_starts(built: Built, monkeypatch: pytest.MonkeyPatch):
-    import stages.train.launcher as launcher
+    import stages.jobs.launcher as launcher
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     monkeypatch.setitem(sys.modules, "mlflow", None)   # import mlflow raises ImportError

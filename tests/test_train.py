@@ -21,9 +21,9 @@ import torch
 
 from stages.features import stage as features
 from stages.hotness import stage as hotness
+from stages.jobs.launcher import TrainingError, launch
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
-from stages.train.launcher import TrainingError, launch
 from stages.train.model import build_model
 from stages.train.spec import TrainSpec
 from storage import ArtifactStore, InputError, Manifest

@@ -16,8 +16,8 @@ from typing import IO
 import psutil
 import pytest
 
-from stages.train.launcher import REPO, RankFailure, TrainingError, failure_message, launch, torchrun_command
-from stages.train.lifeline import SCRIPT, supervised
+from stages.jobs.launcher import REPO, RankFailure, TrainingError, failure_message, launch, torchrun_command
+from stages.jobs.lifeline import SCRIPT, supervised
 from storage.errors import InputError
 
 # A job whose child ignores SIGTERM (only SIGKILL ends it): prints both pids, then hangs like a stuck rank.
@@ -178,7 +178,7 @@ time.sleep(600)
 
 FLOW_PROCESS = r"""
 import sys
-from stages.train.launcher import launch
+from stages.jobs.launcher import launch
 launch("unused", 1, result_dir=sys.argv[1], log=lambda line: print(line, flush=True), timeout_s=600,
        command=[sys.executable, "-c", sys.argv[2]])
 """
@@ -222,7 +222,7 @@ def test_job_stops_when_the_launching_process_is_killed(tmp_path: Path):
 # may): the job's output is echoed, and its pipe kept open, so that only the thread's exit changes.
 THREAD_LAUNCHER = r"""
 import subprocess, sys, threading, time
-from stages.train.lifeline import supervised
+from stages.jobs.lifeline import supervised
 jobs = []
 def start():
     cmd, fds = supervised([sys.executable, "-c", sys.argv[1]], 5)

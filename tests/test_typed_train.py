@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stages.jobs.launcher import TrainingError
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
-from stages.train.launcher import TrainingError
 from storage import ArtifactStore, Manifest
 from storage.manifest import stage_key
 from storage.train import METRICS, MODEL, checkpoint_dir, list_checkpoints, list_shards

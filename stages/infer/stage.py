@@ -4,7 +4,7 @@ Contract: partition + features + train manifests + params → artifact ``infer/<
 partition, ``nodes.zarr`` and ``predictions.parquet`` in orig-id order, and ``metrics.json`` (format in
 ``storage.infer``).
 
-One torchrun rank per partition, launched as the train stage launches its ranks (``stages.train.launcher``: own
+One torchrun rank per partition, launched as the train stage launches its ranks (``stages.jobs.launcher``: own
 session, streamed logs, group teardown), on the CPU with gloo. Each rank computes every layer of the model for all
 of its nodes in bounded chunks, fetching its remote in-neighbours' rows of the previous layer from their owners
 with the feature exchange (``stages.infer.layerwise``: the algorithm and its memory bound), and writes its rows
@@ -186,8 +186,8 @@ def _link_scalars(link_metrics: dict[str, Any]) -> dict[str, float]:
 def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], writer: StageWriter,
             log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run the ranks to the end (they write their parts into ``writer``'s directory); every rank's figures."""
-    from stages.train.cluster import rank_threads
-    from stages.train.launcher import launch, torchrun_command
+    from stages.jobs.cluster import rank_threads
+    from stages.jobs.launcher import launch, torchrun_command
     from stages.train.plugins import rank_pythonpath
 
     num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions

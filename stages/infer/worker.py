@@ -21,8 +21,8 @@ import torch.distributed as dist
 from stages.infer.params import Params
 from stages.infer.rank import infer_rank
 from stages.infer.spec import InferSpec
+from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import rank_env, run_rank
-from stages.train.cluster import rank_threads
 from storage import GnnpipeError
 from storage.infer import ranks_path
 from storage.train import atomic_write_bytes

@@ -1,7 +1,7 @@
 """What every rank process started by torchrun does around its work (the train and infer workers share it).
 
 Its stdout/stderr lines carry a ``[rank r]`` prefix; a failing rank writes ``error-<r>.json`` into the job's result
-directory so that the launcher (``stages.train.launcher``) can name it and repeat a user error's message; a user
+directory so that the launcher (``stages.jobs.launcher``) can name it and repeat a user error's message; a user
 error, or a write the file system refused (a full disk: ``refused``), is one ``error:`` line and exit code 2, any
 other exception its traceback and exit code 1. The caller ends the process with ``os._exit(code)``: tearing down
 torch.distributed state at interpreter exit was seen to deadlock (``stages.train.worker``).

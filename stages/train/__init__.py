@@ -1,8 +1,8 @@
 """Train stage: DDP training of a GNN, one rank per partition, launched with torchrun (docs/design.md).
 
-- ``stage``: the stage module (``Params``, ``run``, ``report``); ``launcher``: torchrun in its own session with
-  streamed logs and process-group teardown; ``worker``: one rank's entry point (``python -m stages.train.worker
-  --spec``): process group, device, threads, error record.
+- ``stage``: the stage module (``Params``, ``run``, ``report``), which starts the ranks with ``stages.jobs.launcher``;
+  ``worker``: one rank's entry point (``python -m stages.train.worker --spec``): process group, device, threads,
+  error record.
 - A rank's rooms: ``rank_data`` (its partition, features and cache, read from the artifacts), ``loader`` (seeds →
   sampled batch → feature rows → labels, in lockstep), ``trainer`` (model, DDP, optimiser, the epoch loop),
   ``stats`` (an epoch's metrics, all-reduced), ``checkpoint`` (atomic save, resume agreement), ``rng`` (per-epoch

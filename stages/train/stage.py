@@ -2,7 +2,7 @@
 
 Contract: partition + features + hotness manifests + params → artifact ``train/<key>/`` with ``model.pt`` (the
 best-validation epoch's weights), ``metrics.json``, ``curves.png`` and ``hit_rate.png`` (format in
-``storage.train``). The job runs in a torchrun subprocess (``stages.train.launcher``); checkpoints live in
+``storage.train``). The job runs in a torchrun subprocess (``stages.jobs.launcher``); checkpoints live in
 ``<artifacts>/.checkpoints/train-<key>/`` so that a killed or timed-out attempt resumes on the next one, and are
 removed once the artifact is published.
 
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stages.jobs.cluster import Cluster, rank_threads
+from stages.jobs.host_memory import huge_page_env
 from stages.meter import measure
 from stages.params import check_graph_fanouts
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
-from stages.train.cluster import Cluster, rank_threads
-from stages.train.host_memory import huge_page_env
 from stages.train.params import LINK_NEEDS_SPLIT, Params
 from stages.train.plugin_code import plugin_files
 from stages.train.plugins import rank_pythonpath
@@ -81,7 +81,7 @@ class _Job:
 
     def launch(self) -> Path:
         """Run the ranks to the end; returns the directory where local rank 0 left model.pt and metrics.json."""
-        from stages.train.launcher import launch
+        from stages.jobs.launcher import launch
 
         results = result_dir(self.ckpt_dir)
         shutil.rmtree(results, ignore_errors=True)   # only this attempt's results are read back
@@ -97,7 +97,7 @@ class _Job:
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their
-        # big tensors go on huge pages, which must be asked for before they start (stages.train.host_memory)
+        # big tensors go on huge pages, which must be asked for before they start (stages.jobs.host_memory)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath(), **huge_page_env()}
         try:
             launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import rank_env, run_rank
-from stages.train.cluster import rank_threads
 from stages.train.faults import fault_hook
 from stages.train.guard import PeerStoppedError
 from stages.train.params import Params

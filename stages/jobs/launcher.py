@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from stages.train.cluster import Cluster
-from stages.train.lifeline import supervised
+from stages.jobs.cluster import Cluster
+from stages.jobs.lifeline import supervised
 from storage.errors import GnnpipeError, InputError
 from storage.train import error_paths, remove_partial_writes
 

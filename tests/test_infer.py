@@ -4,6 +4,7 @@ computation's pieces in one process (no torchrun)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from stages.infer import stage as infer
 from stages.infer.chunks import chunk_edges_of, plan_chunks
 from stages.infer.layerwise import Inference
 from stages.infer.params import Params
-from stages.jobs.launcher import TrainingError
+from stages.jobs.launcher import RankFailure, failure_message, launch
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
@@ -382,14 +383,28 @@ def test_inputs_are_checked_before_any_rank_starts():
 
 
 def test_launcher_failures_are_said_as_inference():
-    err = infer._as_inference_error(TrainingError("training timed out after 5 s and was stopped (checkpoints kept: "
-                                                  "rerun, or raise timeout_s, to resume)"), 5.0)
-    assert str(err) == "inference timed out after 5 s and was stopped; raise infer.timeout_s (now 5 s) and rerun"
-    err = infer._as_inference_error(TrainingError("training failed: rank 1 was killed by SIGKILL; the job was "
-                                                  "stopped (checkpoints kept: rerun to resume)"), 5.0)
-    assert str(err) == "inference failed: rank 1 was killed by SIGKILL; the job was stopped"
-    user = InputError("rank 0: something the user can fix")
-    assert infer._as_inference_error(user, 5.0) is user
+    def said(failed: list[RankFailure]) -> str:
+        err = failure_message(failed, {}, 1, job=infer.INFERENCE)
+        assert isinstance(err, infer.InferenceError)
+        return str(err)
+
+    assert said([RankFailure(1, -9, True)]) == "inference failed: rank 1 was killed by SIGKILL; the job was stopped"
+    assert said([]) == "inference failed: torchrun exited with code 1 before naming a rank (see the log above)"
+    err = failure_message([], {}, -15, job=infer.INFERENCE)
+    assert str(err) == ("inference was stopped by a signal: torchrun received SIGTERM from outside gnnpipe (a "
+                        "scheduler, `kill`, the OOM killer) and its ranks were stopped")
+    user = {0: {"rank": 0, "type": "InputError", "user_error": True, "message": "something the user can fix"}}
+    err = failure_message([RankFailure(0, 1, True)], user, 1, job=infer.INFERENCE)
+    assert isinstance(err, InputError) and str(err) == "rank 0: something the user can fix"
+
+
+def test_an_inference_timeout_says_infer_timeout_s(tmp_path):
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(infer.InferenceError) as err:
+        launch("unused", 1, result_dir=str(tmp_path), log=lambda line: None, timeout_s=0.5, grace_s=1,
+               command=command, job=infer.INFERENCE)
+    assert str(err.value) == ("inference timed out after 0.5 s and was stopped; raise infer.timeout_s (now 0.5 s) "
+                              "and rerun")
 
 
 def test_layer_matrices_read_a_zarr_feature_store_piece_by_piece(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from stages.download import stage as download
-from stages.jobs.launcher import TrainingError
+from stages.jobs.errors import TrainingError
 from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches

@@ -29,7 +29,8 @@ import torch
 
 from stages.download import stage as download
 from stages.download.files_source import load_files
-from stages.jobs.launcher import TrainingError, failure_message, launch
+from stages.jobs.errors import TrainingError
+from stages.jobs.launcher import failure_message, launch
 from stages.train import stage as train
 from stages.train import trainer as trainer_module
 from stages.train.recipe import BestModel

@@ -21,7 +21,8 @@ import torch
 
 from stages.features import stage as features
 from stages.hotness import stage as hotness
-from stages.jobs.launcher import TrainingError, launch
+from stages.jobs.errors import TrainingError
+from stages.jobs.launcher import launch
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
 from stages.train.model import build_model

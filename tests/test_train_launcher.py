@@ -16,7 +16,8 @@ from typing import IO
 import psutil
 import pytest
 
-from stages.jobs.launcher import REPO, RankFailure, TrainingError, failure_message, launch, torchrun_command
+from stages.jobs.errors import TrainingError
+from stages.jobs.launcher import REPO, RankFailure, failure_message, launch, torchrun_command
 from stages.jobs.lifeline import SCRIPT, supervised
 from storage.errors import InputError
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.jobs.launcher import TrainingError
+from stages.jobs.errors import TrainingError
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
 from storage import ArtifactStore, Manifest

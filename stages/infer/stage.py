@@ -25,7 +25,6 @@ after the export the stage computes its valid/test link metrics from those exact
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,11 +37,12 @@ from stages.infer.export_units import export_on, labels_and_splits
 from stages.infer.link import is_link, link_metrics, link_report, link_summary
 from stages.infer.params import Params
 from stages.infer.spec import InferSpec
+from stages.jobs.errors import JobError, JobKind
 from stages.meter import measure
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_infer
-from storage import ArtifactStore, GnnpipeError, InputError, Manifest, StageWriter
+from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
 from storage.infer import (
@@ -70,8 +70,13 @@ UPSTREAM = ("partition", "features", "train")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]
 
 
-class InferenceError(GnnpipeError):
+class InferenceError(JobError):
     """The inference job failed: a rank died or raised, or the job ran out of time."""
+
+
+# how the launcher's errors name this job: inference keeps no checkpoints, so a failure's advice is a plain rerun
+INFERENCE = JobKind("inference", InferenceError, checkpoints=False,
+                    timeout_advice="; raise infer.timeout_s (now {timeout_s:g} s) and rerun")
 
 
 def check_inputs(partition: Manifest, features: Manifest, train: Manifest, params: Params) -> int:
@@ -93,19 +98,6 @@ def check_inputs(partition: Manifest, features: Manifest, train: Manifest, param
             raise InputError(f"the code of model {train.params['model']} changed since train/{train.key} was "
                              f"trained: rerun the pipeline (which retrains it) before inference")
     return num_layers
-
-
-_CHECKPOINTS = re.compile(r"\s*\(checkpoints kept[^)]*\)|;? the checkpoints were kept: rerun to resume")
-
-
-def _as_inference_error(err: GnnpipeError, timeout_s: float) -> GnnpipeError:
-    """The launcher's words are training's: say inference, and drop its checkpoint advice (inference keeps none)."""
-    if isinstance(err, InputError):
-        return err
-    text = _CHECKPOINTS.sub("", str(err)).replace("training", "inference")
-    if "timed out" in text:
-        text = f"{text}; raise infer.timeout_s (now {timeout_s:g} s) and rerun"
-    return InferenceError(text)
 
 
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
@@ -205,11 +197,8 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
         spec.save(spec_file)
         env = {"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, num_partitions)),
                "PYTHONPATH": rank_pythonpath()}
-        try:
-            launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.timeout_s,
-                   env=env, command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"))
-        except GnnpipeError as err:
-            raise _as_inference_error(err, params.timeout_s) from None
+        launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.timeout_s, env=env,
+               command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"), job=INFERENCE)
         ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
     finally:
         shutil.rmtree(job, ignore_errors=True)

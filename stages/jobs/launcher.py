@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from stages.jobs.cluster import Cluster
+from stages.jobs.errors import TRAINING, JobKind
 from stages.jobs.lifeline import supervised
 from storage.errors import GnnpipeError, InputError
 from storage.train import error_paths, remove_partial_writes
@@ -50,10 +51,6 @@ _PEER_CLOSED = re.compile(r"Connection closed by peer (\S+?)\.? ")   # gloo's wo
 _DEATH_SIGNAL = re.compile(r"Received (?:Signals\.)?(\w+) death signal|SignalException: Process \d+ got signal: "
                            r"(?:Signals\.)?(\w+)")
 _RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")   # a rank's user error (worker.main prints it)
-
-
-class TrainingError(GnnpipeError):
-    """The distributed job failed: a rank died or raised, or the job ran out of time."""
 
 
 def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
@@ -163,25 +160,29 @@ def _describe_exit(code: int | None) -> str:
 
 
 def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, object]],
-                    returncode: int, death_signal: str | None = None) -> GnnpipeError:
+                    returncode: int, death_signal: str | None = None, job: JobKind = TRAINING) -> GnnpipeError:
     """One line naming the rank that caused the failure.
 
     A rank that died without writing an error record (a signal, ``os._exit``) is the cause, unless all it got was
     the SIGTERM with which torchrun stops the survivors; its peers' errors (lost connections) are consequences.
     torchrun's root cause comes first. A signal that torchrun itself received (``death_signal``), or died of (a
     negative ``returncode``), came from outside the job: that is the cause, whatever the ranks said afterwards.
+    A rank's user error is an ``InputError`` whatever the job; the others are ``job.error``, naming ``job``.
     """
+    def kept(advice: str) -> str:   # the resume advice, for a job that has checkpoints to resume from
+        return advice if job.checkpoints else ""
+
     if death_signal is None and returncode < 0:
         death_signal = signal_name(-returncode)
     if death_signal is not None:
-        return TrainingError(f"training was stopped by a signal: torchrun received {death_signal} from outside "
-                             f"gnnpipe (a scheduler, `kill`, the OOM killer) and its ranks were stopped; the "
-                             f"checkpoints were kept: rerun to resume")
+        return job.error(f"{job.name} was stopped by a signal: torchrun received {death_signal} from outside "
+                         f"gnnpipe (a scheduler, `kill`, the OOM killer) and its ranks were stopped"
+                         f"{kept('; the checkpoints were kept: rerun to resume')}")
     ordered = sorted(failed, key=lambda f: (not f.root_cause, f.exitcode == -signal.SIGTERM))
     abrupt = [f for f in ordered if f.rank not in errors]
     if abrupt and (abrupt[0].root_cause or abrupt[0].exitcode != -signal.SIGTERM):
-        return TrainingError(f"training failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)}; the "
-                             f"job was stopped (checkpoints kept: rerun to resume)")
+        return job.error(f"{job.name} failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)}; the "
+                         f"job was stopped{kept(' (checkpoints kept: rerun to resume)')}")
     user = sorted(rank for rank, rec in errors.items() if rec.get("user_error"))
     if user:
         return InputError(f"rank {user[0]}: {errors[user[0]]['message']}")
@@ -189,16 +190,16 @@ def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, o
         rank = sorted(errors)[0]
         lost = _PEER_CLOSED.search(str(errors[rank]["message"]))
         if lost:   # this node's ranks are fine: a rank elsewhere (another node) died or was stopped first
-            return TrainingError(f"training failed: rank {rank} lost its connection to {lost.group(1)}, a rank on "
-                                 f"another node died or was stopped; that node's log names it (checkpoints kept: "
-                                 f"rerun every node to resume)")
-        return TrainingError(f"training failed: rank {rank} raised {errors[rank]['type']}: "
-                             f"{errors[rank]['message']} (see the log above)")
+            return job.error(f"{job.name} failed: rank {rank} lost its connection to {lost.group(1)}, a rank on "
+                             f"another node died or was stopped; that node's log names it"
+                             f"{kept(' (checkpoints kept: rerun every node to resume)')}")
+        return job.error(f"{job.name} failed: rank {rank} raised {errors[rank]['type']}: "
+                         f"{errors[rank]['message']} (see the log above)")
     if abrupt:
-        return TrainingError(f"training failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)} "
-                             f"(see the log above)")
-    return TrainingError(f"training failed: torchrun exited with code {returncode} before naming a rank "
+        return job.error(f"{job.name} failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)} "
                          f"(see the log above)")
+    return job.error(f"{job.name} failed: torchrun exited with code {returncode} before naming a rank "
+                     f"(see the log above)")
 
 
 def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, object]]:
@@ -216,20 +217,20 @@ def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, objec
 
 def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[str], None], timeout_s: float,
            env: dict[str, str] | None = None, grace_s: float = GRACE_S, command: list[str] | None = None,
-           cluster: Cluster | None = None) -> None:
+           cluster: Cluster | None = None, job: JobKind = TRAINING) -> None:
     """Run this node's part of the job to completion or raise a one-line :class:`GnnpipeError`; its process group
-    is gone either way.
+    is gone either way. ``job`` names the job in the errors (``job.error``, or ``InputError`` for a user's).
 
     ``command`` replaces the torchrun command line (tests of the teardown use a stand-in).
     """
-    job = command or torchrun_command(spec_path, world_size, cluster)
-    cmd, lifeline = supervised(job, grace_s)   # stopped even if this process is SIGKILLed
+    argv = command or torchrun_command(spec_path, world_size, cluster)
+    cmd, lifeline = supervised(argv, grace_s)   # stopped even if this process is SIGKILLed
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", cwd=str(REPO), env=child_env, start_new_session=True,
                             pass_fds=lifeline)
-    log(f"[launcher] pid {proc.pid} (process group {proc.pid}): {shlex.join(job)}")
+    log(f"[launcher] pid {proc.pid} (process group {proc.pid}): {shlex.join(argv)}")
     reader = _Reader(proc.stdout, log)
     reader.start()
     deadline = time.monotonic() + timeout_s
@@ -249,14 +250,14 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
     if stubborn:
         log(f"[launcher] SIGKILLed pids {stubborn} that ignored SIGTERM for {grace_s:.0f} s")
     if timed_out:
-        raise TrainingError(f"training timed out after {timeout_s:g} s and was stopped (checkpoints kept: rerun, "
-                            f"or raise timeout_s, to resume)")
+        raise job.error(f"{job.name} timed out after {timeout_s:g} s and was stopped"
+                        f"{job.timeout_advice.format(timeout_s=timeout_s)}")
     if proc.returncode != 0 and reader.rendezvous_timeout and cluster is not None and cluster.multi_node:
-        raise TrainingError(f"the other nodes did not join the rendezvous at {cluster.rdzv_endpoint} (id "
-                            f"{cluster.rdzv_id}) within {cluster.join_timeout_s:g} s: start `gnnpipe train` on all "
-                            f"{cluster.nnodes} nodes with the same --rdzv, and open that port between them")
+        raise job.error(f"the other nodes did not join the rendezvous at {cluster.rdzv_endpoint} (id "
+                        f"{cluster.rdzv_id}) within {cluster.join_timeout_s:g} s: start `gnnpipe train` on all "
+                        f"{cluster.nnodes} nodes with the same --rdzv, and open that port between them")
     if proc.returncode != 0:
         errors = read_errors(result_dir)
         for rank, message in reader.said.items():   # its error file could not be written (e.g. a full disk)
             errors.setdefault(rank, {"rank": rank, "type": "GnnpipeError", "user_error": True, "message": message})
-        raise failure_message(reader.failed, errors, proc.returncode, reader.death_signal)
+        raise failure_message(reader.failed, errors, proc.returncode, reader.death_signal, job)

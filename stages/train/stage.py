@@ -81,6 +81,7 @@ class _Job:
 
     def launch(self) -> Path:
         """Run the ranks to the end; returns the directory where local rank 0 left model.pt and metrics.json."""
+        from stages.jobs.errors import TRAINING
         from stages.jobs.launcher import launch
 
         results = result_dir(self.ckpt_dir)
@@ -101,7 +102,7 @@ class _Job:
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath(), **huge_page_env()}
         try:
             launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,
-                   timeout_s=self.params.timeout_s, env=env, cluster=self.cluster)
+                   timeout_s=self.params.timeout_s, env=env, cluster=self.cluster, job=TRAINING)
         finally:   # a checkpoint half-written by a rank the teardown killed (the launcher sweeps the results)
             remove_partial_writes(self.ckpt_dir)
         return results

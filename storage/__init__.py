@@ -5,6 +5,18 @@ upstream artifacts through the typed handles defined here (``storage.graph.Graph
 ``storage.partition.PartitionArtifact``, ``storage.features.FeaturesArtifact``, ``storage.hotness.HotnessArtifact``),
 built from a :class:`~storage.manifest.Manifest`, and writes its own through a :class:`~storage.store.StageWriter` with
 the format modules' ``write_*`` functions.
+
+- The store: ``store`` (content-addressed builds, ``StageWriter``), ``manifest`` (a build's manifest and its key),
+  ``checksums`` (the files' digests a manifest records), ``verify`` (a build re-read against them), ``inventory``
+  (what a root holds, who built it, when it was last used), ``leftovers`` (what attempts leave outside a build),
+  ``reach`` (whether another process or host sees the root), ``report`` (what a stage shows a person),
+  ``progress`` (progress bars that also reach the Prefect log).
+- Errors: ``errors`` (user-facing one-line errors), ``write_errors`` (a refused write as one such line).
+- Formats, one module per artifact: ``schema`` (the typed graph model), ``graph`` (``graph.zarr``), ``partition``
+  and ``partition_stream`` (``book.zarr`` + ``part-<p>.zarr``, in memory or chunk by chunk), ``features``,
+  ``hotness``, ``train`` (and its checkpoints), ``infer`` (the ranks' outputs), ``infer_artifact`` (reading them),
+  ``infer_export`` (the exports in orig-id order), ``tracking`` (a build's TensorBoard event file).
+- Helpers: ``zarr_io`` (Zarr v3 with crc32c on every array), ``spill`` (memory-mapped ``.npy`` copies in scratch).
 """
 
 from storage.errors import ArtifactError, GnnpipeError, InputError

@@ -1,10 +1,15 @@
 """Infer stage: predictions and embeddings of every node, computed layer by layer over all partitions.
 
-- ``stage``: the stage module (``Params``, ``run``, ``report``): launches one torchrun rank per partition (the train
-  stage's launcher), then exports the ranks' per-partition outputs in orig-id order (``storage.infer``).
+- ``stage``: the stage module (``Params``, ``run``, ``report``): launches one torchrun rank per partition
+  (``stages.jobs.launcher``), then exports the ranks' per-partition outputs in orig-id order (``storage.infer``);
+  ``export_units``: those exports as units of ``stages.executor``.
 - ``params``: its parameters (torch-free); ``spec``: what the stage hands the ranks; ``worker``: one rank's entry
   point (``python -m stages.infer.worker --spec``); ``rank``: what a rank reads and writes; ``layerwise``: the
-  computation (chunks, blocks, the exchange of a layer's rows, the plain-model fallback).
-- ``link``: a link prediction model's inference (its encoder: every node's embedding, no classes); ``score``: pairs
-  scored from a published build's embeddings by the train artifact's decoder (``gnnpipe score``).
+  computation (chunks, blocks, the exchange of a layer's rows, the plain-model fallback); ``model_input``: what
+  runs layer by layer and the rows its first layer reads; ``chunks``: a rank's nodes cut into chunks and their
+  in-edges; ``halo``: inference from whole layer matrices, own rows then the halo; ``matrices``: where the layer
+  matrices live (RAM or memory-mapped).
+- ``link``: a link prediction model's inference (its encoder: every node's embedding, no classes); ``link_eval``:
+  its official metrics from the exact embeddings; ``score``: pairs scored from a published build's embeddings by the
+  train artifact's decoder (``gnnpipe score``).
 """

@@ -1,6 +1,6 @@
 """Partition stage: split the graph into P parts and relabel it so that each part owns a contiguous gid range.
 
-The computation lives in pure numpy / pymetis / kaminpar modules, the stage wrapper (``stage.py``) only does I/O:
+The computation lives in pure numpy / pymetis / kaminpar modules, the stage wrapper (``stage``) only does I/O:
 
 - ``assign``: ``assign_parts`` -> ``part_of_orig`` (METIS, KaMinPar or balanced random), then ``balance`` repairs
   train-node and node balance, because pymetis 2025.2.2 silently ignores multi-constraint vertex weights.

@@ -1,16 +1,27 @@
-"""Training runtime shared by the hotness and train stages.
+"""The rank's runtime: code that runs inside each rank of the hotness, train and infer stages.
 
 - ``sampler``: uniform neighbour sampling over a CSR of incoming edges (torch ops only, CPU or CUDA), the multi-hop
-  ``NeighborSampler`` on one partition holding the whole graph, and the per-epoch seed iterator.
+  ``NeighborSampler`` on one partition holding the whole graph, and the per-epoch seed iterator; ``weighted``: the
+  same with edge-weighted draws; ``csr``: a partition's CSR as tensors on one device.
 - ``dist_sampler``: the same multi-hop sampler across partitions held by different ranks, with ``all_to_all_single``
   exchanges in lockstep (no RPC), plus equal per-rank batch counts.
 - ``relabel``: gid -> batch-local position maps (first-occurrence order) used by both samplers.
 - ``fanouts``: fanout validation without torch imports (config checks).
 - ``seeds``: the named random streams of hotness and train, one seed per (seed, rank, epoch, stream); torch-free.
-- ``feature_store``: a rank's own ``x`` rows by lid, in (pinned) RAM or read chunk-wise from Zarr past a budget.
+- ``feature_store``: a rank's own ``x`` rows by lid, in (pinned) RAM or read chunk-wise from Zarr past a budget;
+  ``feature_codec``: stored rows → the float32 rows the model computes on; ``uva``: zero-copy GPU reads of pinned
+  host rows.
 - ``feature_cache``: the device cache of a fixed set of gids (mechanism; the policy lives in ``stages.train``).
 - ``dist_features``: a batch's rows by gid: cache, then own store, then remote owners via ``all_to_all_single``.
-- ``collectives``: the group's device and the variable-split all-to-all both exchanges above use.
+- ``collectives``: the group's device, the one all-reduce and the variable-split all-to-all both exchanges use;
+  ``sums``: records of counts and sums that add field by field.
+- Typed graphs: ``typed_batch`` (a typed batch as PyG's ``HeteroData``), ``typed_rows`` (its input rows per node
+  type), ``sharded_embedding`` (learnable rows of a featureless type, sharded by owner).
+- Link prediction: ``link_batch`` (positive pairs and their negatives as one node set), ``negatives`` (uniform
+  negative draws and the real-edge check).
+- ``rank_process``: what every rank process does around its work (the train and infer workers share it).
+
+Not here: starting and stopping the ranks (``stages.jobs``), which runs in gnnpipe's own process.
 
 ID spaces: ``gid`` global, ``lid = gid - bounds[p]`` local to partition p, ``*_pos`` positions in a batch's ``n_id``.
 """

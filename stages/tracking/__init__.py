@@ -1,8 +1,8 @@
 """Experiment tracking: what the train and infer stages hand to TensorBoard and MLflow.
 
-- ``stages.tracking.events``: TensorBoard event files inside the artifact being built (``tb/`` of ``train/<key>/``
+- ``events``: TensorBoard event files inside the artifact being built (``tb/`` of ``train/<key>/``
   and ``infer/<key>/``), written from the stage's metrics while its writer is open, so the manifest lists them.
-- ``stages.tracking.mlflow_runs``: when ``MLFLOW_TRACKING_URI`` is set, one MLflow run per train build (named by the
+- ``mlflow_runs``: when ``MLFLOW_TRACKING_URI`` is set, one MLflow run per train build (named by the
   train key), logged from the published artifact after the stage published it; the infer stage adds its scalars to
   that run. ``mlflow`` is an optional dependency (``pip install gnnpipe[tracking]``): ``require_mlflow`` refuses a
   set URI without it before any rank starts.

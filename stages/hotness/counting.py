@@ -56,7 +56,7 @@ def _count(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epoch
 def link_seeds_of(edge_gid: Tensor, draws: NegativeDraws, num_negatives: int) -> SeedsOf:
     """The ``SeedsOf`` of link prediction's training batches: items are positions in ``edge_gid`` ([2, E] (src,
     dst) positives); each batch samples around its positives' ends and ``num_negatives`` uniform negative
-    destinations per positive (drawn as the trainer draws them, ``stages.train.link_task``)."""
+    destinations per positive (drawn as the trainer draws them, ``stages.train.tasks.link``)."""
     def seeds_of(item: Tensor, generator: torch.Generator) -> Tensor:
         src_gid, dst_gid = edge_gid[:, item]
         return link_seeds(src_gid, dst_gid, draws.draw((int(item.numel()), num_negatives), generator)).seed_gid

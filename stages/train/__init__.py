@@ -11,4 +11,6 @@
   the GNN and the epoch/evaluation loops; ``model_contract``: the flags a model declares (``BlockModel``) and their
   one reader; ``encoder``: the node model built from the params, for the trainer and inference; ``plot``: the
   report's figures.
+- ``tasks/``: the Task seam and its registry (``TASKS``: node, link), what the trainer, this stage and hotness ask of
+  a task instead of branching on its name.
 """

@@ -31,7 +31,7 @@ from stages.runtime.link_batch import LinkSeeds, link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.train.link_metrics import RankSums
 from stages.train.model import seed_logits
-from stages.train.tasks import checked_loss
+from stages.train.tasks.base import checked_loss
 from storage.graph import SPLITS
 
 LinkLossFn = Callable[[Tensor, Tensor], Tensor]   # (positive scores [B], negative scores [n]) -> 0-d

@@ -36,9 +36,9 @@ from storage.store import WorkDir
 if TYPE_CHECKING:
     import torch
 
-    from stages.hotness.counting import SeedsOf
     from stages.hotness.stage import Params
     from stages.runtime.sampler import NeighborSampler
+    from stages.train.tasks.base import SeedsOf
 
 
 class RowCosts:

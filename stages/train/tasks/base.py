@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from torch import Tensor
     from torch_geometric.data import Data
 
-    from stages.hotness.counting import SeedsOf
     from stages.train.params import Params
     from stages.train.rank_data import RankData
     from storage.features import FeaturesArtifact
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
 
 LabelOf = Callable[["Tensor"], "Tensor"]   # seed gids -> int64 labels on the training device
 LossFn = Callable[["Tensor", "Tensor"], "Tensor"]   # (outputs, targets) -> the batch's mean loss, 0-d
+SeedsOf = Callable[["Tensor", "torch.Generator"], "Tensor"]   # a batch of items -> the gids it samples around
 HotnessItems = tuple["Tensor", "SeedsOf | None", "int | None"]   # (items, how a batch becomes seeds, items an epoch)
 
 

@@ -104,10 +104,10 @@ class LinkDef(TaskDef):
         (as the trainer's ``rank_share``)."""
         import torch
 
-        from stages.hotness.counting import link_seeds_of
         from stages.runtime.dist_sampler import proportional_share
         from stages.runtime.negatives import NegativeDraws
         from stages.runtime.typed_rows import TypeIndex
+        from stages.train.tasks.link import link_seeds_of
 
         key = partition.link_edge_type
         if key is None:

@@ -46,9 +46,9 @@ def single_process(args: argparse.Namespace, manifests: dict[str, Any]) -> dict[
     from stages.runtime.negatives import NegativeDraws
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
     from stages.train.link_decoders import link_loss
-    from stages.train.link_task import LinkModel, LinkPrediction
     from stages.train.loop import train_epoch
     from stages.train.plugins import make_decoder, make_model
+    from stages.train.tasks.link import LinkModel, LinkPrediction
     from storage import ArtifactStore
     from storage.features import FeaturesArtifact
     from storage.graph import SPLITS

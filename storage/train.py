@@ -4,7 +4,7 @@ Artifact ``train/<key>/``:
 
 - ``model.pt``: ``torch.save`` of the ``state_dict`` of the best-validation epoch's model (the model's own keys;
   built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``;
-  task=link: ``encoder.*`` the node model, ``decoder.*`` the pair scorer, ``stages.train.link_task.LinkModel``);
+  task=link: ``encoder.*`` the node model, ``decoder.*`` the pair scorer, ``stages.train.tasks.link.LinkModel``);
   on a typed graph also ``embeddings.<node type>``: each featureless type's learnt input rows, the whole table in
   the dataset's order of that type (row i: the type's node i; ``split_model_state`` parts them from the model's).
 - ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc" (the published model's: the best validation

@@ -16,9 +16,9 @@ from stages.runtime.feature_store import open_feature_store
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR
 from stages.train.link_decoders import link_loss
-from stages.train.link_task import LinkModel, LinkPrediction
 from stages.train.loop import eval_sums, train_epoch
 from stages.train.plugins import make_decoder, make_model
+from stages.train.tasks.link import LinkModel, LinkPrediction
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS

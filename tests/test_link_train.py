@@ -19,7 +19,7 @@ from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train import stage as train
 from stages.train.faults import FAULT_ENV
 from stages.train.link_decoders import link_loss
-from stages.train.link_task import LinkPrediction
+from stages.train.tasks.link import LinkPrediction
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact, concat_parts

@@ -6,17 +6,12 @@ a power-law graph) ranks better and runs on CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-from stages.runtime.link_batch import link_seeds
-from stages.runtime.negatives import NegativeDraws
 from stages.runtime.sampler import NeighborSampler, iter_seed_batches
+from stages.train.tasks.base import SeedsOf
 from storage.progress import progress as tqdm
-
-SeedsOf = Callable[[Tensor, torch.Generator], Tensor]   # a batch of items -> the gids it samples around
 
 
 def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epochs: int,
@@ -25,8 +20,8 @@ def count_requests(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: in
     """int64 [N]: in how many batches' ``n_id`` each gid appeared, over ``epochs`` shuffled epochs.
 
     ``seed_gid`` are the items training batches (node gids); ``seeds_of`` maps a batch of other items to the gids
-    to sample (link prediction: positive edges' ends and their negatives, ``link_seeds_of``); ``limit``: an epoch
-    is the first so many of the shuffled items (as training's ``edges_per_epoch``).
+    to sample (link prediction: positive edges' ends and their negatives, ``TaskDef.hotness_items``); ``limit``:
+    an epoch is the first so many of the shuffled items (as training's ``edges_per_epoch``).
 
     ``generator`` draws the neighbours as well as the shuffles: a plan is reproducible from the stage's seed (the
     draws came from torch's global generator until the golden test of the homogeneous artifacts caught two runs
@@ -51,13 +46,3 @@ def _count(sampler: NeighborSampler, seed_gid: Tensor, *, batch_size: int, epoch
                 count_of_gid.index_add_(0, n_id, torch.ones_like(n_id))
                 bar.update()
     return count_of_gid
-
-
-def link_seeds_of(edge_gid: Tensor, draws: NegativeDraws, num_negatives: int) -> SeedsOf:
-    """The ``SeedsOf`` of link prediction's training batches: items are positions in ``edge_gid`` ([2, E] (src,
-    dst) positives); each batch samples around its positives' ends and ``num_negatives`` uniform negative
-    destinations per positive (drawn as the trainer draws them, ``stages.train.link_task``)."""
-    def seeds_of(item: Tensor, generator: torch.Generator) -> Tensor:
-        src_gid, dst_gid = edge_gid[:, item]
-        return link_seeds(src_gid, dst_gid, draws.draw((int(item.numel()), num_negatives), generator)).seed_gid
-    return seeds_of

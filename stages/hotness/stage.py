@@ -27,6 +27,8 @@ from stages.hotness.whole_csr import CsrLayout
 from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import FORM, BudgetedParams, EdgeFanouts, Fanouts, Seed, check_graph_fanouts
+from stages.train.tasks import TASKS
+from stages.train.tasks.base import key_without
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.hotness import CURVE_PNG, write_curves
 from storage.manifest import stage_key
@@ -58,8 +60,7 @@ class Params(BudgetedParams):
     def key_params(self) -> dict[str, Any]:
         """Every field; the link ones only for task=link (node keys as before)."""
         out = super().key_params()
-        if self.task == "node":
-            del out["task"], out["num_negatives"], out["edges_per_epoch"]
+        key_without(out, self.task, list(TASKS.values()), hotness=True)
         return out
 
 

@@ -27,7 +27,7 @@ from stages.memory import MemoryBudget
 from stages.meter import anon_rss_bytes, measure
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
-from storage import ArtifactStore, InputError, Manifest
+from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.hotness import CachePlan, write_plan
 from storage.partition import PartitionArtifact
@@ -36,9 +36,9 @@ from storage.store import WorkDir
 if TYPE_CHECKING:
     import torch
 
-    from stages.hotness.counting import SeedsOf
     from stages.hotness.stage import Params
     from stages.runtime.sampler import NeighborSampler
+    from stages.train.tasks.base import SeedsOf
 
 
 class RowCosts:
@@ -134,29 +134,11 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
 def train_items(params: Params, partition: PartitionArtifact, features: FeaturesArtifact, p: int
                  ) -> tuple[torch.Tensor, SeedsOf | None, int | None]:
     """Partition p's training items, how a batch of them becomes sample seeds (None: they are the seeds) and how
-    many an epoch takes (None: all): its train nodes' gids, or for task=link the positions of its train positives
-    (``link_seeds_of``), its share of ``edges_per_epoch`` (as the train stage's ``rank_share``)."""
-    import torch
+    many an epoch takes (None: all): the task's answer (``TaskDef.hotness_items``: its train nodes' gids, or for
+    task=link the positions of its train positives and its share of ``edges_per_epoch``)."""
+    from stages.train.tasks import task_def
 
-    from stages.hotness.counting import link_seeds_of
-    from stages.runtime.dist_sampler import proportional_share
-    from stages.runtime.negatives import NegativeDraws
-    from stages.runtime.typed_rows import TypeIndex
-
-    if params.task == "node":
-        train_gid = features.part(p, load_x=False).split_lids["train"] + int(partition.bounds()[p])
-        return torch.from_numpy(train_gid), None, None
-    key = partition.link_edge_type
-    if key is None:
-        raise InputError("hotness task=link needs a graph split for it: run the download stage with task=link too "
-                         "(set task=link for the whole pipeline)")
-    draws = NegativeDraws.for_link(partition.schema, key, TypeIndex(partition.range_table()))
-    edge_gid = torch.from_numpy(partition.edge_split(p, "train"))
-    limit = None
-    if params.edges_per_epoch is not None:
-        total = sum(sizes["train"] for sizes in partition.manifest.summary["edge_split_sizes"])
-        limit = proportional_share(params.edges_per_epoch, int(edge_gid.shape[1]), total)
-    return torch.arange(edge_gid.shape[1]), link_seeds_of(edge_gid, draws, params.num_negatives), limit
+    return task_def(params.task).hotness_items(params, partition, features, p)
 
 
 def row_costs(partition: PartitionArtifact, features: FeaturesArtifact) -> RowCosts:

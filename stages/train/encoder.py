@@ -1,7 +1,7 @@
 """The node model a train run learns, built from its params and the graph's sizes: one builder for the trainer and
 for inference, which must rebuild exactly the module whose ``state_dict`` the trainer published.
 
-Under ``task=link`` the encoder is the node half of the ``LinkModel`` (``stages.train.link_task``): its outputs are
+Under ``task=link`` the encoder is the node half of the ``LinkModel`` (``stages.train.tasks.link``): its outputs are
 embeddings ``hidden`` wide, for the decoder; otherwise the seeds' class logits.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stages.train.plugins import edge_dim_for, make_model, resolve_model
+from stages.train.tasks import task_def
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +43,7 @@ def build_encoder(params: Params, *, in_channels: int | Mapping[str, int | None]
     graph's edge feature width (0: none)."""
     typed = not isinstance(in_channels, int)
     kind = resolve_model(params.model, typed=typed)
-    out_channels = params.hidden if params.task == "link" else num_classes
+    out_channels = task_def(params.task).output_width(params.hidden, num_classes)
     edge_dim = encoder_edge_dim(params, typed=typed, num_edge_features=num_edge_features)
     module = make_model(kind, params.model_kwargs, in_channels=in_channels, hidden=params.hidden,
                         out_channels=out_channels, num_layers=params.num_layers, dropout=params.dropout,

@@ -20,12 +20,9 @@ from stages.choices import (
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
 from stages.train.plugin_code import source_digest
 from stages.train.plugins import check_ref, is_import_path
+from stages.train.tasks import TASKS, task_def
+from stages.train.tasks.base import key_without
 from storage.errors import InputError
-
-LINK_NEEDS_SPLIT = ("task=link needs a graph split for it: the download stage must run with task=link too (set "
-                    "task=link for the whole pipeline, not train.task alone)")
-LINK_FIELDS = ("task", "decoder", "num_negatives", "eval_negatives", "filter_negatives", "edges_per_epoch",
-               "eval_edges")
 
 
 class Params(StageParams):
@@ -147,7 +144,7 @@ class Params(StageParams):
         """``loss`` with ``auto`` as the task's built-in (cross_entropy, bce)."""
         if self.loss != "auto":
             return self.loss
-        return "bce" if self.task == "link" else "cross_entropy"
+        return task_def(self.task).default_loss
 
     def key_params(self) -> dict[str, Any]:
         """The fields that define the artifact, plus a digest of plug-in code (an edit retrains,
@@ -159,9 +156,8 @@ class Params(StageParams):
         for field, default in (("edge_features", True), ("edge_weight", None)):
             if out[field] == default:   # keys as before edge features existed
                 del out[field]
-        if self.task == "node":   # the link settings do not touch a node model (and node keys stay as they were)
-            for field in LINK_FIELDS:
-                del out[field]
+        # another task's settings do not touch this task's model (and node keys stay as they were before link)
+        key_without(out, self.task, list(TASKS.values()))
         for field in ("model", "loss", "decoder"):
             if field not in out:
                 continue
@@ -171,9 +167,9 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _check(self) -> Params:
-        if self.resolved_loss in LOSSES and self.resolved_loss != ("bce" if self.task == "link" else "cross_entropy"):
-            raise InputError(f"loss={self.loss} is not a task={self.task} loss: use auto (or "
-                             f"{'bce' if self.task == 'link' else 'cross_entropy'})")
+        default_loss = task_def(self.task).default_loss
+        if self.resolved_loss in LOSSES and self.resolved_loss != default_loss:
+            raise InputError(f"loss={self.loss} is not a task={self.task} loss: use auto (or {default_loss})")
         if self.model in ("gat", "rgat", "hgt") and self.hidden % self.gat_heads:
             raise InputError(f"hidden={self.hidden} must be a multiple of gat_heads={self.gat_heads} "
                              f"({self.model} splits hidden among its heads)")

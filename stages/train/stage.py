@@ -26,10 +26,11 @@ from stages.params import check_graph_fanouts
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
-from stages.train.params import LINK_NEEDS_SPLIT, Params
+from stages.train.params import Params
 from stages.train.plugin_code import plugin_files
 from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
+from stages.train.tasks import task_def
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
@@ -71,8 +72,7 @@ class _Job:
         self.num_partitions = partition_artifact.num_partitions
         # edge_fanouts that name no edge type of this graph fail here, before any launch
         check_graph_fanouts(self.params.fanouts, self.params.edge_fanouts, partition_artifact.schema)
-        if self.params.task == "link" and partition_artifact.link_edge_type is None:
-            raise InputError(LINK_NEEDS_SPLIT)
+        task_def(self.params.task).check_partition(partition_artifact)   # e.g. task=link needs a graph split
         check_edge_weight(self.params.edge_weight, partition_artifact.num_edge_features)
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
@@ -94,7 +94,7 @@ class _Job:
                          node_rank=self.cluster.node_rank,
                          fingerprint=artifact_fingerprint(self.store, self.key, self.upstream, plugin_files(
                              [self.params.model, self.params.loss,
-                              *([self.params.decoder] if self.params.task == "link" else [])])))
+                              *task_def(self.params.task).plugin_refs(self.params)])))
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their

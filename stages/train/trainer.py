@@ -22,63 +22,25 @@ import torch.distributed as dist
 
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
-from stages.runtime.dist_sampler import proportional_share
 from stages.runtime.fanouts import graph_fanouts
-from stages.runtime.negatives import EdgeMembership, NegativeDraws
-from stages.runtime.seeds import STREAM_LINK_EVAL_EDGES, stream_seed
 from stages.runtime.typed_rows import TypedRows
 from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.encoder import build_encoder
 from stages.train.guard import loss_check
-from stages.train.link_task import LinkModel, LinkPrediction
 from stages.train.loader import NodeLoader
 from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.model import is_block_model, needs_degrees
-from stages.train.params import LINK_NEEDS_SPLIT, Params
-from stages.train.plugins import make_decoder, make_loss
+from stages.train.params import Params
 from stages.train.rank_data import RankData
 from stages.train.recipe import BestModel, make_scheduler
 from stages.train.rng import RngStreams
 from stages.train.spec import TrainSpec
 from stages.train.stats import EpochStats, or_none
-from stages.train.tasks import NodeClassification, Task
-from storage.errors import InputError
-from storage.graph import SPLITS
+from stages.train.tasks import task_def
+from stages.train.tasks.kinds import rank_share
 from storage.train import EMBEDDING_PREFIX
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
-
-
-def make_task(params: Params, data: RankData, generator: torch.Generator) -> Task:
-    """``params.task`` on this rank's data; ``generator``: the stream link prediction draws negatives from."""
-    loss = params.resolved_loss
-    if params.task == "node":
-        return NodeClassification(data.label_of, data.split_gid, loss_fn=make_loss(loss), loss_name=loss,
-                                  precision=params.precision)
-    link = data.link
-    if link is None:
-        raise InputError(LINK_NEEDS_SPLIT)
-    typed = data.features if isinstance(data.features, TypedRows) else None
-    draws = NegativeDraws.for_link(data.schema, data.schema.edge_types[link.edge_type].key,
-                                   None if typed is None else typed.index)
-    membership = (EdgeMembership(data.csr, data.bounds, link.edge_type, group=data.group)   # asked in task.batch
-                  if params.filter_negatives else None)
-    edge_gid = dict(link.edge_gid)
-    if params.eval_edges is not None:   # a fixed sample (the same every epoch), each rank its share
-        for split in ("valid", "test"):
-            edges = edge_gid[split]
-            stream = stream_seed(params.seed, data.rank, SPLITS.index(split), STREAM_LINK_EVAL_EDGES)
-            keep = torch.randperm(edges.shape[1], generator=torch.Generator().manual_seed(stream))
-            edge_gid[split] = edges[:, keep[:rank_share(params.eval_edges, edges.shape[1])].sort().values.to(
-                edges.device)]
-    return LinkPrediction(edge_gid, draws, generator, num_negatives=params.num_negatives,
-                          eval_negatives=params.eval_negatives, membership=membership, loss_fn=make_loss(loss),
-                          loss_name=loss)
-
-
-def rank_share(total: int, mine: int) -> int:
-    """This rank's part of ``total`` items, in proportion to its ``mine`` (a collective: one all-reduce)."""
-    return proportional_share(total, mine, int(all_reduce_f64([float(mine)])[0]))
 
 
 class Trainer:
@@ -95,13 +57,14 @@ class Trainer:
             raise ValueError("prefetch needs the batches' collectives on a group of their own: open the RankData "
                              "with group=stages.train.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
-        self.task = make_task(params, data, self.rng.sampler)
+        self.task_def = task_def(params.task)
+        self.task = self.task_def.build(params, data, self.rng.sampler)
         # the loader batches the task's items: seed gids, or link items under task=link (docs/design.md §4)
         split_items = {split: self.task.seeds(split) for split in data.split_gid}
         fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, data.schema)
-        epoch_items = None
-        if params.task == "link" and params.edges_per_epoch is not None:
-            epoch_items = rank_share(params.edges_per_epoch, int(split_items["train"].numel()))
+        epoch_items = self.task_def.epoch_items(params)
+        if epoch_items is not None:   # each rank its share
+            epoch_items = rank_share(epoch_items, int(split_items["train"].numel()))
         self.loader = NodeLoader(data, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
                                  sampler_gen=self.rng.sampler, epoch_items=epoch_items, items=split_items)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
@@ -110,9 +73,8 @@ class Trainer:
                               num_edge_features=0 if data.edges is None else data.edges.num_features)
         self.model_kind, self.out_channels, self.edge_dim = built.kind, built.out_channels, built.edge_dim
         self.encoder = built.module
-        link = params.task == "link"   # the encoder's outputs are then embeddings, hidden wide, for the decoder
-        self.model = (LinkModel(self.encoder, make_decoder(params.decoder, params.hidden, params.dropout),
-                                params.precision) if link else self.encoder).to(data.device)
+        # the encoder itself, or (task=link) the encoder whose embeddings feed a decoder
+        self.model = self.task_def.wrap_model(self.encoder, params).to(data.device)
         # a typed graph's learnt rows of featureless types: sharded by owner, outside DDP (``sharded_embedding``)
         self.embeddings = data.features.embeddings if isinstance(data.features, TypedRows) else {}
         self.whole_batch = not is_block_model(self.encoder)
@@ -142,7 +104,7 @@ class Trainer:
             lr = float(self.optimizer.param_groups[0]["lr"])
             sums, traffic = self.train_epoch(epoch)
             eval_start = time.perf_counter()
-            if self.params.task == "link":
+            if self.task_def.reseeds_validation:
                 self.rng.seed_validation()
             val_acc = self.task.metric(self.evaluate("valid"))
             stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
@@ -289,7 +251,7 @@ class Trainer:
                           "in_channels": self.data.in_channels or self.data.num_features,
                           "hidden": params.hidden, "out_channels": self.out_channels,
                           "num_layers": params.num_layers, "whole_batch": self.whole_batch,
-                          **({"decoder": params.decoder} if params.task == "link" else {}),
+                          **self.task_def.summary_model(params),
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend()}
 

@@ -31,7 +31,7 @@ from stages.runtime.link_batch import LinkSeeds, link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.train.link_metrics import RankSums
 from stages.train.model import seed_logits
-from stages.train.tasks import checked_loss
+from stages.train.tasks.base import SeedsOf, checked_loss
 from storage.graph import SPLITS
 
 LinkLossFn = Callable[[Tensor, Tensor], Tensor]   # (positive scores [B], negative scores [n]) -> 0-d
@@ -137,3 +137,13 @@ class LinkPrediction:
 
     def metrics(self, sums: Sequence[float]) -> dict[str, float | None]:
         return RankSums.from_values(sums).means()
+
+
+def link_seeds_of(edge_gid: Tensor, draws: NegativeDraws, num_negatives: int) -> SeedsOf:
+    """The ``SeedsOf`` of link prediction's training batches: items are positions in ``edge_gid`` ([2, E] (src,
+    dst) positives); each batch samples around its positives' ends and ``num_negatives`` uniform negative
+    destinations per positive (drawn as ``LinkPrediction`` draws them): what hotness pre-samples under task=link."""
+    def seeds_of(item: Tensor, generator: torch.Generator) -> Tensor:
+        src_gid, dst_gid = edge_gid[:, item]
+        return link_seeds(src_gid, dst_gid, draws.draw((int(item.numel()), num_negatives), generator)).seed_gid
+    return seeds_of

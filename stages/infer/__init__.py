@@ -5,6 +5,9 @@
 - ``params``: its parameters (torch-free); ``spec``: what the stage hands the ranks; ``worker``: one rank's entry
   point (``python -m stages.infer.worker --spec``); ``rank``: what a rank reads and writes; ``layerwise``: the
   computation (chunks, blocks, the exchange of a layer's rows, the plain-model fallback).
-- ``link``: a link prediction model's inference (its encoder: every node's embedding, no classes); ``score``: pairs
-  scored from a published build's embeddings by the train artifact's decoder (``gnnpipe score``).
+- ``tasks``: the task seam (``InferTask``, ``infer_task``): what the ranks write, the metrics, summary and report,
+  whether pairs can be scored, per train task; ``rank_outputs``: a rank's writes per task (torch); ``node``: a node
+  classifier's metrics, summary and report; ``link``: a link prediction model's (its encoder: every node's
+  embedding, no classes); ``score``: pairs scored from a published build's embeddings by the train artifact's
+  decoder (``gnnpipe score``).
 """

@@ -22,12 +22,6 @@ ENCODER = "encoder."   # LinkModel's submodules: model.pt's key prefixes
 DECODER = "decoder."
 
 
-def is_link(train: Manifest) -> bool:
-    """Whether the train artifact holds a link prediction model: its ``task`` parameter (recorded in the manifest's
-    key params for task=link only, so a node model's manifest, old or new, has none)."""
-    return train.params.get("task", "node") == "link"
-
-
 def submodule_state(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """The entries of ``state`` under ``prefix``, the prefix stripped: one submodule's ``state_dict``."""
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

@@ -58,7 +58,7 @@ def export(stage: str = typer.Argument(..., help="the stage whose outputs to exp
     _check_out(out, force)
     store, manifest = cli_store.find_build("infer", key, config, set_, artifacts)
     art = InferArtifact(store, manifest)
-    if art.task == "link" and format_ == "parquet":
+    if format_ == "parquet" and not art.has_classes:
         raise InputError(f"infer/{manifest.key} holds a link prediction model's node embeddings, no "
                          f"{PREDICTIONS}: export them with --format npy or zarr")
     created = not out.exists()
@@ -70,7 +70,7 @@ def export(stage: str = typer.Argument(..., help="the stage whose outputs to exp
             "train_key": manifest.upstream.get("train"), "format": format_, "order": "orig_id",
             "num_nodes": int(manifest.summary["num_nodes"]), "num_classes": art.num_classes,
             "embedding_layers": art.embedding_layers, "files": files}
-        if art.task != "link":
+        if art.has_classes:
             meta["split_codes"] = {**SPLIT_CODES, "none": -1}
         _atomic(out / EXPORT_JSON, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
     except BaseException:
@@ -130,10 +130,9 @@ def _zarr(art: InferArtifact, out: Path) -> list[str]:
 
 
 def _npy(art: InferArtifact, out: Path) -> list[str]:
-    if art.task == "link":   # no classes: the node embeddings (emb/out) and the hidden layers
-        arrays = {"emb_out": art.embeddings()}
-    else:
-        arrays = {name: art.node_array(name) for name in ("pred", "prob", "label", "split")}
+    # what the build holds: a link model's node embeddings (emb/out) or a classifier's class arrays; hidden layers
+    arrays = {"emb_out": art.embeddings()} if art.has_output_embeddings else {}
+    arrays.update({name: art.node_array(name) for name in art.class_arrays})
     arrays.update({f"emb_layer_{layer}": art.embeddings(layer) for layer in art.embedding_layers})
     num_nodes = int(art.manifest.summary["num_nodes"])
     _atomic(out / "orig_id.npy", partial(_save, np.arange(num_nodes, dtype=np.int64)))

@@ -20,6 +20,7 @@ from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, rea
 if TYPE_CHECKING:
     import pyarrow
 
+CLASS_ARRAYS = ("pred", "prob", "label", "split")   # nodes.zarr's arrays of a build with classes
 BLOCK_BYTES = 1 << 30   # EmbeddingBlocks: rows read at a time (1 GiB: 1 048 576 rows of 256 floats)
 
 
@@ -68,8 +69,26 @@ class InferArtifact(ArtifactHandle):
 
     @property
     def task(self) -> str:
-        """``node`` (classes: predictions and probabilities) or ``link`` (a link model's node embeddings only)."""
+        """The train task whose outputs these are (``node``, ``link``): a label for exports and messages; what the
+        build holds is ``has_classes`` / ``has_output_embeddings``."""
         return str(self.manifest.summary.get("task", "node"))   # builds before link prediction: node
+
+    # What the build holds, read from its manifest's summary (never from the task's name): a node classifier's
+    # summary records its classes, a link model's where its output embeddings are (``embeddings_at``).
+    @property
+    def has_classes(self) -> bool:
+        """pred, prob, label and split per node, and ``predictions.parquet`` (builds before link prediction too)."""
+        return "num_classes" in self.manifest.summary
+
+    @property
+    def has_output_embeddings(self) -> bool:
+        """The output layer's rows as node embeddings (``emb/out``: a link model's)."""
+        return "embeddings_at" in self.manifest.summary
+
+    @property
+    def class_arrays(self) -> tuple[str, ...]:
+        """The per-node class arrays of ``nodes.zarr`` (``node_array``); none without classes."""
+        return CLASS_ARRAYS if self.has_classes else ()
 
     @property
     def num_classes(self) -> int:
@@ -86,7 +105,7 @@ class InferArtifact(ArtifactHandle):
     @property
     def predictions_url(self) -> str:
         """``predictions.parquet``: open it with pandas/pyarrow/polars (column ``orig_id`` is the join key)."""
-        if self.task == "link":
+        if not self.has_classes:
             raise self._no_classes(PREDICTIONS)
         return self._url(PREDICTIONS)
 
@@ -109,14 +128,14 @@ class InferArtifact(ArtifactHandle):
 
     def node_array(self, name: str) -> zarr.Array:
         """``pred``, ``prob``, ``label`` or ``split`` of ``nodes.zarr`` (orig-id order), opened lazily."""
-        if self.task == "link":
+        if not self.has_classes:
             raise self._no_classes(name)
         return open_array(self.nodes(), name)
 
     def embeddings(self, layer: int | None = None) -> zarr.Array:
         """Hidden layer ``layer``'s rows in orig-id order, opened lazily; default: a link model's node embeddings
         (``emb/out``, its output layer), else the last hidden layer stored."""
-        if layer is None and self.task == "link":
+        if layer is None and self.has_output_embeddings:
             return open_array(open_subgroup(self.nodes(), "emb"), OUT)
         layers = self.embedding_layers
         if not layers:

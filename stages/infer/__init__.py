@@ -9,7 +9,9 @@
   runs layer by layer and the rows its first layer reads; ``chunks``: a rank's nodes cut into chunks and their
   in-edges; ``halo``: inference from whole layer matrices, own rows then the halo; ``matrices``: where the layer
   matrices live (RAM or memory-mapped).
-- ``link``: a link prediction model's inference (its encoder: every node's embedding, no classes); ``link_eval``:
-  its official metrics from the exact embeddings; ``score``: pairs scored from a published build's embeddings by the
-  train artifact's decoder (``gnnpipe score``).
+- ``tasks``: the task seam (``InferTask``, ``infer_task``): what the ranks write, the metrics, summary and report,
+  whether pairs can be scored, per train task; ``rank_outputs``: a rank's writes per task (torch); ``node``: a node
+  classifier's metrics, summary and report; ``link``: a link prediction model's (its encoder: every node's
+  embedding, no classes); ``link_eval``: its official metrics from the exact embeddings; ``score``: pairs scored
+  from a published build's embeddings by the train artifact's decoder (``gnnpipe score``).
 """

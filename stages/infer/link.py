@@ -1,6 +1,6 @@
 """Inference of a link prediction model (train's ``task=link``): every node's embedding, no classes.
 
-The train artifact's ``model.pt`` is a ``LinkModel``'s state (``stages.train.link_task``): ``encoder.*``, a node
+The train artifact's ``model.pt`` is a ``LinkModel``'s state (``stages.train.tasks.link``): ``encoder.*``, a node
 model whose output layer is ``hidden`` wide, and ``decoder.*``, the pair scorer. Inference builds the encoder as
 the trainer built it and runs it layer by layer over every node as it runs a node classifier
 (``stages.infer.layerwise``); its outputs are the embeddings (``storage.infer``: ``emb/out``), which the decoder
@@ -20,12 +20,6 @@ from storage.report import Report, markdown_table
 
 ENCODER = "encoder."   # LinkModel's submodules: model.pt's key prefixes
 DECODER = "decoder."
-
-
-def is_link(train: Manifest) -> bool:
-    """Whether the train artifact holds a link prediction model: its ``task`` parameter (recorded in the manifest's
-    key params for task=link only, so a node model's manifest, old or new, has none)."""
-    return train.params.get("task", "node") == "link"
 
 
 def submodule_state(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:

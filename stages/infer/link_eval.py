@@ -1,7 +1,7 @@
 """A link model's official metrics, from the exact embeddings the infer stage wrote and the trained decoder.
 
 The train stage selects its model with an MRR on sampled neighbourhoods against negatives shared by a batch
-(``stages.train.link_task``); OGB evaluates on full-graph embeddings, which the infer build has. After the export,
+(``stages.train.tasks.link``); OGB evaluates on full-graph embeddings, which the infer build has. After the export,
 the stage scores every valid and test positive of the partition's edge split (all of them, not train's
 ``eval_edges`` sample) with ``decoder(emb[src], emb[dst])`` (``stages.infer.score``: eval mode, float32), and its
 negatives by the dataset's protocol (``PartitionArtifact.link_eval``):

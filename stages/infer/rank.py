@@ -2,8 +2,8 @@
 its nodes, write its outputs (``storage.infer``) and return its figures (rank 0 gathers them for the stage).
 
 Reads through the typed handles of ``storage`` only, like ``stages.train.rank_data``. ID spaces: ``gid`` global,
-``lid = gid - lo`` with ``lo = bounds[rank]``. A link prediction model (``stages.infer.link``) is its encoder here:
-its outputs are the nodes' embeddings, written as they are (no softmax, no classes).
+``lid = gid - lo`` with ``lo = bounds[rank]``. What the model is and what the rank writes of its outputs is the
+task's (``stages.infer.tasks``): a node classifier's classes, or a link model's encoder and its node embeddings.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from typing import Any
 import torch
 
 from stages.infer.layerwise import Inference
-from stages.infer.link import ENCODER, is_link, submodule_state
 from stages.infer.matrices import MatrixSpace
-from stages.infer.model_input import PIECE_ROWS, model_input
+from stages.infer.model_input import model_input
 from stages.infer.params import Params, train_params
+from stages.infer.rank_outputs import RankPart
 from stages.infer.spec import InferSpec
+from stages.infer.tasks import infer_task
 from stages.meter import measure
 from stages.runtime.feature_store import host_budget
 from stages.runtime.sampler import LocalCSR
@@ -30,14 +31,8 @@ from stages.train.rank_data import degree_path
 from stages.train.spec import check_world_size
 from stages.train.typed_data import typed_in_channels
 from storage import ArtifactStore, Manifest
-from storage.features import FeaturesArtifact, PartFeatures
-from storage.graph import SPLITS
-from storage.infer import (
-    open_part_outputs,
-    write_part_embedding,
-    write_part_link_embeddings,
-    write_part_predictions,
-)
+from storage.features import FeaturesArtifact
+from storage.infer import open_part_outputs, write_part_embedding
 from storage.partition import PartitionArtifact
 from storage.train import MODEL, split_model_state
 
@@ -47,14 +42,13 @@ def load_model(store: ArtifactStore, train: Manifest, *, partition: PartitionArt
     """The trained model (the published, best-validation weights) in eval mode, built as the trainer built it, and
     on a typed graph the learnt embedding tables of its featureless node types (``storage.train``). Of a link
     prediction model, the encoder: ``hidden`` outputs, the nodes' embeddings (the decoder is not needed)."""
-    link = is_link(train)
     in_channels: int | dict[str, int | None] = (
         features.num_features if partition.schema.is_homogeneous else typed_in_channels(partition, features))
     model = build_encoder(train_params(train), in_channels=in_channels, num_classes=features.num_classes,
                           schema=partition.schema, num_edge_features=partition.num_edge_features).module
     state, tables = split_model_state(torch.load(io.BytesIO(store.read_bytes("train", train.key, MODEL)),
                                                  map_location="cpu", weights_only=True))
-    model.load_state_dict(submodule_state(state, ENCODER) if link else state)
+    model.load_state_dict(infer_task(train).model_state(state))
     return model.eval(), tables
 
 
@@ -78,17 +72,6 @@ def node_type_of(partition: PartitionArtifact) -> Callable[[torch.Tensor], torch
     return lambda gid: index.locate(gid)[0]
 
 
-def labelled_lids(partition: PartitionArtifact, rank: int) -> torch.Tensor:
-    """The lids of rank ``rank``'s nodes of the labelled node types (a homogeneous graph's: all of them)."""
-    table = partition.range_table()
-    lo = int(table.bounds[rank])
-    labelled = {t.name for t in partition.schema.labelled}
-    ranges = [table.type_range(rank, t) for t, node_type in enumerate(partition.schema.node_types)
-              if node_type.name in labelled]
-    return torch.cat([torch.arange(a - lo, b - lo, dtype=torch.long) for a, b in ranges]
-                     or [torch.empty(0, dtype=torch.long)])
-
-
 def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict[str, Any]:
     """Rank ``rank``'s share of the job: its outputs written, its figures returned. Collective (every rank)."""
     params = Params(**spec.params)
@@ -99,7 +82,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
     bounds = partition.bounds()
     check_world_size(world, int(bounds.shape[0]) - 1)
     lo = int(bounds[rank])
-    link = is_link(trained)
+    task = infer_task(trained)
     with measure() as cost:
         # indices as stored (int32 below 2^31 nodes); start_egid: the batches' e_id
         csr = LocalCSR.from_part(partition.csr(rank, native=True), start_egid=int(partition.edge_bounds()[rank]))
@@ -122,47 +105,11 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
 
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
             out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
-            classes = None if link else softmax_in_place(out)
-        if classes is None:   # a link model's outputs are the embeddings themselves
-            write_part_link_embeddings(group, part=rank, start_gid=lo, emb=out.numpy(),
-                                       embedding_layers=engine.observed_layers)
-        else:
-            write_part_predictions(group, part=rank, start_gid=lo, pred=classes[0].numpy(),
-                                   prob=classes[1].numpy(), embedding_layers=engine.observed_layers)
+            figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)
     record = {"rank": rank, "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
               "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
               "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
               "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],
               "peak_rss_bytes": cost["peak_rss_bytes"], "start_rss_bytes": cost["start_rss_bytes"],
               "peak_rss_source": cost["peak_rss_source"], "matrices": space.figures()}
-    if classes is None:
-        return {**record, "embedding_width": int(out.shape[1])}
-    return {**record, **class_figures(partition, part, rank, classes[0], int(out.shape[1]))}
-
-
-def softmax_in_place(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(argmax, probabilities)`` of ``logits`` [n, C], the probabilities written over the logits a piece of
-    ``PIECE_ROWS`` rows at a time: at 14 M nodes and 172 classes a rank's logits are 4.8 GB (maybe memory-mapped),
-    which a second whole-size softmax output would double."""
-    pred = torch.empty(logits.shape[0], dtype=torch.long)
-    for a in range(0, logits.shape[0], PIECE_ROWS):
-        piece = logits[a:a + PIECE_ROWS]
-        pred[a:a + PIECE_ROWS] = piece.argmax(dim=1)
-        piece.copy_(torch.softmax(piece, dim=1))
-    return pred, logits
-
-
-def class_figures(partition: PartitionArtifact, part: PartFeatures, rank: int, pred: torch.Tensor,
-                  num_classes: int) -> dict[str, Any]:
-    """A node classifier's figures of rank ``rank``: correct predictions and labelled nodes per split, and the
-    predicted and labelled counts per class."""
-    y = torch.from_numpy(part.y)
-    labelled_lid = labelled_lids(partition, rank)   # the classes predicted for the types the model was taught
-    correct, total = {}, {}
-    for split in SPLITS:
-        lid = torch.from_numpy(part.split_lids[split])
-        correct[split] = int((pred.index_select(0, lid) == y.index_select(0, lid)).sum())
-        total[split] = int(lid.numel())
-    return {"num_classes": num_classes, "correct": correct, "total": total,
-            "pred_count": torch.bincount(pred.index_select(0, labelled_lid), minlength=num_classes).tolist(),
-            "label_count": torch.bincount(y[y >= 0], minlength=num_classes).tolist()}
+    return {**record, **figures}

@@ -1,6 +1,6 @@
 """Scores of node pairs from a link prediction model's published outputs: the infer artifact's node embeddings
 (``storage.infer``: ``emb/out``, row i = orig id i) and the train artifact's decoder (``model.pt``'s ``decoder.*``),
-as the train stage scores a pair: ``decoder(h_src, h_dst)`` (``stages.train.link_task.LinkModel``), here in eval
+as the train stage scores a pair: ``decoder(h_src, h_dst)`` (``stages.train.tasks.link.LinkModel``), here in eval
 mode (no dropout) and float32 (a bfloat16-trained model autocast its products; the weights are float32).
 
 A score is the decoder's logit: with the built-in ``bce`` loss, ``sigmoid(score)`` is the modelled probability of
@@ -17,8 +17,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from stages.infer.link import DECODER, is_link, submodule_state
+from stages.infer.link import DECODER, submodule_state
 from stages.infer.params import train_params
+from stages.infer.tasks import build_task, infer_task
 from storage import ArtifactStore, InputError, Manifest
 from storage.infer_artifact import InferArtifact
 from storage.train import MODEL, split_model_state
@@ -76,7 +77,7 @@ def link_build(store: ArtifactStore, infer: Manifest) -> tuple[InferArtifact, Ma
     """The infer build's artifact and its train manifest, when they hold a link prediction model."""
     train = store.load("train", infer.upstream["train"])
     art = InferArtifact(store, infer)
-    if art.task != "link" or not is_link(train):
+    if not (build_task(infer.summary).scores_pairs and infer_task(train).scores_pairs):
         raise InputError(f"infer/{infer.key} holds a node classifier's predictions (train/{train.key} has "
                          f"task=node): pairs are scored with a link prediction model (train.task=link)")
     return art, train

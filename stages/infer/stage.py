@@ -30,13 +30,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from stages.executor import parse_executor
 from stages.infer.export_units import export_on, labels_and_splits
-from stages.infer.link import is_link, link_metrics, link_report, link_summary
 from stages.infer.params import Params
 from stages.infer.spec import InferSpec
+from stages.infer.tasks import InferTask, build_task, infer_task
 from stages.jobs.errors import JobError, JobKind
 from stages.meter import measure
 from stages.run_log import stage_log
@@ -44,11 +42,8 @@ from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_infer
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.features import FeaturesArtifact
-from storage.graph import SPLITS
 from storage.infer import (
-    METRICS,
     NODES,
-    PREDICTIONS,
     job_result_dir,
     job_scratch_dir,
     job_spec_path,
@@ -59,7 +54,7 @@ from storage.infer_export import export_link_embeddings, export_orig_order
 from storage.leftovers import infer_job_dir
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, PartitionBook
-from storage.report import Report, markdown_table, percent
+from storage.report import Report
 
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
@@ -115,24 +110,22 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         from stages.tracking.events import write_infer_events
 
         nonlocal built
-        link = is_link(trained)
+        task = infer_task(trained)
         with measure() as cost:
             ranks = _launch(store, params, upstream, writer, log)
             common = _common_metrics(ranks, trained, params, num_layers)
-            metrics = link_metrics(common, ranks, trained) if link else _metrics(common, ranks, trained)
+            metrics = task.metrics(common, ranks, trained)
             parts = PartitionArtifact(store, partition)
             book = parts.book()
             metrics["node_types"] = _node_types(parts)
-            export = _export(store, params, writer, upstream, metrics, parts, book, link=link, progress=progress)
-            if link:
-                metrics["link_metrics"] = _link_metrics(store, trained, parts, book, writer.file_url(NODES))
-                metrics["scalars"].update(_link_scalars(metrics["link_metrics"]))
+            export = _export(store, params, writer, upstream, metrics, parts, book, task=task, progress=progress)
+            task.after_export(store, trained, parts, book, writer.file_url(NODES), metrics)
         metrics.update(export)
         metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
         metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
         write_metrics(writer, metrics)
         write_infer_events(writer, metrics["scalars"])
-        writer.summary.update(link_summary(metrics, _summary_ranks(metrics)) if link else _summary(metrics))
+        writer.summary.update(task.summary(metrics, _summary_ranks(metrics)))
         writer.summary.update(cost)
         writer.summary.update({k: export[k] for k in ("export_executor_slots", "export_units") if k in export})
         built = True
@@ -144,35 +137,22 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
 
 
 def _export(store: ArtifactStore, params: Params, writer: StageWriter, upstream: Mapping[str, Manifest],
-            metrics: dict[str, Any], parts: PartitionArtifact, book: PartitionBook, *, link: bool, progress: bool
-            ) -> dict[str, Any]:
+            metrics: dict[str, Any], parts: PartitionArtifact, book: PartitionBook, *, task: InferTask,
+            progress: bool) -> dict[str, Any]:
     """The exports in orig-id order (``storage.infer_export``): in this process with ``executor=local``, as before
     executors, else their chunks as units on the executor (``stages.infer.export_units``); returns figures."""
     layers = metrics["embedding_layers"]
     if parse_executor(params.executor).kind != "local":
         return export_on(params.executor, store, writer, partition=upstream["partition"],
-                         features=None if link else upstream["features"],
+                         features=upstream["features"] if task.classes else None,
                          num_classes=metrics.get("num_classes", 0), embedding_layers=layers)
-    if link:
+    if not task.classes:   # no labels to join: the embeddings alone
         return export_link_embeddings(writer, book=book, embedding_layers=layers, schema=parts.schema,
                                       progress=progress)
     label_of_gid, split_of_gid = labels_and_splits(FeaturesArtifact(store, upstream["features"]), book.num_partitions)
     return export_orig_order(writer, book=book, label_of_gid=label_of_gid, split_of_gid=split_of_gid,
                              num_classes=metrics["num_classes"], schema=parts.schema, embedding_layers=layers,
                              progress=progress)
-
-
-def _link_metrics(store: ArtifactStore, trained: Manifest, parts: PartitionArtifact, book: PartitionBook,
-                  nodes_url: str) -> dict[str, Any]:
-    from stages.infer.link_eval import evaluate  # torch and ogb: imported for a link build only
-
-    return evaluate(store, trained, parts, book, nodes_url)
-
-
-def _link_scalars(link_metrics: dict[str, Any]) -> dict[str, float]:
-    from stages.infer.link_eval import scalars
-
-    return scalars(link_metrics)
 
 
 def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], writer: StageWriter,
@@ -214,19 +194,6 @@ def _node_types(partition: PartitionArtifact) -> list[dict[str, Any]]:
             for i, t in enumerate(schema.node_types)]
 
 
-def _ratio(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
-def sampled_accuracy(train_summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The train stage's accuracies of the published (best-validation) model, each measured on sampled
-    neighbourhoods: train as logged during its epoch (dropout on), valid and test in eval mode."""
-    best = train_summary.get("best_epoch")
-    epoch: Mapping[str, Any] = next((e for e in train_summary.get("epochs", []) if e.get("epoch") == best), {})
-    return {"train": epoch.get("train_acc"), "valid": train_summary.get("best_val_acc"),
-            "test": train_summary.get("test_acc")}
-
-
 def _common_metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Params,
                     num_layers: int) -> dict[str, Any]:
     """The figures of every infer build, a node classifier's or a link model's."""
@@ -243,20 +210,6 @@ def _common_metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Para
             "ranks": ranks, "scalars": scalars}
 
 
-def _metrics(common: dict[str, Any], ranks: list[dict[str, Any]], trained: Manifest) -> dict[str, Any]:
-    """A node classifier's metrics: ``common`` and its classes, accuracies and counts."""
-    correct = {s: sum(r["correct"][s] for r in ranks) for s in SPLITS}
-    total = {s: sum(r["total"][s] for r in ranks) for s in SPLITS}
-    accuracy = {s: _ratio(correct[s], total[s]) for s in SPLITS}
-    pred_count = np.sum([r["pred_count"] for r in ranks], axis=0).astype(int).tolist()
-    label_count = np.sum([r["label_count"] for r in ranks], axis=0).astype(int).tolist()
-    scalars: dict[str, float] = {f"infer/acc_{s}": a for s, a in accuracy.items() if a is not None}
-    scalars.update(common["scalars"])   # the accuracies first, as before
-    return {**common, "num_classes": int(ranks[0]["num_classes"]), "accuracy": accuracy, "correct": correct,
-            "total": total, "sampled_accuracy": sampled_accuracy(trained.summary), "pred_count": pred_count,
-            "label_count": label_count, "scalars": scalars}
-
-
 def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"rank": r["rank"], "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
@@ -264,15 +217,6 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
              "layer_s": [layer["seconds"] for layer in r["layers"]],
              "mapped_mib": round(r["matrices"]["mapped_bytes"] / 2**20, 1)} for r in m["ranks"]]
-
-
-def _summary(m: dict[str, Any]) -> dict[str, Any]:
-    ranks = _summary_ranks(m)
-    keys = ("mode", "fanouts", "path", "num_nodes", "num_partitions", "num_classes", "num_layers",
-            "embedding_layers", "embeddings", "accuracy", "sampled_accuracy", "correct", "total", "train_key",
-            "pred_count", "label_count", "scalars", "exported_nodes", "node_types")
-    return {**{k: m[k] for k in keys}, "ranks": ranks, "files": {"predictions": PREDICTIONS, "nodes": NODES,
-                                                                 "metrics": METRICS}}
 
 
 def _ranks_table(s: dict[str, Any]) -> list[dict[str, Any]]:
@@ -283,37 +227,4 @@ def _ranks_table(s: dict[str, Any]) -> list[dict[str, Any]]:
 
 def report(manifest: Manifest) -> Report:
     s = manifest.summary
-    if s.get("task") == "link":
-        return link_report(manifest.uri, manifest.key, s, _ranks_table(s))
-    acc, sampled = s["accuracy"], s["sampled_accuracy"]
-    how = "exact" if s["mode"] == "exact" else f"sampled ({','.join(map(str, s['fanouts']))})"
-    peak = max(r["peak_rss_mib"] for r in s["ranks"])
-    headline = (f"{how} inference of {s['num_nodes']:,} nodes on {s['num_partitions']} rank(s): accuracy train "
-                f"{percent(acc['train'])}, valid {percent(acc['valid'])}, test {percent(acc['test'])} (training's "
-                f"sampled test {percent(sampled['test'])}) | {s['wall_s']:.1f} s, peak RSS {peak:.0f} MiB/rank | "
-                f"predictions: {manifest.uri}/{PREDICTIONS}")
-    table = [{"split": split, "nodes": s["total"][split], "exact": percent(acc[split]),
-              "sampled (train stage)": percent(sampled[split])} for split in SPLITS]
-    labelled = max(sum(s["label_count"]), 1)
-    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(sum(s["pred_count"]), 1)),
-                "labelled": s["label_count"][c], "labelled_share": percent(s["label_count"][c] / labelled)}
-               for c, n in enumerate(s["pred_count"])]
-    ranks = _ranks_table(s)
-    emb = (f"hidden layer(s) {', '.join(map(str, s['embedding_layers']))} in `{NODES}/emb/layer-<l>`"
-           if s["embedding_layers"] else "no hidden layer observed (a 1-layer model, or a plain model without "
-                                         "`convs`)")
-    types = [{c: t[c] for c in ("node_type", "nodes", "features", "labelled", "orig_ids")}
-             for t in s.get("node_types", [])]
-    typed = (f"### Node types\n\nEvery node is predicted; the classes are those of the labelled type(s), the "
-             f"hidden layers' rows are every type's embeddings. Exports name each node's `node_type` and "
-             f"`type_orig_id`.\n\n{markdown_table(types)}\n\n" if len(types) > 1 else "")
-    md = (f"## infer `{manifest.key}`\n\n{headline}\n\nModel of train `{s['train_key']}`, {s['num_layers']} layers, "
-          f"computed {s['path']}. Outputs in orig-id order: `{manifest.uri}/{PREDICTIONS}` (orig_id, "
-          f"{'node_type, type_orig_id, ' if len(types) > 1 else ''}pred, prob_<c>, label, split) and "
-          f"`{manifest.uri}/{NODES}` (pred, prob, label, split, embeddings); "
-          f"embeddings: {emb}. Per partition: `part-<p>.zarr`.\n\n"
-          f"### Accuracy\n\nThe train stage measured its accuracies on sampled neighbourhoods (train: during its "
-          f"epoch, with dropout).\n\n{markdown_table(table)}\n\n"
-          f"### Predicted classes (labelled node types)\n\n{markdown_table(classes)}\n\n{typed}"
-          f"### Ranks\n\n{markdown_table(ranks)}\n")
-    return Report(headline, table, md)
+    return build_task(s).report(manifest.uri, manifest.key, s, _ranks_table(s))

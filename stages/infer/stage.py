@@ -60,6 +60,7 @@ from storage.leftovers import infer_job_dir
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report, markdown_table, percent
+from storage.train_summary import TrainSummary, epoch_metric
 
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
@@ -232,10 +233,9 @@ def _ratio(num: int, den: int) -> float | None:
 def sampled_accuracy(train_summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The train stage's accuracies of the published (best-validation) model, each measured on sampled
     neighbourhoods: train as logged during its epoch (dropout on), valid and test in eval mode."""
-    best = train_summary.get("best_epoch")
-    epoch: Mapping[str, Any] = next((e for e in train_summary.get("epochs", []) if e.get("epoch") == best), {})
-    return {"train": epoch.get("train_acc"), "valid": train_summary.get("best_val_acc"),
-            "test": train_summary.get("test_acc")}
+    trained = TrainSummary.from_json(train_summary)
+    return {"train": epoch_metric(trained.best_epoch_record(), "train_metric"), "valid": trained.best_val_metric,
+            "test": trained.test_metric}
 
 
 def _common_metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Params,

@@ -16,6 +16,7 @@ from storage import Manifest
 from storage.graph import SPLITS
 from storage.infer import METRICS, NODES, PREDICTIONS
 from storage.report import Report, markdown_table, percent
+from storage.train_summary import TrainSummary, epoch_metric
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -25,10 +26,9 @@ def _ratio(num: int, den: int) -> float | None:
 def sampled_accuracy(train_summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The train stage's accuracies of the published (best-validation) model, each measured on sampled
     neighbourhoods: train as logged during its epoch (dropout on), valid and test in eval mode."""
-    best = train_summary.get("best_epoch")
-    epoch: Mapping[str, Any] = next((e for e in train_summary.get("epochs", []) if e.get("epoch") == best), {})
-    return {"train": epoch.get("train_acc"), "valid": train_summary.get("best_val_acc"),
-            "test": train_summary.get("test_acc")}
+    trained = TrainSummary.from_json(train_summary)
+    return {"train": epoch_metric(trained.best_epoch_record(), "train_metric"), "valid": trained.best_val_metric,
+            "test": trained.test_metric}
 
 
 def node_metrics(common: dict[str, Any], ranks: list[dict[str, Any]], trained: Manifest) -> dict[str, Any]:

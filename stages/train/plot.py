@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # headless: no display on workers or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from storage.report import percent  # noqa: E402
+from storage.train_summary import TrainSummary, epoch_metric  # noqa: E402
 
 
 def _pct(value: float | None) -> float:
@@ -30,22 +31,23 @@ def _png(fig: Any) -> bytes:
 def curves_png(metrics: dict[str, Any]) -> bytes:
     """Training loss (left axis) and train/validation accuracy (right axis) per epoch, from ``metrics.json``; the
     best validation epoch marked, with the test accuracy of its model and of the last epoch's."""
-    epochs = metrics["epochs"]
+    m = TrainSummary.from_json(metrics)
+    epochs = m.epochs
     x = [e["epoch"] + 1 for e in epochs]
-    best, last = metrics["best_epoch"] + 1, metrics["last_epoch"] + 1
+    best, last = m.best_epoch + 1, m.last_epoch + 1
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     ax.plot(x, [e["loss"] for e in epochs], "-o", color="C3", ms=3, label="train loss")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     acc = ax.twinx()
-    acc.plot(x, [_pct(e["train_acc"]) for e in epochs], "-o", color="C0", ms=3, label="train acc")
-    acc.plot(x, [_pct(e["val_acc"]) for e in epochs], "-s", color="C2", ms=3, label="val acc")
-    selected = f"best val: epoch {best}" if metrics["best_val_acc"] is not None else f"no val split: epoch {best}"
+    acc.plot(x, [_pct(epoch_metric(e, "train_metric")) for e in epochs], "-o", color="C0", ms=3, label="train acc")
+    acc.plot(x, [_pct(epoch_metric(e, "val_metric")) for e in epochs], "-s", color="C2", ms=3, label="val acc")
+    selected = f"best val: epoch {best}" if m.best_val_metric is not None else f"no val split: epoch {best}"
     acc.axvline(best, color="C2", ls=":", alpha=0.7, label=selected)
-    acc.plot([best], [_pct(metrics["test_acc"])], "*", color="C1", ms=11,
-             label=f"test acc at best {percent(metrics['test_acc'], 1)}")
-    acc.plot([last], [_pct(metrics["test_acc_last"])], "x", color="C7", ms=8, mew=2,
-             label=f"test acc, last epoch {percent(metrics['test_acc_last'], 1)}")
+    acc.plot([best], [_pct(m.test_metric)], "*", color="C1", ms=11,
+             label=f"test acc at best {percent(m.test_metric, 1)}")
+    acc.plot([last], [_pct(m.test_metric_last)], "x", color="C7", ms=8, mew=2,
+             label=f"test acc, last epoch {percent(m.test_metric_last, 1)}")
     acc.set_ylabel("accuracy (%)")
     acc.set_ylim(0, 100)
     lines = ax.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]

@@ -45,6 +45,7 @@ from storage.train import (
     spec_path,
     write_train_artifact,
 )
+from storage.train_summary import TrainSummary
 
 NAME = "train"
 VERSION = 5   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
@@ -216,32 +217,33 @@ def _types_section(s: dict[str, Any]) -> str:
 
 def report(manifest: Manifest) -> Report:
     s = manifest.summary
-    m, r = s["model"], s["recipe"]
+    t = TrainSummary.from_json(s)
+    m, r = t.model, s["recipe"]
     nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
-    stop = f", stopped early (patience {r['patience']})" if s["stopped_early"] else ""
+    stop = f", stopped early (patience {r['patience']})" if t.stopped_early else ""
     # an empty valid or test split has no accuracy: None in the summary, "n/a" here (never "0.00 %")
-    name = s["task"].get("metric", "accuracy")   # the task's selected metric: accuracy, or link prediction's mrr
+    name = t.metric_name   # the task's selected metric: accuracy, or link prediction's mrr
 
     def shown(value: float | None) -> str:
         return percent(value) if name == "accuracy" or value is None else f"{value:.4f}"
 
-    if s["best_val_acc"] is None:
-        selected = f"(no validation split: the last epoch's model, epoch {s['best_epoch'] + 1})"
+    if t.best_val_metric is None:
+        selected = f"(no validation split: the last epoch's model, epoch {t.best_epoch + 1})"
     else:
-        selected = f"at the best validation epoch {s['best_epoch'] + 1} (val {shown(s['best_val_acc'])})"
+        selected = f"at the best validation epoch {t.best_epoch + 1} (val {shown(t.best_val_metric)})"
     headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test {name} "
-                f"{shown(s['test_acc'])} {selected}; last epoch {s['last_epoch'] + 1}: test "
-                f"{shown(s['test_acc_last'])} | {len(s['epochs'])} epochs{stop}, {s['mean_epoch_s']:.2f} "
+                f"{shown(t.test_metric)} {selected}; last epoch {t.last_epoch + 1}: test "
+                f"{shown(t.test_metric_last)} | {len(t.epochs)} epochs{stop}, {s['mean_epoch_s']:.2f} "
                 f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
                 f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
     cols = ("epoch", "loss", "train_acc", "val_acc", "lr", "epoch_s", "sampled_edges_per_s", "hit_rate",
             "cached_rows", "local_rows", "remote_rows", "remote_bytes")
     table = [{**{c: ("n/a" if e[c] is None else e[c]) for c in cols}, "epoch": e["epoch"] + 1}   # 1-based, as logged
-             for e in s["epochs"]]
+             for e in t.epochs]
     ranks = [{k: v for k, v in rank.items() if k != "types"} for rank in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
-    published = ("The published model is the best validation epoch's" if s["best_val_acc"] is not None else
+    published = ("The published model is the best validation epoch's" if t.best_val_metric is not None else
                  "The validation split is empty: the published model is the last epoch's")
     path = (" It does not follow the block protocol: each batch ran whole, every layer over every sampled node."
             if m["whole_batch"] else "")

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
+from stages.runtime.sums import FieldSums
 from stages.train.loop import EpochSums
 from storage.report import percent
 
@@ -18,6 +19,15 @@ from storage.report import percent
 def or_none(value: float) -> float | None:
     """``value``, or None for NaN: a metric over an empty split (``Task.metric``), written as JSON null."""
     return None if math.isnan(value) else value
+
+
+@dataclass
+class _Totals(FieldSums):
+    """One rank's sums of an epoch that add over ranks (beside its ``FeatureCounters``), all-reduced together."""
+
+    loss_sum: float
+    seeds: int
+    sampled_edges: int
 
 
 @dataclass(frozen=True)
@@ -54,19 +64,18 @@ class EpochStats:
         A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``metric``: the task's,
         from the summed ``sums.metric_sums``; ``val_acc`` is global already; ``batches`` is equal on every rank.
         """
-        (loss_sum, seeds, edges, req, hits, local, remote, cached_bytes, local_bytes, remote_bytes,
-         *metric_sums) = all_reduce_f64(
-            [sums.loss_sum, sums.seeds, sums.sampled_edges, traffic.requested_rows, traffic.cache_hits,
-             traffic.local_rows, traffic.remote_rows, traffic.cached_bytes, traffic.local_bytes,
-             traffic.remote_bytes, *sums.metric_sums])
+        totals = _Totals(loss_sum=sums.loss_sum, seeds=sums.seeds, sampled_edges=sums.sampled_edges)
+        n, m = len(_Totals.names()), len(FeatureCounters.names())
+        summed = all_reduce_f64([*totals.values(), *traffic.values(), *sums.metric_sums])
+        total, rows = _Totals.from_values(summed[:n]), FeatureCounters.from_values(summed[n:n + m])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
-        return cls(epoch=epoch, loss=loss_sum / max(seeds, 1), train_acc=metric(metric_sums), val_acc=val_acc,
-                   lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=int(seeds), batches=sums.batches,
-                   sampled_edges=int(edges),
-                   sampled_edges_per_s=edges / max(epoch_s, 1e-9), hit_rate=hits / max(req, 1),
-                   requested_rows=int(req), cached_rows=int(hits), local_rows=int(local), remote_rows=int(remote),
-                   cached_bytes=int(cached_bytes), local_bytes=int(local_bytes),
-                   remote_bytes=int(remote_bytes))
+        edges = total.sampled_edges
+        return cls(epoch=epoch, loss=total.loss_sum / max(total.seeds, 1), train_acc=metric(summed[n + m:]),
+                   val_acc=val_acc, lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=total.seeds,
+                   batches=sums.batches, sampled_edges=edges, sampled_edges_per_s=edges / max(epoch_s, 1e-9),
+                   hit_rate=rows.cache_hits / max(rows.requested_rows, 1), requested_rows=rows.requested_rows,
+                   cached_rows=rows.cache_hits, local_rows=rows.local_rows, remote_rows=rows.remote_rows,
+                   cached_bytes=rows.cached_bytes, local_bytes=rows.local_bytes, remote_bytes=rows.remote_bytes)
 
     def as_dict(self) -> dict[str, Any]:
         """The record of ``metrics.json``: JSON-ready, a metric over an empty split None."""

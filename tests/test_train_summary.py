@@ -1,0 +1,43 @@
+"""``storage.train_summary.TrainSummary``: the task-neutral reading of the train stage's stored metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.infer.node import sampled_accuracy
+from storage.train_summary import TrainSummary, epoch_metric
+
+# a metrics.json as built before the typed record (accuracy-named keys; task=link keeps its MRR under them)
+OLD_METRICS: dict[str, Any] = {
+    "epochs": [{"epoch": 0, "loss": 1.2, "train_acc": 0.4, "val_acc": 0.5},
+               {"epoch": 1, "loss": 0.9, "train_acc": 0.6, "val_acc": 0.7}],
+    "test_acc": 0.65, "test_acc_last": 0.64, "best_val_acc": 0.7, "best_epoch": 1, "last_epoch": 1,
+    "final_val_acc": 0.7, "stopped_early": False,
+    "task": {"name": "link", "evaluator": None, "metric": "mrr"}, "test_metrics": {"mrr": 0.65},
+    "recipe": {"loss": "bce", "lr": 0.01}, "model": {"kind": "sage"}, "world_size": 2, "cache_policy": "none",
+}
+
+
+def test_old_keys_read_under_neutral_names() -> None:
+    s = TrainSummary.from_json(OLD_METRICS)
+    assert (s.metric_name, s.test_metric, s.test_metric_last) == ("mrr", 0.65, 0.64)
+    assert (s.best_val_metric, s.final_val_metric, s.best_epoch, s.last_epoch) == (0.7, 0.7, 1, 1)
+    assert s.extra == {"recipe": {"loss": "bce", "lr": 0.01}, "world_size": 2, "cache_policy": "none"}
+    assert epoch_metric(s.best_epoch_record(), "train_metric") == 0.6
+
+
+def test_neutral_keys_read_too() -> None:
+    new = {"metric_name": "accuracy", "test_metric": 0.8, "best_val_metric": None, "final_val_metric": 0.3,
+           "epochs": [{"epoch": 0, "train_metric": 0.9, "val_metric": 0.3}], "other": 1}
+    s = TrainSummary.from_json(new)
+    assert (s.metric_name, s.test_metric, s.best_val_metric, s.final_val_metric) == ("accuracy", 0.8, None, 0.3)
+    assert epoch_metric(s.epochs[0], "val_metric") == 0.3 and s.extra == {"other": 1}
+
+
+def test_round_trip_keeps_the_stored_form() -> None:
+    assert TrainSummary.from_json(OLD_METRICS).to_json() == OLD_METRICS
+
+
+def test_infer_reads_train_metrics_through_the_record() -> None:
+    assert sampled_accuracy(OLD_METRICS) == {"train": 0.6, "valid": 0.7, "test": 0.65}
+    assert sampled_accuracy({}) == {"train": None, "valid": None, "test": None}

@@ -11,9 +11,9 @@
   (an epoch's metrics, all-reduced), ``guard`` (a NaN/Inf loss stops every rank), ``checkpoint`` (atomic save,
   resume agreement), ``rng`` (per-epoch reseeded streams), ``faults`` (test-only fault injection), ``cache_policy``
   (which gids each rank caches).
-- Tasks: ``tasks/`` (the Task seam and its registry ``TASKS``: node, link; what the trainer, this stage and
-  hotness ask of a task instead of branching on its name), ``link_decoders`` (a pair's score and the loss),
-  ``link_metrics`` (OGB's link metrics over all ranks).
+- Tasks: ``tasks`` (the package of the Task seam and its registry ``TASKS``: node, link; what the trainer, this
+  stage and hotness ask of a task instead of branching on its name), ``link_decoders`` (a pair's score and the
+  loss), ``link_metrics`` (OGB's link metrics over all ranks).
 - Models: ``model`` (the built-in SAGE/GCN/GAT), ``blocks`` (per-layer computation on a sampled batch), ``hgt`` (HGT
   on blocks), ``typed_model`` (R-GCN, R-GAT, an MLP baseline and the typed input), ``model_contract`` (the flags a
   model declares, ``BlockModel``, and their one reader), ``encoder`` (the node model built from the params, for the

@@ -14,6 +14,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect-test"))
+if os.environ.get("PYTEST_XDIST_WORKER"):   # `make test` runs files in parallel processes: a Prefect home each (its
+    # profiles, local result storage and the temporary servers' SQLite files are not shared between processes)
+    os.environ["PREFECT_HOME"] = str(Path(os.environ["PREFECT_HOME"]) / "xdist" / os.environ["PYTEST_XDIST_WORKER"])
 
 # A graph small enough to run every stage in about a second, with community structure so METIS has a cut to find.
 TINY: dict[str, Any] = {"dataset": "synthetic", "num_nodes": 3000, "avg_degree": 10.0, "num_features": 16,

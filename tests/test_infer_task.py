@@ -30,9 +30,20 @@ def test_lookup_by_the_train_manifest() -> None:
 
 
 def test_unknown_task_is_one_input_error() -> None:
-    with pytest.raises(InputError, match="task 'graph' has no inference") as err:
+    with pytest.raises(InputError, match="task=graph is not a known task: use one of node, link") as err:
         infer_task(_train({"task": "graph"}))
     assert "\n" not in str(err.value)
+
+
+def test_every_registered_task_has_its_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One list of tasks, the train registry's; a task registered there without an inference is one line."""
+    from stages.train.tasks import TASKS
+    from stages.train.tasks.kinds import NODE
+
+    assert set(INFER_TASKS) == set(TASKS)
+    monkeypatch.setitem(TASKS, "graph", NODE)
+    with pytest.raises(InputError, match="task 'graph' has no inference"):
+        infer_task(_train({"task": "graph"}))
 
 
 def test_link_model_state_is_its_encoder() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from stages.infer.link import ENCODER, link_metrics, link_report, link_summary, submodule_state
 from stages.infer.node import node_metrics, node_report, node_summary
+from stages.train.tasks import task_def
 from storage import InputError, Manifest
 from storage.report import Report
 
@@ -128,13 +129,15 @@ class LinkTask:
         return link_report(uri, key, summary, ranks_table)
 
 
-# Keyed by the train parameter ``task``. The train side's task registry (``stages.train.tasks``: TASKS, task_def)
-# will point at these entries, so that a task is declared once for both stages.
+# Keyed by the train parameter ``task``, whose registry (``stages.train.tasks.TASKS``) is the list of tasks:
+# tests/test_infer_task.py checks that every registered task has its inference here.
 INFER_TASKS: dict[str, InferTask] = {"node": NodeTask(), "link": LinkTask()}
 
 
 def infer_task_named(name: str) -> InferTask:
-    """The infer side of task ``name``; one InputError line for a task infer does not know."""
+    """The infer side of task ``name``: the train registry (``stages.train.tasks.TASKS``) says whether the task
+    exists, then this one whether it has an inference; one InputError line for either."""
+    task_def(name)
     try:
         return INFER_TASKS[name]
     except KeyError:

@@ -18,11 +18,10 @@ def run_stages(cfg_values: Mapping[str, Any], on_built: Callable[[str, Manifest]
     cfg = make_config(dict(cfg_values))
     store = ArtifactStore(cfg.artifacts)
     manifests: dict[str, Manifest] = {}
-    with run_scope() as release_clusters:   # one dask[:N] cluster for the stages (stages.executor)
+    with run_scope() as before_stage:   # one dask[:N] cluster for the stages (stages.executor)
         for name in cfg.stages():
             module, params = STAGES[name], cfg.stage_params(name)
-            if "executor" not in type(params).model_fields:
-                release_clusters()
+            before_stage(params)
             manifests[name] = module.run(store, params, {u: manifests[u] for u in module.UPSTREAM}, progress=False)
             if on_built is not None:
                 on_built(name, manifests[name])

@@ -62,18 +62,17 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the stages of ``cfg`` inside the current flow run; returns each stage's state, key and headline."""
     store = ArtifactStore(cfg.artifacts)
     store.check_writable()
-    with run_scope() as release_clusters:   # one dask[:N] cluster for the run's stages (stages.executor)
-        return _run_stages(cfg, store, release_clusters)
+    with run_scope() as before_stage:   # one dask[:N] cluster for the run's stages (stages.executor)
+        return _run_stages(cfg, store, before_stage)
 
 
-def _run_stages(cfg: PipelineConfig, store: ArtifactStore, release_clusters: Callable[[], None]) -> dict[str, Any]:
+def _run_stages(cfg: PipelineConfig, store: ArtifactStore, before_stage: Callable[[Any], None]) -> dict[str, Any]:
     logger = get_run_logger()
     results: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name in cfg.stages():
         module, params = STAGES[name], cfg.stage_params(name)
-        if "executor" not in type(params).model_fields:   # training: its ranks get the idle workers' CPUs and memory
-            release_clusters()
+        before_stage(params)   # stops the run's cluster before training: its ranks get the workers' CPUs and memory
         upstream = {u: keys[u] for u in module.UPSTREAM}
         key = artifact_key(module, params, upstream)
         forced = name in cfg.force

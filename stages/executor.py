@@ -273,6 +273,12 @@ class _Scope:
             self.runners[text] = runner
         return self.runners[text]
 
+    def before_stage(self, params: Any) -> None:
+        """Stop the clusters before a stage without units (its Params has no ``executor``): training's ranks need
+        the memory and CPUs the idle workers hold."""
+        if "executor" not in type(params).model_fields:
+            self.close()
+
     def close(self) -> None:
         runners, self.runners = list(self.runners.values()), {}
         for runner in runners:
@@ -287,14 +293,14 @@ class _Scope:
 
 
 @contextmanager
-def run_scope() -> Iterator[Callable[[], None]]:
+def run_scope() -> Iterator[Callable[[Any], None]]:
     """One ``dask[:N]`` cluster for every stage of a run inside the block (module docstring), stopped when the
-    block ends however it ends; yields ``release``, which stops it now (before a stage without units: training
-    needs the memory and CPUs its idle workers hold)."""
+    block ends however it ends; yields ``before_stage(params)``, called with each stage's Params before it runs,
+    which stops the cluster before a stage without units."""
     scope, before = _Scope(), _Scope.current
     _Scope.current = scope
     try:
-        yield scope.close
+        yield scope.before_stage
     finally:
         _Scope.current = before
         scope.close()

@@ -127,3 +127,25 @@ def test_units_are_prefect_task_runs(tiny: dict[str, Any], dask_cluster: str, pr
         assert [str(p.id) for p in unit.task_inputs["__parents__"]] == [str(stage[0].id)]
     store = ArtifactStore(tiny["artifacts"])
     assert store.find("features", results["features"]["key"]) is not None
+
+
+def test_the_run_scope_stops_its_cluster_before_a_stage_without_units() -> None:
+    """The data stages keep the run's cluster; the first stage whose Params has no ``executor`` (train) stops it,
+    so its ranks get the workers' CPUs and memory."""
+    cfg = make_config(TINY, executor="dask:2")
+    exits: list[str] = []
+
+    class Runner:
+        def __exit__(self, *exc: object) -> None:
+            exits.append("closed")
+
+    with executor.run_scope() as before_stage:
+        scope = executor._Scope.current
+        assert scope is not None
+        scope.runners["dask:2"] = Runner()
+        for name in DATA_STAGES:
+            before_stage(cfg.stage_params(name))
+        assert exits == [] and list(scope.runners) == ["dask:2"]
+        before_stage(cfg.stage_params("train"))
+        assert exits == ["closed"] and scope.runners == {}
+    assert exits == ["closed"] and executor._Scope.current is None

@@ -1,6 +1,6 @@
 """The preprocessing memory budget: one number every data stage (download, partition, features, hotness) keeps its
 peak anonymous memory under, by working in chunks against memory-mapped inputs and spill files on the artifact
-root's disk (docs/design.md, "Memory is a contract").
+root's disk (docs/design.md §2, "The memory budget").
 
 Anonymous memory is what the budget counts: a memory-mapped file's pages are the kernel's page cache, which it
 drops under pressure, while heap arrays are not. ``memory_budget_bytes`` (runtime: not in any key, so changing it

@@ -1,4 +1,4 @@
-"""The typed graph model: node types, edge types, and the range table of a partitioned typed graph (docs/design.md §7).
+"""The typed graph model: node types, edge types, and the range table of a partitioned typed graph (docs/design.md §4).
 
 A homogeneous graph is the one-type case (``GraphSchema.homogeneous``: node type ``node``, edge type
 ``(node, edge, node)``), not a second branch. Types are kept in sorted order, so a type's id (its position) is the

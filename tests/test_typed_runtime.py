@@ -1,4 +1,4 @@
-"""Typed sampling, batches, sharded embeddings and relational models, against references (docs/design.md §7).
+"""Typed sampling, batches, sharded embeddings and relational models, against references (docs/design.md §4, §6).
 
 The distributed cases run on 2 spawned gloo ranks (``tests._typed_worker``), in one spawn for all of them."""
 

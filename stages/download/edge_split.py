@@ -1,4 +1,4 @@
-"""Edge splits for link prediction ([6/7], docs/design.md §7): held-out positive edges and the message-passing graph.
+"""Edge splits for link prediction ([6/7], docs/design.md §4): held-out positive edges and the message-passing graph.
 
 The positives of one target edge type are split into train / valid / test by fractions and a seed (PyG
 ``RandomLinkSplit``'s meaning). The valid and test edges leave the graph the samplers see, so that no training

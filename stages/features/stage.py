@@ -80,7 +80,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                 # x is streamed (stages.features.stream): one code path whatever the budget. Holding x whole was no
                 # faster at 1 M nodes x 128 float32 (5.7-5.9 s against 5.0-5.5 s streamed, peak anonymous memory
                 # 1.26 GB against 0.59 GB); int8 pays a second read of x to fit (7.5 s against 6.1 s), the price
-                # of a bound that does not grow with N (docs/design.md, "Features under the memory budget")
+                # of a bound that does not grow with N (docs/history.md, "Features under the memory budget")
                 rows = {t.name: stream.stream_rows(t, share, plan.fixed_bytes()) for t in plan.types}
                 codecs = {t.name: fit_codec_blocks(t.source.dtype, t.num_columns,
                                                    (b for _, b in stream.row_chunks(t.source, rows[t.name])),

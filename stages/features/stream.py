@@ -44,7 +44,7 @@ from storage.zarr_io import ChunkAppender, read_rows
 
 # source bytes a streamed chunk holds at most: one Zarr chunk of the download stage's x (its 64 MiB default, so
 # every chunk is decoded once); with it the stage ran 1 M nodes x 128 float32 in 5.0-5.5 s against 5.7-5.9 s for the
-# whole x in memory (docs/design.md, "Features under the memory budget")
+# whole x in memory (docs/history.md, "Features under the memory budget")
 STREAM_BYTES = 64 << 20
 MIN_STREAM_ROWS = 1024   # fewer rows a chunk and the per-chunk Python work (one sort, P appends) dominates
 FIXED_BYTES_PER_NODE = 24         # orig_of_gid + gid_of_orig + y, int64 each

@@ -1,4 +1,4 @@
-"""A link prediction batch's seeds ([6/7], docs/design.md §7): positive pairs and their negatives as one node set.
+"""A link prediction batch's seeds ([6/7], docs/history.md): positive pairs and their negatives as one node set.
 
 Both endpoints of every positive and every drawn negative destination become the seeds of ONE multi-hop sample
 (one set of collectives per batch, as a node batch has); the pairs are then positions among those seeds, so the

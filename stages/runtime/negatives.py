@@ -1,4 +1,4 @@
-"""Negative edges for link prediction ([6/7], docs/design.md §7): uniform draws and the real-edge check.
+"""Negative edges for link prediction ([6/7], docs/history.md): uniform draws and the real-edge check.
 
 - ``NegativeDraws``: destinations drawn uniformly among all nodes of the target edge type's destination type,
   anywhere in the graph (their features come through the normal exchange), from the caller's generator, so a

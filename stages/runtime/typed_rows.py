@@ -1,6 +1,6 @@
 """A typed batch's input rows: per featured node type its feature exchange, per featureless type its embedding.
 
-ID spaces (docs/design.md §4, §7): ``gid`` global, ordered by (part, node type, orig); part p's type-t nodes are
+ID spaces (docs/design.md §4): ``gid`` global, ordered by (part, node type, orig); part p's type-t nodes are
 the gids ``[type_bounds[p*T + t], type_bounds[p*T + t + 1])``; a type's **tgid** numbers its nodes across parts,
 part by part (part p's come after those of parts < p), so each type is one gid space of its own, split by
 ``type_tgid_bounds[t]`` ([P + 1]) as a homogeneous graph is split by ``bounds``. A featured type's store holds its

@@ -1,4 +1,4 @@
-"""Link prediction decoders and loss ([6/7], docs/design.md §7): a pair's score from its two node embeddings.
+"""Link prediction decoders and loss ([6/7], docs/history.md): a pair's score from its two node embeddings.
 
 - ``dot``: ``<h_u, h_v>``, no parameters (GraphSAGE's unsupervised objective; OGB's ogbl-citation2 baselines);
 - ``mlp``: an MLP on the Hadamard product ``h_u * h_v``, OGB's ``LinkPredictor`` (ogbl-collab baselines): the

@@ -1,4 +1,4 @@
-"""Prefetch (docs/design.md §7): while the model computes batch b, a producer thread prepares batch b + 1.
+"""Prefetch (docs/design.md §5): while the model computes batch b, a producer thread prepares batch b + 1.
 
 A pass (a training epoch, a validation or a test pass) reads its batches from a ``BatchStream``: each batch is
 ``prepare(item, before_gather)`` -- everything before the model (the task's seeds and targets, which may draw

@@ -1,4 +1,4 @@
-"""Link prediction behind the Task seam ([6/7], docs/design.md §7): is there an edge ``src -> dst`` of one type?
+"""Link prediction behind the Task seam ([6/7], docs/history.md): is there an edge ``src -> dst`` of one type?
 
 A rank's items are its positive edges (those whose destination it owns, ``storage.partition``), numbered across
 the splits (train first, then valid, then test) so that a batch of items names its edges whatever the split: these

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from flows.load import load_config
 from storage import ArtifactStore, InputError
 from tests.conftest import GNNPIPE, REPO, cli_env
 
@@ -131,8 +132,21 @@ def test_runs_after_the_prefect_records_are_deleted_say_cached(prefect_server: s
     (["--set", "num_nodes=10"], "avg_degree=20.0 exceeds num_nodes - 1 = 9; lower avg_degree"),
 ])
 def test_bad_parameters_give_one_line_errors(tmp_path: Path, args: list[str], message: str):
-    """Every parameter is checked before a server or a stage starts: the split was checked inside the download
-    task before [3/7], after 47 s of starting the temporary server."""
+    """Every parameter is checked when the config loads, before a server or a stage starts: the split was checked
+    inside the download task before [3/7], after 47 s of starting the temporary server."""
+    with pytest.raises(InputError) as err:
+        load_config(None, args[1::2], artifacts=str(tmp_path / "a"))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert not (tmp_path / "a").exists()
+
+
+# Two of them through `gnnpipe run` (a subprocess each cost ~4 CPU-seconds of start-up, for the same code path):
+# the line, exit 2, no server started, nothing written
+@pytest.mark.parametrize("args, message", [
+    (["--set", "dataset=nope"], "invalid parameter dataset='nope': unknown value; expected one of synthetic, "),
+    (["--set", "split=[0.5,0.6,0.2]"], "split=(0.5, 0.6, 0.2) must be 3 fractions (train, valid, test)"),
+])
+def test_run_stops_at_a_bad_parameter_before_any_server(tmp_path: Path, args: list[str], message: str):
     proc = _cli(["run", "--artifacts", str(tmp_path / "a"), *args], api_url=None, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]], proc.stderr

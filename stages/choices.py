@@ -35,7 +35,7 @@ Precision = Literal["float32", "bfloat16"]
 # auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/cache_policy.py says why)
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]
-HostGather = Literal["copy", "uva"]   # how a CUDA rank's own host rows reach it (stages.runtime.uva)
+HostGather = Literal["auto", "copy", "uva"]   # how a CUDA rank's own host rows reach it (stages.runtime.uva)
 
 DATASETS: tuple[str, ...] = get_args(Dataset)
 # OGB's node-property datasets (ogb's NodePropPredDataset: stages/download/ogb_source.py)

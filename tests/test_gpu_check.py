@@ -78,7 +78,22 @@ def test_host_gather_is_a_cuda_setting():
     """A CPU rank's rows are in its own RAM already: ``uva`` changes nothing there."""
     x = torch.arange(40, dtype=torch.float32).view(10, 4)
     n_id = torch.tensor([3, 9, 3, 0])
-    assert torch.equal(_features(x, "cpu", "uva").gather(n_id), x[n_id])
+    for choice in ("auto", "copy", "uva"):
+        features = _features(x, "cpu", choice)
+        assert torch.equal(features.gather(n_id), x[n_id]) and features.host_gather_mode == "cpu"
+
+
+@pytest.mark.parametrize("choice, itemsize, in_ram, mode", [
+    ("auto", 4, True, "uva"), ("auto", 2, True, "uva"), ("auto", 1, True, "copy"),   # float32, float16, int8
+    ("auto", 4, False, "copy"),   # rows over the host budget stay in Zarr: UVA reads pinned RAM only
+    ("copy", 4, True, "copy"), ("uva", 1, True, "uva"), ("uva", 4, False, "uva"),   # a named choice is kept
+])
+def test_auto_host_gather_picks_by_the_element_width(choice: str, itemsize: int, in_ram: bool, mode: str):
+    from stages.runtime.uva import choose_host_gather
+
+    got, why = choose_host_gather(choice, device_type="cuda", itemsize=itemsize, rows_in_ram=in_ram)
+    assert got == mode and why.startswith("auto" if choice == "auto" else "set by host_gather"), why
+    assert choose_host_gather(choice, device_type="cpu", itemsize=itemsize, rows_in_ram=in_ram)[0] == "cpu"
 
 
 @pytest.mark.cuda
@@ -102,3 +117,8 @@ def test_uva_and_copy_deliver_the_same_rows_through_dist_features():
     in_zarr = ZarrFeatureStore(zarr.array(x.numpy(), chunks=(1000, 12)))
     with pytest.raises(HostGatherError, match="host_memory_budget_bytes"):   # rows past the budget stay in Zarr
         DistFeatures(in_zarr, [0, 20000], device="cuda", host_gather="uva")
+    # auto: UVA for these 2-byte rows, copy where it cannot read them in place (pageable, or in Zarr)
+    assert _features(x, "cuda", "auto").host_gather_mode == "uva"
+    pageable = _features(x.clone(), "cuda", "auto")
+    assert (pageable.host_gather_mode, pageable.host_gather_why.startswith("auto: UVA unavailable")) == ("copy", True)
+    assert DistFeatures(in_zarr, [0, 20000], device="cuda", host_gather="auto").host_gather_mode == "copy"

@@ -29,7 +29,7 @@ from stages.runtime.collectives import Owners, all_to_all, comm_device, max_over
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore
 from stages.runtime.sums import FieldSums
-from stages.runtime.uva import UvaRows, UvaUnavailableError
+from stages.runtime.uva import UvaRows, UvaUnavailableError, choose_host_gather
 
 
 class HostGatherError(ValueError):
@@ -65,9 +65,10 @@ class DistFeatures:
 
     def __init__(self, store: FeatureStore, bounds: np.ndarray | list[int], *, device: torch.device | str = "cpu",
                  cache: FeatureCache | None = None, group: dist.ProcessGroup | None = None,
-                 host_gather: str = "copy") -> None:
+                 host_gather: str = "auto") -> None:
         """``host_gather`` (CUDA only): ``copy`` gathers own rows on the CPU into a pinned buffer and copies it over;
-        ``uva`` has the device read the pinned store in place (``stages.runtime.uva``; needs rows in pinned RAM)."""
+        ``uva`` has the device read the pinned store in place (``stages.runtime.uva``; needs rows in pinned RAM);
+        ``auto`` picks one (``choose_host_gather``). ``host_gather_mode`` and ``host_gather_why`` say which ran."""
         self.store = store
         self.group = group
         self.device = torch.device(device)
@@ -88,7 +89,10 @@ class DistFeatures:
         # the previous copy out of it is done, so the buffer is not overwritten while the DMA still reads it
         self._staging: Tensor | None = None
         self._staging_free: torch.cuda.Event | None = None
-        self._uva = self._uva_rows(store) if host_gather == "uva" and self.device.type == "cuda" else None
+        self.host_gather_mode, self.host_gather_why = choose_host_gather(
+            host_gather, device_type=self.device.type, itemsize=store.dtype.itemsize,
+            rows_in_ram=isinstance(store, InMemoryFeatureStore))
+        self._uva = self._uva_rows(store, fall_back=host_gather == "auto") if self.host_gather_mode == "uva" else None
 
     @property
     def num_features(self) -> int:
@@ -164,13 +168,16 @@ class DistFeatures:
             out.index_copy_(0, out_pos.index_select(0, req.req_pos), rows)
         return int(req.local_pos.numel()), int(req.req_pos.numel())
 
-    def _uva_rows(self, store: FeatureStore) -> UvaRows:
+    def _uva_rows(self, store: FeatureStore, *, fall_back: bool) -> UvaRows | None:
         if not isinstance(store, InMemoryFeatureStore):
             raise HostGatherError("host_gather=uva reads the feature rows in place, but this rank's rows stay in "
                                   "Zarr (over host_memory_budget_bytes): raise the budget or set host_gather=copy")
         try:
             return UvaRows(store.x, self.device)
         except UvaUnavailableError as err:
+            if fall_back:   # auto falls back to copy; uva asked for by name fails
+                self.host_gather_mode, self.host_gather_why = "copy", f"auto: UVA unavailable ({err})"
+                return None
             raise HostGatherError(f"host_gather=uva: {err}; set host_gather=copy") from None
 
     def _host_rows(self, lid: Tensor) -> Tensor:

@@ -9,8 +9,11 @@ Two ways to bring a batch's own rows from a pinned host store to the GPU (``Dist
   transaction of the row's bytes, so narrow or scattered rows pay PCIe's per-transaction cost.
 
 Which is faster depends on the row width, the batch and the PCIe link: ``benchmarks/bench_gpu_gather.py`` (run by
-``make gpu-check``) measures both and the HBM cache beside them; the default stays ``copy`` until a GPU run says
-otherwise (benchmarks/RESULTS.md).
+``make gpu-check``) measures both and the HBM cache beside them. ``auto`` (the default, ``choose_host_gather``)
+picks by the row's element width from the one H200 measurement so far (issue [4/5]; a 650 k-row batch): float32
+copy 20 GB/s vs UVA 46 GB/s, float16 29 vs 21, int8 copy 25 vs UVA 23; the issue reads these as UVA for 2- and
+4-byte elements and copy for 1-byte ones (``UVA_ITEMSIZES``). The float16 pair's order is not stated there: the
+next gpu-check's bench_gpu_gather row settles it.
 
 The device view is made with the CUDA array interface: ``torch.as_tensor`` of an object whose
 ``__cuda_array_interface__`` names the host pointer. CUDA maps ``cudaHostAlloc`` memory (what ``pin_memory``
@@ -22,6 +25,25 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+# Element widths (bytes) whose rows the device gathers faster in place than the CPU does into a staging buffer
+UVA_ITEMSIZES = frozenset({2, 4})
+
+
+def choose_host_gather(choice: str, *, device_type: str, itemsize: int, rows_in_ram: bool) -> tuple[str, str]:
+    """How a rank's own host rows reach its device: ``(mode, why)``, mode ``copy``, ``uva`` or ``cpu`` (a CPU rank
+    reads its rows where they are). ``copy``/``uva`` chosen by the user are kept (``uva`` over rows not in RAM
+    fails later, naming the fix); ``auto`` picks by the element width (``UVA_ITEMSIZES``), and ``copy`` for rows
+    that stay in Zarr (UVA reads pinned RAM only)."""
+    if device_type != "cuda":
+        return "cpu", "a CPU rank reads its host rows in place"
+    if choice != "auto":
+        return choice, "set by host_gather"
+    if not rows_in_ram:
+        return "copy", "auto: the rows stay in Zarr (over host_memory_budget_bytes); UVA reads pinned RAM only"
+    if itemsize in UVA_ITEMSIZES:
+        return "uva", f"auto: {itemsize}-byte elements gather faster in place (measured on an H200)"
+    return "copy", f"auto: {itemsize}-byte elements gather faster on the CPU (measured on an H200)"
 
 
 class UvaUnavailableError(RuntimeError):

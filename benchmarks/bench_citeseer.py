@@ -28,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from storage.train_summary import TrainSummary  # noqa: E402
 from tests._train_pipeline import build_without_prefect  # noqa: E402 - after the repo is on sys.path
 from tests.test_citeseer import CITESEER, PUBLISHED_GCN, citeseer_config  # noqa: E402
 
@@ -44,11 +45,12 @@ def run_one(model: str, parts: int, seed: int, args: argparse.Namespace) -> dict
     _, manifests = build_without_prefect(citeseer_config(parts, args.root, **extra))
     wall = time.perf_counter() - start
     s = manifests["train"].summary
-    epochs = s["epochs"]
+    t = TrainSummary.from_json(s)   # the results keep their accuracy names (test_acc & co.), as the earlier rows
+    epochs = t.epochs
     return {"dataset": "citeseer", "model": model, "parts": parts, "seed": seed, "normalize": args.normalize,
             "hidden": extra.get("hidden", 16), "heads": GAT_HEADS if model == "gat" else None,
-            "test_acc": s["test_acc"], "test_acc_last": s["test_acc_last"], "best_epoch": s["best_epoch"] + 1,
-            "best_val_acc": s["best_val_acc"], "epochs": len(epochs),
+            "test_acc": t.test_metric, "test_acc_last": t.test_metric_last, "best_epoch": t.best_epoch + 1,
+            "best_val_acc": t.best_val_metric, "epochs": len(epochs),
             "train_s_per_epoch": sum(e["epoch_s"] for e in epochs) / len(epochs),
             "eval_s_per_epoch": sum(e["eval_s"] for e in epochs) / len(epochs),
             "train_stage_wall_s": s["wall_s"], "wall_s": round(wall, 1),

@@ -18,6 +18,7 @@ import os
 from _graph_args import add_hetero_args, hetero_params  # benchmarks/ is on sys.path when run as a script
 
 from flows.direct import run_stages
+from storage.summaries import DownloadSummary, FeaturesSummary, PartitionSummary
 
 
 def main() -> None:
@@ -27,15 +28,15 @@ def main() -> None:
     os.makedirs(args.root, exist_ok=True)
     for parts in args.parts:
         _, m = run_stages({**hetero_params(args, parts), "until": "features"})
-        typed = m["partition"].summary["typed"]
+        graph = DownloadSummary.from_json(m["download"].summary)
+        part = PartitionSummary.from_json(m["partition"].summary)
+        stages = {"download": graph, "partition": part, "features": FeaturesSummary.from_json(m["features"].summary)}
+        typed = part.typed or {"node_types": {}, "edge_types": {}}
         print(json.dumps({
-            "nodes": m["download"].summary["num_nodes"], "edges": m["download"].summary["num_edges"],
-            "parts": parts,
-            **{f"{stage}_s": m[stage].summary["wall_s"] for stage in ("download", "partition", "features")},
-            **{f"{stage}_peak_GiB": round(m[stage].summary["peak_rss_bytes"] / 2**30, 2)
-               for stage in ("download", "partition", "features")},
-            "edge_cut_fraction": m["partition"].summary["edge_cut_fraction"],
-            "imbalance": m["partition"].summary["imbalance"],
+            "nodes": graph.num_nodes, "edges": graph.num_edges, "parts": parts,
+            **{f"{stage}_s": s.wall_s for stage, s in stages.items()},
+            **{f"{stage}_peak_GiB": round(s.peak_rss_bytes / 2**30, 2) for stage, s in stages.items()},
+            "edge_cut_fraction": part.edge_cut_fraction, "imbalance": part.imbalance,
             "type_imbalance": {t: f["imbalance"] for t, f in typed["node_types"].items()},
             "cut_by_edge_type": {k: f["edge_cut_fraction"] for k, f in typed["edge_types"].items()},
         }), flush=True)

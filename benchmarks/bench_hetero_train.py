@@ -22,6 +22,8 @@ from typing import Any
 from _graph_args import add_hetero_args, hetero_params  # benchmarks/ is on sys.path when run as a script
 
 from flows.direct import run_stages
+from storage.summaries import DownloadSummary, InferSummary
+from storage.train_summary import TrainSummary
 
 
 def main() -> None:
@@ -37,15 +39,16 @@ def main() -> None:
         _, m = run_stages({**hetero_params(args, parts), "model": args.model, "fanouts": [25, 20], "batch_size": 1024,
                            "hidden": args.hidden, "epochs": args.epochs, "until": "train"})
         s = m["train"].summary
+        t, graph = TrainSummary.from_json(s), DownloadSummary.from_json(m["download"].summary)
         print(json.dumps({
-            "nodes": m["download"].summary["num_nodes"], "edges": m["download"].summary["num_edges"],
+            "nodes": graph.num_nodes, "edges": graph.num_edges,
             "parts": parts, "model": args.model, "epochs": len(s["epochs"]),
             **{f"{stage}_s": round(m[stage].summary["wall_s"], 1)
                for stage in ("download", "partition", "features", "hotness")},
             "train_job_s": round(m["train"].summary.get("wall_s", 0.0), 1),
             "epoch_s": [round(e["epoch_s"], 2) for e in s["epochs"]],
             "edges_per_s_M": round(sum(e["sampled_edges_per_s"] for e in s["epochs"]) / len(s["epochs"]) / 1e6, 2),
-            "test_acc": s["test_acc"], "best_val_acc": s["best_val_acc"],
+            "test_acc": t.test_metric, "best_val_acc": t.best_val_metric,
             "hit_rate": round(s["mean_hit_rate"], 4), "remote_MiB_per_epoch": round(
                 s["remote_bytes_per_epoch"] / 2**20, 1)}), flush=True)
         if args.infer:
@@ -56,12 +59,12 @@ def infer_figures(args: argparse.Namespace, parts: int) -> dict[str, Any]:
     """The infer stage (exact) on the run ``main`` trained: its wall time, per-layer seconds, peak RSS, accuracy."""
     _, m = run_stages({**hetero_params(args, parts), "model": args.model, "fanouts": [25, 20], "batch_size": 1024,
                        "hidden": args.hidden, "epochs": args.epochs, "until": "infer"})
-    s = m["infer"].summary
-    return {"stage": "infer", "parts": parts, "path": s["path"], "job_wall_s": round(s["wall_s"], 1),
-            "rank_wall_s": [r["wall_s"] for r in s["ranks"]], "layer_s": [r["layer_s"] for r in s["ranks"]],
-            "peak_rss_MiB": [r["peak_rss_mib"] for r in s["ranks"]],
-            "remote_MiB": [r["remote_mib"] for r in s["ranks"]], "accuracy": s["accuracy"],
-            "sampled_test_acc": s["sampled_accuracy"]["test"]}
+    s = InferSummary.from_json(m["infer"].summary)
+    return {"stage": "infer", "parts": parts, "path": s.path, "job_wall_s": round(s.wall_s, 1),
+            "rank_wall_s": [r["wall_s"] for r in s.ranks], "layer_s": [r["layer_s"] for r in s.ranks],
+            "peak_rss_MiB": [r["peak_rss_mib"] for r in s.ranks],
+            "remote_MiB": [r["remote_mib"] for r in s.ranks], "accuracy": s.accuracy,
+            "sampled_test_acc": s.sampled_accuracy["test"]}
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from stages.hotness import stage as hotness
 from stages.partition import stage as partition
 from storage import ArtifactStore
 from storage.hotness import CURVE_PNG
+from storage.summaries import HotnessSummary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,13 +45,13 @@ def main() -> None:
     params = hotness.Params(fanouts=tuple(int(f) for f in args.fanouts.split(",")), batch_size=args.batch_size,
                             epochs=args.epochs)
     m = hotness.run(store, params, {"partition": pt, "features": ft}, force=True)
-    s = m.summary
-    print(json.dumps({"parts": args.parts, "fanouts": s["fanouts"], "wall_s": s["wall_s"],
-                      "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}))
-    for row in s["parts"]:
+    s = HotnessSummary.from_json(m.summary)
+    print(json.dumps({"parts": args.parts, "fanouts": s.fanouts, "wall_s": s.wall_s,
+                      "peak_rss_GiB": round(s.peak_rss_bytes / 2**30, 2)}))
+    for row in s.parts:
         print(json.dumps(row))
     print("\n| part | cache % of part rows | hotness hit % | degree hit % | gain (points) |\n|---|---|---|---|---|")
-    for c in s["curves"]:
+    for c in s.curves:
         for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
             print(f"| {c['part']} | {100 * f:g} | {100 * h:.2f} | {100 * d:.2f} | {100 * (h - d):+.2f} |")
     if args.png:

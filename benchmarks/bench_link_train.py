@@ -25,6 +25,8 @@ from typing import Any
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
 
+from storage.summaries import DownloadSummary
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -106,9 +108,9 @@ def main() -> None:
             "eval_s": [round(e["eval_s"], 1) for e in s["epochs"]], "test": s["test_metrics"],
             "hit_rate": round(s["mean_hit_rate"], 4),
             "remote_MiB_per_epoch": round(s["remote_bytes_per_epoch"] / 2**20)}
-    download = m["download"].summary
-    result: dict[str, Any] = {"nodes": download["num_nodes"], "edges": download["num_edges"],
-                              "edge_splits": download["edge_split_sizes"],
+    download = DownloadSummary.from_json(m["download"].summary)
+    result: dict[str, Any] = {"nodes": download.num_nodes, "edges": download.num_edges,
+                              "edge_splits": download.edge_split_sizes,
                               **{f"{stage}_s": round(m[stage].summary["wall_s"], 1)
                                  for stage in ("download", "partition", "features", "hotness")},
                               "dist_2_ranks": dist}

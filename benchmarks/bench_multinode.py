@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from storage import ArtifactStore  # noqa: E402
+from storage.train_summary import TrainSummary  # noqa: E402
 from tests import _netns  # noqa: E402  (the test suite's two-host network)
 
 GNNPIPE = [sys.executable, "-m", "flows.cli"]
@@ -68,7 +69,7 @@ def _shape(net: _netns.TwoHosts, rate: str | None) -> None:
 
 def _figures(summary: dict, wall_s: float) -> dict:
     return {"wall_s": round(wall_s, 2), "mean_epoch_s": round(summary["mean_epoch_s"], 3),
-            "test_acc": summary["test_acc"], "nodes": summary.get("nodes", 1),
+            "test_acc": TrainSummary.from_json(summary).test_metric, "nodes": summary.get("nodes", 1),
             "remote_mib_per_epoch": round(summary["remote_bytes_per_epoch"] / 2**20, 2)}
 
 

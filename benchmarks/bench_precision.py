@@ -51,6 +51,7 @@ from storage.features import FeaturesArtifact  # noqa: E402
 from storage.graph import GraphArtifact  # noqa: E402
 from storage.hotness import HotnessArtifact  # noqa: E402
 from storage.partition import PartitionArtifact  # noqa: E402
+from storage.train_summary import TrainSummary  # noqa: E402
 from tests._train_pipeline import build_without_prefect  # noqa: E402
 from tests.test_citeseer import CITESEER, citeseer_config  # noqa: E402
 from tests.test_feature_dtypes import write_files  # noqa: E402
@@ -90,7 +91,7 @@ def run_bits(graph: str, bits: int, seed: int, root: str) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     _, manifests = build_without_prefect({**values, "until": "train"})
     s = manifests["train"].summary
-    return {"graph": graph, "bits": bits, "seed": seed, "test_acc": s["test_acc"],
+    return {"graph": graph, "bits": bits, "seed": seed, "test_acc": TrainSummary.from_json(s).test_metric,
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
@@ -151,7 +152,8 @@ def run_one(graph: str, dtype: str, seed: int, root: str) -> dict[str, Any]:
     s = manifests["train"].summary
     return {"graph": graph, "dtype": dtype, "seed": seed, **store_figures(store, manifests),
             "remote_rows_per_epoch": sum(e["remote_rows"] for e in s["epochs"]) / len(s["epochs"]),
-            "remote_bytes_per_epoch": s["remote_bytes_per_epoch"], "test_acc": s["test_acc"],
+            "remote_bytes_per_epoch": s["remote_bytes_per_epoch"],
+            "test_acc": TrainSummary.from_json(s).test_metric,
             "train_s_per_epoch": sum(e["epoch_s"] for e in s["epochs"]) / len(s["epochs"]),
             "wall_s": round(wall, 1), "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "cpus": os.cpu_count()}

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from _train_bench import build_upstream, run_ranks  # benchmarks/ is on sys.path when run as a script
 
+from storage.summaries import DownloadSummary
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -147,8 +149,8 @@ def main() -> None:
         rank_main(args)
         return
     manifests = build_upstream(args, args.ranks)
-    result = {"nodes": manifests["download"].summary["num_nodes"],
-              "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
+    graph = DownloadSummary.from_json(manifests["download"].summary)
+    result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "max_batches": args.max_batches,
               "rounds": args.rounds, "cpus": os.cpu_count(), "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     result["dist"] = dist_run(args, manifests)

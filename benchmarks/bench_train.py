@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from stages.choices import CACHE_POLICIES, Device, HostGather  # noqa: E402 - after the repo is on sys.path
+from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
 
 def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args) -> dict:
@@ -200,11 +201,12 @@ def main() -> None:
         return
     start = time.perf_counter()
     manifests = build_upstream(args, args.parts, feature_dtype=args.feature_dtype, cache_ratio=args.cache_ratio)
-    result = {"nodes": manifests["download"].summary["num_nodes"],
-              "edges": manifests["download"].summary["num_edges"], "fanouts": args.fanouts,
+    graph = DownloadSummary.from_json(manifests["download"].summary)
+    features = FeaturesSummary.from_json(manifests["features"].summary)
+    result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "layers": len(args.fanouts),
               "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1),
-              "parts": args.parts, "feature_dtype": manifests["features"].summary["feature_dtype"],
+              "parts": args.parts, "feature_dtype": features.feature_dtype,
               "host_gather": args.host_gather}
     result["dist"] = dist_run(args, manifests)
     if not args.skip_single:

@@ -68,7 +68,7 @@ def export(stage: str = typer.Argument(..., help="the stage whose outputs to exp
         meta: dict[str, Any] = {
             "stage": "infer", "key": manifest.key, "artifact": manifest.uri, "task": art.task,
             "train_key": manifest.upstream.get("train"), "format": format_, "order": "orig_id",
-            "num_nodes": int(manifest.summary["num_nodes"]), "num_classes": art.num_classes,
+            "num_nodes": art.num_nodes, "num_classes": art.num_classes,
             "embedding_layers": art.embedding_layers, "files": files}
         if art.has_classes:
             meta["split_codes"] = {**SPLIT_CODES, "none": -1}
@@ -134,7 +134,7 @@ def _npy(art: InferArtifact, out: Path) -> list[str]:
     arrays = {"emb_out": art.embeddings()} if art.has_output_embeddings else {}
     arrays.update({name: art.node_array(name) for name in art.class_arrays})
     arrays.update({f"emb_layer_{layer}": art.embeddings(layer) for layer in art.embedding_layers})
-    num_nodes = int(art.manifest.summary["num_nodes"])
+    num_nodes = art.num_nodes
     _atomic(out / "orig_id.npy", partial(_save, np.arange(num_nodes, dtype=np.int64)))
     for name, array in arrays.items():
         _atomic(out / f"{name}.npy", partial(_save_rows, array))

@@ -23,6 +23,7 @@ import typer
 from flows import cli_store
 from flows.cli_store import ARTIFACTS, CONFIG, SETS
 from storage import InputError
+from storage.summaries import InferSummary
 
 PAIR_FORMATS = (".npy", ".csv")
 SCORE_FORMATS = (".npy", ".parquet")
@@ -108,7 +109,7 @@ def score(key: str | None = typer.Argument(None, help="an infer build's key or i
     store, manifest = cli_store.find_build("infer", key, config, set_, artifacts)
     scores = score_pairs(store, manifest, src, dst)
     write_scores(out, src, dst, scores)
-    decoder = manifest.summary.get("decoder", "?")
+    decoder = InferSummary.from_json(manifest.summary).decoder or "?"
     typer.echo(f"scored {scores.shape[0]:,} pairs with infer/{manifest.key} (train/{manifest.upstream['train']}, "
                f"{decoder} decoder) into {out}")
 

@@ -22,6 +22,7 @@ A partition's store is self-contained, so a training node fetches only its own p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from storage.graph import SPLITS
 from storage.progress import progress as tqdm
 from storage.schema import only_type
 from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.summaries import FeaturesSummary
 from storage.zarr_io import (
     BloscCname,
     attr_int,
@@ -176,16 +178,19 @@ class FeaturesArtifact(ArtifactHandle):
 
     STAGE = "features"
 
+    @cached_property
+    def summary(self) -> FeaturesSummary:
+        return FeaturesSummary.from_json(self.manifest.summary)
+
     def _type_name(self, node_type: str | None, what: str) -> str:
-        return node_type if node_type is not None else only_type(self.manifest.summary["types"], what)
+        return node_type if node_type is not None else only_type(self.summary.types, what)
 
     def _type(self, node_type: str | None) -> dict[str, Any]:
-        types: dict[str, dict[str, Any]] = self.manifest.summary["types"]
-        return types[self._type_name(node_type, "the feature width")]
+        return self.summary.types[self._type_name(node_type, "the feature width")]
 
     @property
     def featured_types(self) -> tuple[str, ...]:
-        return tuple(self.manifest.summary["types"])
+        return tuple(self.summary.types)
 
     def num_features_of(self, node_type: str | None = None) -> int:
         """Columns of a node type's rows (``None``: the one featured type)."""
@@ -231,7 +236,7 @@ class FeaturesArtifact(ArtifactHandle):
 
     @property
     def num_classes(self) -> int:
-        return int(self.manifest.summary["num_classes"])
+        return int(self.summary.num_classes)
 
     def x(self, p: int, node_type: str | None = None) -> zarr.Array:
         """Partition p's rows of a node type (``None``: the one featured type) [n_pt, F_t] by tlid, opened lazily

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, only_type
 from storage.store import ArtifactHandle, StageWriter
+from storage.summaries import DownloadSummary
 from storage.zarr_io import (
     attr_str,
     open_array_at,
@@ -227,18 +229,22 @@ class GraphArtifact(ArtifactHandle):
 
     STAGE = "download"
 
+    @cached_property
+    def summary(self) -> DownloadSummary:
+        return DownloadSummary.from_json(self.manifest.summary)
+
     @property
     def num_nodes(self) -> int:
-        return int(self.manifest.summary["num_nodes"])
+        return int(self.summary.num_nodes)
 
     @property
     def schema(self) -> GraphSchema:
-        return GraphSchema.from_dict(self.manifest.summary["schema"])
+        return GraphSchema.from_dict(self.summary.schema)
 
     @property
     def num_edge_features(self) -> int:
         """D of the graph's ``edge_attr`` (0: none)."""
-        return int(self.manifest.summary.get("num_edge_features", 0))
+        return int(self.summary.num_edge_features)
 
     def read(self, features: bool = True, negatives: bool = False, edges: bool = True, *,
              native: bool = False) -> Graph:

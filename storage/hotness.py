@@ -16,12 +16,14 @@ cache size, measured on a held-out epoch) and ``curve.png``, its plot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from storage.errors import ArtifactError
 from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.summaries import HotnessSummary
 from storage.zarr_io import attr_int, open_group, read_array, write_array
 
 CURVE_PNG = "curve.png"
@@ -72,9 +74,13 @@ class HotnessArtifact(ArtifactHandle):
 
     STAGE = "hotness"
 
+    @cached_property
+    def summary(self) -> HotnessSummary:
+        return HotnessSummary.from_json(self.manifest.summary)
+
     @property
     def num_partitions(self) -> int:
-        return int(self.manifest.summary["num_partitions"])
+        return int(self.summary.num_partitions)
 
     def plan(self, p: int) -> CachePlan:
         """Partition p's cache plan (gids, most requested first)."""

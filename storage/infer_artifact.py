@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.infer import LINK_EMBEDDINGS, METRICS, NODES, OUT, PREDICTIONS, layer_name, part_name, read_rows
 from storage.store import ArtifactHandle
+from storage.summaries import InferSummary
 from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array
 
 if TYPE_CHECKING:
@@ -63,27 +65,35 @@ class InferArtifact(ArtifactHandle):
 
     STAGE = "infer"
 
+    @cached_property
+    def summary(self) -> InferSummary:
+        return InferSummary.from_json(self.manifest.summary)
+
     @property
     def num_partitions(self) -> int:
-        return int(self.manifest.summary["num_partitions"])
+        return int(self.summary.num_partitions)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.summary.num_nodes)
 
     @property
     def task(self) -> str:
         """The train task whose outputs these are (``node``, ``link``): a label for exports and messages; what the
         build holds is ``has_classes`` / ``has_output_embeddings``."""
-        return str(self.manifest.summary.get("task", "node"))   # builds before link prediction: node
+        return self.summary.task or "node"   # a node build records none (nor builds before link prediction)
 
     # What the build holds, read from its manifest's summary (never from the task's name): a node classifier's
     # summary records its classes, a link model's where its output embeddings are (``embeddings_at``).
     @property
     def has_classes(self) -> bool:
         """pred, prob, label and split per node, and ``predictions.parquet`` (builds before link prediction too)."""
-        return "num_classes" in self.manifest.summary
+        return self.summary.num_classes is not None
 
     @property
     def has_output_embeddings(self) -> bool:
         """The output layer's rows as node embeddings (``emb/out``: a link model's)."""
-        return "embeddings_at" in self.manifest.summary
+        return self.summary.embeddings_at is not None
 
     @property
     def class_arrays(self) -> tuple[str, ...]:
@@ -92,7 +102,7 @@ class InferArtifact(ArtifactHandle):
 
     @property
     def num_classes(self) -> int:
-        return int(self.manifest.summary.get("num_classes", 0))
+        return int(self.summary.num_classes or 0)
 
     def _no_classes(self, what: str) -> ArtifactError:
         return ArtifactError(f"infer/{self.manifest.key} holds a link prediction model's node embeddings "
@@ -100,7 +110,7 @@ class InferArtifact(ArtifactHandle):
 
     @property
     def embedding_layers(self) -> list[int]:
-        return [int(layer) for layer in self.manifest.summary["embedding_layers"]]
+        return [int(layer) for layer in self.summary.embedding_layers]
 
     @property
     def predictions_url(self) -> str:

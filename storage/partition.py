@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import fsspec
@@ -43,6 +44,7 @@ import zarr
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
 from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.summaries import PartitionSummary
 from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_ids, write_array
 
 _BOOK = "book.zarr"
@@ -221,9 +223,13 @@ class PartitionArtifact(ArtifactHandle):
 
     STAGE = "partition"
 
+    @cached_property
+    def summary(self) -> PartitionSummary:
+        return PartitionSummary.from_json(self.manifest.summary)
+
     @property
     def num_partitions(self) -> int:
-        return int(self.manifest.summary["num_partitions"])
+        return int(self.summary.num_partitions)
 
     def bounds(self) -> np.ndarray:
         """int64 [P+1]: partition p owns gids ``[bounds[p], bounds[p+1])`` (reads only this array of the book)."""
@@ -232,7 +238,7 @@ class PartitionArtifact(ArtifactHandle):
     @property
     def schema(self) -> GraphSchema:
         """The partitioned graph's node and edge types."""
-        return GraphSchema.from_dict(self.manifest.summary["schema"])
+        return GraphSchema.from_dict(self.summary.schema)
 
     def range_table(self) -> RangeTable:
         """Owner, node type and tlid of gids (reads only ``type_bounds``)."""
@@ -249,12 +255,11 @@ class PartitionArtifact(ArtifactHandle):
     @property
     def link_edge_type(self) -> str | None:
         """The key of link prediction's split edge type, or None (a graph downloaded for node classification)."""
-        return self.manifest.summary.get("link_edge_type")
+        return self.summary.link_edge_type
 
     def edge_split(self, p: int, split: str) -> np.ndarray:
         """int64 [2, E] (src, dst) gids of link prediction's ``split`` positives whose dst partition p owns."""
-        link = self.manifest.summary.get("link_edge_type")
-        if link is None:
+        if self.link_edge_type is None:
             raise ArtifactError(f"partition {self.manifest.key} has no edge splits (its graph was downloaded for "
                                 f"node classification)")
         return read_ids(open_subgroup(open_group(self._url(_part_name(p))), "edge_split"), split)
@@ -263,7 +268,7 @@ class PartitionArtifact(ArtifactHandle):
     def link_eval(self) -> str | None:
         """How the fixed evaluation negatives are ranked, ``per-positive`` or ``shared`` (``storage.graph``), or
         None: the dataset fixes none (the train stage draws its own)."""
-        return self.manifest.summary.get("link_eval")
+        return self.summary.link_eval
 
     def edge_split_negatives(self, p: int, split: str) -> np.ndarray:
         """Partition p's fixed evaluation negatives of ``split`` (valid, test) in gids, laid out by ``link_eval``
@@ -277,7 +282,7 @@ class PartitionArtifact(ArtifactHandle):
     @property
     def num_edge_features(self) -> int:
         """D of the parts' ``edge_attr`` (0: the graph has no edge features)."""
-        return int(self.manifest.summary.get("num_edge_features", 0))
+        return int(self.summary.num_edge_features)
 
     def edge_attr(self, p: int) -> np.ndarray:
         """float32 [e_p, D]: the attributes of part p's edges, by elid (aligned with ``csr(p).indices``)."""

@@ -7,14 +7,15 @@ Artifact ``train/<key>/``:
   task=link: ``encoder.*`` the node model, ``decoder.*`` the pair scorer, ``stages.train.tasks.link.LinkModel``);
   on a typed graph also ``embeddings.<node type>``: each featureless type's learnt input rows, the whole table in
   the dataset's order of that type (row i: the type's node i; ``split_model_state`` parts them from the model's).
-- ``metrics.json``: ``{"epochs": [per-epoch dicts], "test_acc" (the published model's: the best validation
-  epoch's), "test_acc_last" (the last epoch's model), "best_val_acc", "best_epoch", "last_epoch" (0-based),
-  "final_val_acc", "stopped_early", "task": {"name", "evaluator", "metric"}, "test_metrics" (every metric of the
-  task on the published model), "recipe": {"loss", "lr", "weight_decay", "lr_schedule", "patience"}, "model":
-  {"kind", "kwargs", sizes, "whole_batch", "parameters", "decoder" (task=link)}, "world_size", "ranks",
-  "cache_policy", ...}``; ``*_acc`` hold the task's selected metric (``task.metric``: accuracy, or link
-  prediction's MRR); metrics are global (all ranks' sums, e.g. correct / total, OGB Evaluator ``acc``); per-epoch
-  keys: ``stages.train.stats.EpochStats``.
+- ``metrics.json``: ``{"epochs": [per-epoch dicts], "metric_name", "test_metric" (the published model's: the best
+  validation epoch's), "test_metric_last" (the last epoch's model), "best_val_metric", "best_epoch", "last_epoch"
+  (0-based), "final_val_metric", "stopped_early", "task": {"name", "evaluator", "metric"}, "test_metrics" (every
+  metric of the task on the published model), "recipe": {"loss", "lr", "weight_decay", "lr_schedule",
+  "patience"}, "model": {"kind", "kwargs", sizes, "whole_batch", "parameters", "decoder" (task=link)},
+  "world_size", "ranks", "cache_policy", ...}``; ``*_metric`` hold the task's selected metric (``metric_name``:
+  accuracy, or link prediction's mrr; builds before train VERSION 6 held them under ``test_acc`` & co.: read
+  either through ``storage.train_summary``); metrics are global (all ranks' sums, e.g. correct / total, OGB
+  Evaluator ``acc``); per-epoch keys: ``stages.train.stats.EpochStats``.
 - ``curves.png`` (loss and accuracy per epoch, the best epoch marked), ``hit_rate.png`` (feature-cache hit rate
   per epoch).
 

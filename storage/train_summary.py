@@ -1,10 +1,11 @@
 """The train stage's summary (and ``metrics.json``) as a typed record, with task-neutral names.
 
-The stored keys still carry accuracy names (``test_acc``, ``best_val_acc``, ...) although under task=link they
-hold the MRR: ``TrainSummary`` names them for what they are (``test_metric`` & co., the metric named by
-``metric_name``), so readers stop depending on the accident. ``from_json`` reads the stored keys, and the neutral
-ones too, so that a later switch of the written keys keeps artifacts already built readable; ``to_json`` writes
-the stored keys (the train stage's output is unchanged) and every key this record does not name, as it came.
+The train stage (VERSION 6 on) stores its metrics under task-neutral keys: ``test_metric``, ``best_val_metric``,
+... with ``metric_name`` beside them (accuracy, or link prediction's mrr), and per epoch ``train_metric`` and
+``val_metric``. Builds before it stored the same figures under accuracy names (``test_acc``, ``best_val_acc``,
+per epoch ``train_acc``, ``val_acc``) although under task=link they held the MRR: ``from_json`` reads either, so
+artifacts already built stay readable; ``to_json`` writes the neutral keys and every key this record does not name,
+as it came.
 """
 
 from __future__ import annotations
@@ -13,20 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# record attribute -> the key metrics.json and the train summary store it under today
-STORED_KEYS: dict[str, str] = {
+# record attribute -> the key metrics.json and the train summary stored it under before train VERSION 6
+OLD_KEYS: dict[str, str] = {
     "test_metric": "test_acc",
     "test_metric_last": "test_acc_last",
     "best_val_metric": "best_val_acc",
     "final_val_metric": "final_val_acc",
 }
-# per-epoch record (``stages.train.stats.EpochStats``) attribute -> stored key
+# per-epoch record (``stages.train.stats.EpochStats``) field -> its key before train VERSION 6
 EPOCH_KEYS: dict[str, str] = {"train_metric": "train_acc", "val_metric": "val_acc"}
 _NAMED = ("best_epoch", "last_epoch", "stopped_early", "epochs", "task", "model", "test_metrics")
 
 
 def _read(data: Mapping[str, Any], name: str, stored: str) -> Any:
-    """The value under the neutral ``name``, else under the ``stored`` (accuracy-named) key; None if neither."""
+    """The value under the neutral ``name``, else under the ``stored`` (older, accuracy-named) key; None if
+    neither."""
     return data[name] if name in data else data.get(stored)
 
 
@@ -35,7 +37,7 @@ def epoch_metric(epoch: Mapping[str, Any], name: str) -> float | None:
     return _read(epoch, name, EPOCH_KEYS[name])
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSummary:
     """The train stage's figures that other code reads. Metrics are the task's selected metric (``metric_name``:
     accuracy, or link prediction's mrr); None where the split is empty."""
@@ -58,8 +60,8 @@ class TrainSummary:
     def from_json(cls, data: Mapping[str, Any]) -> TrainSummary:
         """From a train summary or ``metrics.json``, old (accuracy-named) keys or neutral ones."""
         task = dict(data.get("task") or {})
-        metrics = {name: _read(data, name, stored) for name, stored in STORED_KEYS.items()}
-        known = set(STORED_KEYS) | set(STORED_KEYS.values()) | set(_NAMED) | {"metric_name"}
+        metrics = {name: _read(data, name, stored) for name, stored in OLD_KEYS.items()}
+        known = set(OLD_KEYS) | set(OLD_KEYS.values()) | set(_NAMED) | {"metric_name"}
         return cls(metric_name=str(data.get("metric_name", task.get("metric", "accuracy"))), **metrics,
                    best_epoch=int(data.get("best_epoch", 0)), last_epoch=int(data.get("last_epoch", 0)),
                    stopped_early=bool(data.get("stopped_early", False)), epochs=list(data.get("epochs", [])),
@@ -67,10 +69,10 @@ class TrainSummary:
                    extra={k: v for k, v in data.items() if k not in known})
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form: today's keys (``STORED_KEYS``), the named fields and the extra keys."""
+        """The stored form: the neutral keys, ``metric_name``, the named fields and the extra keys (the epochs as
+        they came: an older build's keep their accuracy-named keys, which ``epoch_metric`` reads)."""
         out: dict[str, Any] = dict(self.extra)
-        out.update({stored: getattr(self, name) for name, stored in STORED_KEYS.items()})
-        out.update({name: getattr(self, name) for name in _NAMED})
+        out.update({name: getattr(self, name) for name in (*OLD_KEYS, "metric_name", *_NAMED)})
         return out
 
     def best_epoch_record(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from storage.graph import GraphArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
 from storage.train import METRICS
+from storage.train_summary import TrainSummary
 from tests._precision_worker import TIMEOUT_S, WIRE_DTYPES, WORLD_SIZE, worker
 from tests._spawn import spawn_ranks
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_without_prefect, train_params, train_upstream
@@ -236,7 +237,7 @@ def test_int8_and_float8_train_within_a_few_points_of_float32(builds) -> None:
         epochs = json.loads(store.read_bytes("train", run.key, METRICS))["epochs"]
         assert all(e["remote_bytes"] == e["remote_rows"] * NUM_FEATURES * ITEMSIZE[dtype] for e in epochs)
         assert all(e["cached_bytes"] == e["cached_rows"] * NUM_FEATURES * ITEMSIZE[dtype] for e in epochs)
-        acc[dtype] = run.summary["test_acc"]
+        acc[dtype] = TrainSummary.from_json(run.summary).test_metric
     assert acc["auto"] > 0.5, acc   # chance 0.25
     assert abs(acc["int8"] - acc["auto"]) < 0.03 and abs(acc["float8_e4m3"] - acc["auto"]) < 0.03, acc
 

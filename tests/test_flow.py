@@ -12,6 +12,7 @@ import pytest
 
 from flows.load import load_config
 from storage import ArtifactStore, InputError
+from storage.train_summary import TrainSummary
 from tests.conftest import GNNPIPE, REPO, cli_env
 
 pytestmark = pytest.mark.slow
@@ -248,7 +249,8 @@ def test_whole_pipeline_ends_with_a_trained_model(prefect_server: str, tiny: dic
     first = run_flow(tiny, **extra)
     assert first["train"]["state"] == "Completed"
     manifest = ArtifactStore(tiny["artifacts"]).load("train", first["train"]["key"])
-    assert 0.25 < manifest.summary["test_acc"] <= 1.0 and "test accuracy" in first["train"]["headline"]
+    assert 0.25 < TrainSummary.from_json(manifest.summary).test_metric <= 1.0
+    assert "test accuracy" in first["train"]["headline"]
     assert {"model.pt", "metrics.json", "curves.png", "hit_rate.png"} <= set(manifest.files)
     # runtime settings (timeout, memory budget, device) reach the stage without changing its key
     again = run_flow(tiny, **extra, timeout_s=3600.0)

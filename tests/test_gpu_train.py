@@ -12,6 +12,7 @@ import torch
 from stages.train import stage as train
 from storage import ArtifactStore
 from storage.train import METRICS
+from storage.train_summary import TrainSummary
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -25,7 +26,7 @@ def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_
                          log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["backend"] == "nccl" and metrics["world_size"] == 1
-    assert manifest.summary["test_acc"] >= 0.8, manifest.summary
+    assert TrainSummary.from_json(manifest.summary).test_metric >= 0.8, manifest.summary
     epochs = metrics["epochs"]
     assert all(e["remote_rows"] == 0 for e in epochs)
     if cache_policy == "hotness":   # a cached row is a row that did not cross the PCIe link

@@ -27,6 +27,7 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS
 from storage.infer_artifact import InferArtifact
 from storage.leftovers import infer_job_dir
+from storage.train_summary import TrainSummary
 from tests._infer_pipeline import Reference, build_to_train, full_graph_reference
 from tests.conftest import artifact_files
 
@@ -165,7 +166,7 @@ def test_report_metrics_and_files(sage2: Case):
     assert "exact inference of 3,000 nodes on 2 rank(s)" in rep.headline and "predictions.parquet" in rep.headline
     assert [row["split"] for row in rep.table] == list(SPLITS)
     train_summary = sage2.manifests["train"].summary
-    assert man.summary["sampled_accuracy"]["test"] == train_summary["test_acc"]
+    assert man.summary["sampled_accuracy"]["test"] == TrainSummary.from_json(train_summary).test_metric
     metrics = art.metrics()
     assert metrics["scalars"]["infer/acc_test"] == man.summary["accuracy"]["test"]
     assert all(isinstance(v, float) for v in metrics["scalars"].values())

@@ -11,6 +11,7 @@ import pytest
 
 from stages.infer.tasks import INFER_TASKS, LinkTask, NodeTask, build_task, infer_task
 from storage import InputError, Manifest
+from storage.summaries import InferSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,8 @@ def test_lookup_by_the_train_manifest() -> None:
     link = infer_task(_train({"task": "link", "decoder": "dot"}))
     assert isinstance(link, LinkTask) and link.scores_pairs and not link.classes
     assert INFER_TASKS["node"].classes and not INFER_TASKS["node"].scores_pairs
-    assert isinstance(build_task({}), NodeTask) and isinstance(build_task({"task": "link"}), LinkTask)
+    assert isinstance(build_task(InferSummary()), NodeTask)
+    assert isinstance(build_task(InferSummary.from_json({"task": "link"})), LinkTask)
 
 
 def test_unknown_task_is_one_input_error() -> None:

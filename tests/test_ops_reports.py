@@ -65,8 +65,8 @@ def test_without_validation_the_last_epoch_is_selected_and_patience_never_stops(
     assert best.update(0, 0.5, model) and not best.update(1, 0.5, model) and best.should_stop(1)
 
 
-def _stats(val_acc: float) -> EpochStats:
-    return EpochStats(epoch=0, loss=1.0, train_acc=0.5, val_acc=val_acc, lr=0.01, epoch_s=1.0, eval_s=0.1,
+def _stats(val_metric: float) -> EpochStats:
+    return EpochStats(epoch=0, loss=1.0, train_metric=0.5, val_metric=val_metric, lr=0.01, epoch_s=1.0, eval_s=0.1,
                       train_items=30, batches=3, sampled_edges=1_000_000, sampled_edges_per_s=1e6, hit_rate=0.5,
                       requested_rows=10, cached_rows=5, local_rows=3, remote_rows=2, cached_bytes=20, local_bytes=12,
                       remote_bytes=8)
@@ -74,7 +74,7 @@ def _stats(val_acc: float) -> EpochStats:
 
 def test_an_empty_validation_split_is_null_in_metrics_json_and_n_a_in_the_log():
     record = _stats(math.nan).as_dict()
-    assert record["val_acc"] is None and json.loads(json.dumps(record))["val_acc"] is None
+    assert record["val_metric"] is None and json.loads(json.dumps(record))["val_metric"] is None
     assert "val n/a |" in _stats(math.nan).log_line(5) and "val 25.0 % |" in _stats(0.25).log_line(5)
 
 
@@ -82,11 +82,11 @@ ZERO = re.compile(r"(?<![\d.])0\.00 %")   # "0.00 %", not the end of "70.00 %"
 
 
 def _summary(**over: Any) -> dict[str, Any]:
-    epoch = {"epoch": 0, "loss": 1.0, "train_acc": 0.5, "val_acc": None, "lr": 0.01, "epoch_s": 1.0,
+    epoch = {"epoch": 0, "loss": 1.0, "train_metric": 0.5, "val_metric": None, "lr": 0.01, "epoch_s": 1.0,
              "sampled_edges_per_s": 1e6, "hit_rate": 0.5, "cached_rows": 5, "local_rows": 3, "remote_rows": 2,
              "remote_bytes": 8}
-    summary = {"test_acc": 0.75, "test_acc_last": 0.75, "best_val_acc": None, "best_epoch": 1, "last_epoch": 1,
-               "final_val_acc": None, "stopped_early": False,
+    summary = {"metric_name": "accuracy", "test_metric": 0.75, "test_metric_last": 0.75, "best_val_metric": None,
+               "best_epoch": 1, "last_epoch": 1, "final_val_metric": None, "stopped_early": False,
                "task": {"name": "node classification", "evaluator": "accuracy (OGB Evaluator acc)"},
                "recipe": {"loss": "cross_entropy", "lr": 0.01, "weight_decay": 0.0, "lr_schedule": "constant",
                           "patience": None},
@@ -108,12 +108,25 @@ def _manifest(summary: dict[str, Any]) -> Manifest:
 def test_the_report_says_n_a_for_an_empty_split_never_zero_percent():
     no_valid = train.report(_manifest(_summary()))
     assert "test accuracy 75.00 % (no validation split: the last epoch's model, epoch 2)" in no_valid.headline
-    assert not ZERO.search(no_valid.markdown) and all(row["val_acc"] == "n/a" for row in no_valid.table)
+    assert not ZERO.search(no_valid.markdown) and all(row["val_accuracy"] == "n/a" for row in no_valid.table)
     assert "the published model is the last epoch's" in no_valid.markdown
-    no_test = train.report(_manifest(_summary(test_acc=None, test_acc_last=None, best_val_acc=0.7)))
+    no_test = train.report(_manifest(_summary(test_metric=None, test_metric_last=None, best_val_metric=0.7)))
     assert ("test accuracy n/a at the best validation epoch 2 (val 70.00 %); last epoch 2: test n/a"
             in no_test.headline), no_test.headline
     assert not ZERO.search(no_test.markdown)
+
+
+def test_a_summary_of_train_version_5_reports_alike():
+    """Builds before the task-neutral keys stored test_acc & co. (and train_acc / val_acc per epoch)."""
+    new = _summary(best_val_metric=0.7, final_val_metric=0.7)
+    old_keys = {"test_metric": "test_acc", "test_metric_last": "test_acc_last", "best_val_metric": "best_val_acc",
+                "final_val_metric": "final_val_acc"}
+    old = {old_keys.get(k, k): v for k, v in new.items() if k != "metric_name"}
+    old["epochs"] = [{{"train_metric": "train_acc", "val_metric": "val_acc"}.get(k, k): v for k, v in e.items()}
+                     for e in new["epochs"]]
+    assert "test_acc" in old and "val_acc" in old["epochs"][0]
+    got, want = train.report(_manifest(old)), train.report(_manifest(new))
+    assert (got.headline, got.table, got.markdown) == (want.headline, want.table, want.markdown)
 
 
 # ---- b. one class --------------------------------------------------------------------------------------------
@@ -153,7 +166,7 @@ def test_the_resume_log_and_the_report_count_epochs_alike(monkeypatch, capsys):
     assert trainer_module.Trainer.resume(fake) == 1   # type: ignore[arg-type]
     logged = capsys.readouterr().out
     assert "resuming from the checkpoint after epoch 2/8" in logged, logged
-    report = train.report(_manifest(_summary(resumed_from_epoch=1, best_val_acc=0.5)))
+    report = train.report(_manifest(_summary(resumed_from_epoch=1, best_val_metric=0.5)))
     assert "Resumed from the checkpoint after epoch 2." in report.markdown
 
 

@@ -189,7 +189,7 @@ def test_trainer_with_prefetch_equals_the_synchronous_trainer(tmp_path, run):
         for got, want in zip(ahead["metrics"]["epochs"], sync["metrics"]["epochs"], strict=True):
             fields = [k for k in want if not k.endswith("_s")]   # wall times differ
             assert {k: got[k] for k in fields} == {k: want[k] for k in fields}, got["epoch"]
-        for field in ("test_acc", "test_acc_last", "test_metrics", "best_val_acc", "best_epoch"):
+        for field in ("test_metric", "test_metric_last", "test_metrics", "best_val_metric", "best_epoch"):
             assert ahead["metrics"][field] == sync["metrics"][field], field
         assert ahead["state"].keys() == sync["state"].keys()
         assert all(torch.equal(ahead["state"][k], sync["state"][k]) for k in sync["state"]), "weights"

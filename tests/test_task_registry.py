@@ -69,4 +69,5 @@ def test_a_third_task_trains_through_the_trainer_unchanged(one_rank_group, tmp_p
     assert trainer.out_channels == 2 and trainer.model is trainer.encoder
     metrics = trainer.fit()
     assert metrics["last_epoch"] == 0 and len(metrics["epochs"]) == 1
-    assert 0.0 <= metrics["test_acc"] <= 1.0 and "decoder" not in metrics["model"]
+    assert metrics["metric_name"] == "accuracy" and 0.0 <= metrics["test_metric"] <= 1.0
+    assert "decoder" not in metrics["model"]

@@ -33,6 +33,7 @@ from storage.graph import GraphArtifact
 from storage.manifest import stage_key
 from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
+from storage.train_summary import TrainSummary
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
@@ -100,11 +101,12 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
     s, m = reference.manifest.summary, reference.metrics
     mlp = mlp_best_val_accuracy(reference.store, two["download"])
     assert 0.5 < mlp < 0.65, mlp   # the graph's features alone are informative but weak
-    assert s["final_val_acc"] >= 0.75 and s["test_acc"] >= 0.75, s
-    assert s["best_val_acc"] >= mlp + 0.15, (s["best_val_acc"], mlp)
+    t = TrainSummary.from_json(s)
+    assert t.final_val_metric >= 0.75 and t.test_metric >= 0.75, s
+    assert t.best_val_metric >= mlp + 0.15, (t.best_val_metric, mlp)
     epochs = m["epochs"]
     assert [e["epoch"] for e in epochs] == list(range(8)) and m["world_size"] == 2 and m["backend"] == "gloo"
-    assert epochs[-1]["loss"] < 0.8 * epochs[0]["loss"] and epochs[-1]["train_acc"] > epochs[0]["train_acc"]
+    assert epochs[-1]["loss"] < 0.8 * epochs[0]["loss"] and epochs[-1]["train_metric"] > epochs[0]["train_metric"]
     for e in epochs:
         assert e["epoch_s"] > 0 and e["sampled_edges_per_s"] > 0
         assert 0 < e["hit_rate"] < 1 and e["remote_rows"] > 0 and e["local_rows"] > 0
@@ -123,7 +125,8 @@ def test_artifact_files_model_and_report(reference):
     model = build_model("sage", in_channels=16, hidden=32, out_channels=4, num_layers=2, dropout=0.3)
     model.load_state_dict(reference.state)   # sizes from metadata: 16 features, 4 classes
     report = train.report(reference.manifest)
-    assert f"test accuracy {100 * reference.manifest.summary['test_acc']:.2f} %" in report.headline
+    test = TrainSummary.from_json(reference.manifest.summary).test_metric
+    assert f"test accuracy {100 * test:.2f} %" in report.headline
     assert report.images == {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG}
     assert len(report.table) == 8 and "| epoch |" in report.markdown
     assert not checkpoint_dir(store, key).exists(), "checkpoints are removed once the artifact is published"
@@ -135,8 +138,8 @@ def test_one_partition_reaches_the_same_test_accuracy(art, one, reference):
     single = Run(art, train_params(), train_upstream(one))
     assert single.metrics["world_size"] == 1
     assert all(e["remote_rows"] == 0 for e in single.metrics["epochs"])
-    gap = abs(single.manifest.summary["test_acc"] - reference.manifest.summary["test_acc"])
-    assert gap <= 0.02, (single.manifest.summary["test_acc"], reference.manifest.summary["test_acc"])
+    accs = [TrainSummary.from_json(r.manifest.summary).test_metric for r in (single, reference)]
+    assert abs(accs[0] - accs[1]) <= 0.02, accs
 
 
 def test_uneven_train_counts_finish(art):
@@ -165,7 +168,8 @@ def test_uneven_train_counts_finish(art):
     assert [r["train_nodes"] for r in ranks][1:] == [7, 0] and ranks[0]["train_nodes"] > 300
     expected_batches = -(-ranks[0]["train_nodes"] // BATCH_SIZE)
     assert all(e["batches"] == expected_batches for e in run.metrics["epochs"])
-    assert run.manifest.summary["final_val_acc"] > 0.6   # rank 0's seeds alone still teach the shared model
+    # rank 0's seeds alone still teach the shared model
+    assert TrainSummary.from_json(run.manifest.summary).final_val_metric > 0.6
 
 
 def _worker_pids(run_lines: list[tuple[float, str]]) -> list[int]:
@@ -208,9 +212,9 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
     assert "resuming from the checkpoint after epoch 2/8" in resumed.text()
     assert resumed.metrics["resumed_from_epoch"] == 1 and reference.metrics["resumed_from_epoch"] is None
     for got, want in zip(resumed.metrics["epochs"], reference.metrics["epochs"], strict=True):
-        for field in ("loss", "train_acc", "val_acc", "requested_rows", "cached_rows", "remote_rows"):
+        for field in ("loss", "train_metric", "val_metric", "requested_rows", "cached_rows", "remote_rows"):
             assert got[field] == want[field], (got["epoch"], field)
-    assert resumed.metrics["test_acc"] == reference.metrics["test_acc"]
+    assert resumed.metrics["test_metric"] == reference.metrics["test_metric"]
     assert resumed.state.keys() == reference.state.keys()
     assert all(torch.equal(resumed.state[k], reference.state[k]) for k in reference.state)
     assert not checkpoint_dir(other, key).exists()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from stages.infer.node import sampled_accuracy
 from storage.train_summary import TrainSummary, epoch_metric
 
-# a metrics.json as built before the typed record (accuracy-named keys; task=link keeps its MRR under them)
+# a metrics.json of train VERSION 5 and before (accuracy-named keys; task=link kept its MRR under them)
 OLD_METRICS: dict[str, Any] = {
     "epochs": [{"epoch": 0, "loss": 1.2, "train_acc": 0.4, "val_acc": 0.5},
                {"epoch": 1, "loss": 0.9, "train_acc": 0.6, "val_acc": 0.7}],
@@ -34,8 +35,27 @@ def test_neutral_keys_read_too() -> None:
     assert epoch_metric(s.epochs[0], "val_metric") == 0.3 and s.extra == {"other": 1}
 
 
+def test_an_older_summary_is_written_back_under_the_neutral_keys() -> None:
+    out = TrainSummary.from_json(OLD_METRICS).to_json()
+    assert not {"test_acc", "test_acc_last", "best_val_acc", "final_val_acc"} & set(out)
+    assert (out["metric_name"], out["test_metric"], out["best_val_metric"]) == ("mrr", 0.65, 0.7)
+    assert out["epochs"] == OLD_METRICS["epochs"] and out["recipe"] == OLD_METRICS["recipe"]
+
+
 def test_round_trip_keeps_the_stored_form() -> None:
-    assert TrainSummary.from_json(OLD_METRICS).to_json() == OLD_METRICS
+    stored = TrainSummary.from_json(OLD_METRICS).to_json()   # the form train VERSION 6 writes
+    assert TrainSummary.from_json(stored).to_json() == stored
+    assert TrainSummary.from_json(stored) == TrainSummary.from_json(OLD_METRICS)
+
+
+def test_the_train_stage_writes_what_the_record_writes() -> None:
+    """metrics.json's metric keys are the record's (the trainer writes them, the record reads them back)."""
+    from stages.train.stats import EpochStats
+    from storage.train_summary import EPOCH_KEYS, OLD_KEYS
+
+    assert set(EPOCH_KEYS) <= {f.name for f in fields(EpochStats)}
+    assert not set(EPOCH_KEYS.values()) & {f.name for f in fields(EpochStats)}
+    assert set(OLD_KEYS) <= set(TrainSummary.from_json({}).to_json())
 
 
 def test_infer_reads_train_metrics_through_the_record() -> None:

@@ -29,6 +29,7 @@ from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, write_graph
 from storage.report import Report, markdown_table
 from storage.schema import GraphSchema
+from storage.summaries import DownloadSummary
 
 NAME = "download"
 VERSION = 2   # 2: typed graphs (graph.zarr holds a schema, x per node type, one CSR row per node and edge type)
@@ -225,23 +226,23 @@ def _sizes(graph: Graph) -> dict[str, Any]:
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest.summary
-    rows = [{"dataset": s["name"], "source": s["source"], "nodes": s["num_nodes"], "edges": s["num_edges"],
-             "avg_degree": s["avg_degree"], "features": s["num_features"], "classes": s["num_classes"],
-             "directed": s["directed"], **{f"{k}_nodes": v for k, v in s["split_sizes"].items()},
-             "wall_s": s["wall_s"], "peak_rss_GiB": round(s["peak_rss_bytes"] / 2**30, 2)}]
-    schema = GraphSchema.from_dict(s["schema"])
+    s = DownloadSummary.from_json(manifest.summary)
+    rows = [{"dataset": s.name, "source": s.source, "nodes": s.num_nodes, "edges": s.num_edges,
+             "avg_degree": s.avg_degree, "features": s.num_features, "classes": s.num_classes,
+             "directed": s.directed, **{f"{k}_nodes": v for k, v in s.split_sizes.items()},
+             "wall_s": s.wall_s, "peak_rss_GiB": round(s.peak_rss_bytes / 2**30, 2)}]
+    schema = GraphSchema.from_dict(s.schema)
     typed = "" if schema.is_homogeneous else (f" ({len(schema.node_types)} node types, {schema.num_edge_types} "
                                               "edge types)")
-    headline = (f"{s['name']}: {s['num_nodes']:,} nodes, {s['num_edges']:,} edges{typed}, {s['num_features']} "
-                f"features, {s['num_classes']} classes")
-    if s.get("edge_split_sizes"):   # task=link: the positives, and what the samplers' graph leaves out
-        sizes = s["edge_split_sizes"]
-        headline += (f"; link prediction on {s['link_edge_type']}: {sizes['train']:,} train, {sizes['valid']:,} "
+    headline = (f"{s.name}: {s.num_nodes:,} nodes, {s.num_edges:,} edges{typed}, {s.num_features} "
+                f"features, {s.num_classes} classes")
+    if s.edge_split_sizes:   # task=link: the positives, and what the samplers' graph leaves out
+        sizes = s.edge_split_sizes
+        headline += (f"; link prediction on {s.link_edge_type}: {sizes['train']:,} train, {sizes['valid']:,} "
                      f"valid, {sizes['test']:,} test positives (valid and test held out of the graph)")
     md = f"## download `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     if not schema.is_homogeneous:
-        md += _typed_tables(schema, s["edges_per_type"])
+        md += _typed_tables(schema, s.edges_per_type)
     return Report(headline, rows, md)
 
 

@@ -39,6 +39,7 @@ from storage.graph import GraphArtifact
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
+from storage.summaries import FeaturesSummary
 
 NAME = "features"
 VERSION = 3   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);
@@ -132,14 +133,14 @@ def _headline_figures(per_type: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest.summary
-    rows = [dict(r) for r in s["parts"]]
-    codec = "crc32c" if s["compressor"] == "none" else f"{s['compressor']}+crc32c"
-    source = s.get("source_dtype", s["feature_dtype"])   # artifacts written before the dtype parameter lack it
-    stored = s["feature_dtype"] if source == s["feature_dtype"] else f"{s['feature_dtype']} (from {source})"
-    norm = f", rows {s['normalize']}-normalised" if s.get("normalize", "none") != "none" else ""
-    headline = (f"{s['num_partitions']} feature stores, {s['num_features']} × {stored}{norm}, "
-                f"chunks of ≤ {max(r['chunk_rows'] for r in s['parts'])} rows, codec {codec}, "
-                f"{manifest.bytes / 2**20:.1f} MiB, {s['wall_s']:.1f} s")
+    s = FeaturesSummary.from_json(manifest.summary)
+    rows = [dict(r) for r in s.parts]
+    codec = "crc32c" if s.compressor == "none" else f"{s.compressor}+crc32c"
+    source = s.source   # artifacts written before the dtype parameter: the stored dtype
+    stored = s.feature_dtype if source == s.feature_dtype else f"{s.feature_dtype} (from {source})"
+    norm = f", rows {s.normalize}-normalised" if s.normalize != "none" else ""
+    headline = (f"{s.num_partitions} feature stores, {s.num_features} × {stored}{norm}, "
+                f"chunks of ≤ {max(r['chunk_rows'] for r in s.parts)} rows, codec {codec}, "
+                f"{manifest.bytes / 2**20:.1f} MiB, {s.wall_s:.1f} s")
     md = f"## features `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n"
     return Report(headline, rows, md)

@@ -99,8 +99,7 @@ def make_plan(graph: GraphArtifact, parts: PartitionArtifact, layout: Layout) ->
         chunks = [layout.chunk_rows or default_chunk_rows(n, itemsize * int(source.shape[1])) for n in part_rows]
         types.append(stream.TypeStream(node_type.name, index, int(offsets[index]), source, itemsize, chunks,
                                        part_rows))
-    split_sizes = graph.manifest.summary.get("split_sizes", {})
-    return Plan(types, graph.num_nodes, sum(int(v) for v in split_sizes.values()),
+    return Plan(types, graph.num_nodes, sum(int(v) for v in graph.summary.split_sizes.values()),
                 max((t.num_classes for t in schema.node_types), default=0))
 
 

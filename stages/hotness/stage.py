@@ -34,6 +34,7 @@ from storage.hotness import CURVE_PNG, write_curves
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
+from storage.summaries import HotnessSummary
 
 NAME = "hotness"
 VERSION = 4   # 4: typed graphs; 3: the neighbour draws come from the stage's seed (torch's global generator before)
@@ -121,23 +122,23 @@ def _with_units(cost: dict[str, Any], units: list[dict[str, Any]], slots: int) -
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest.summary
+    s = HotnessSummary.from_json(manifest.summary)
     table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "budget"}
-             for r in s["parts"]]
-    mean_hit = float(np.mean([r["expected_hit_rate"] for r in s["parts"]])) if s["parts"] else 0.0
-    mean_deg = float(np.mean([r["degree_hit_rate"] for r in s["parts"]])) if s["parts"] else 0.0
-    mean_rem = float(np.mean([r["remote_removed"] for r in s["parts"]])) if s["parts"] else 0.0
-    headline = (f"cache plan {s['budget']}: expected hit rate {100 * mean_hit:.1f} % (degree cache "
+             for r in s.parts]
+    mean_hit = float(np.mean([r["expected_hit_rate"] for r in s.parts])) if s.parts else 0.0
+    mean_deg = float(np.mean([r["degree_hit_rate"] for r in s.parts])) if s.parts else 0.0
+    mean_rem = float(np.mean([r["remote_removed"] for r in s.parts])) if s.parts else 0.0
+    headline = (f"cache plan {s.budget}: expected hit rate {100 * mean_hit:.1f} % (degree cache "
                 f"{100 * mean_deg:.1f} %), removes {100 * mean_rem:.1f} % of remote lookups")
     curve_rows = []
-    for c in s["curves"]:
+    for c in s.curves:
         for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
                                "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
-    per_type = f" (per edge type {s['edge_fanouts']})" if s.get("edge_fanouts") else ""
+    per_type = f" (per edge type {s.edge_fanouts})" if s.edge_fanouts else ""
     # builds from before the memory budget say nothing of where their CSR lived
-    csr = f" Sampled from {s['csr']}; memory budget {s['memory_budget']}." if s.get("csr") else ""
-    md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s['fanouts']}{per_type}, {s['epochs']} pre-sampled "
+    csr = f" Sampled from {s.csr}; memory budget {s.memory_budget}." if s.csr else ""
+    md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s.fanouts}{per_type}, {s.epochs} pre-sampled "
           f"epoch(s); hit rates measured on an independent epoch.{csr}\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
     return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

@@ -16,6 +16,7 @@ from storage import Manifest
 from storage.graph import SPLITS
 from storage.infer import METRICS, NODES, PREDICTIONS
 from storage.report import Report, markdown_table, percent
+from storage.summaries import InferSummary
 from storage.train_summary import TrainSummary, epoch_metric
 
 
@@ -54,31 +55,31 @@ def node_summary(m: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, An
                                                                  "metrics": METRICS}}
 
 
-def node_report(uri: str, key: str, s: Mapping[str, Any], ranks_table: list[dict[str, Any]]) -> Report:
+def node_report(uri: str, key: str, s: InferSummary, ranks_table: list[dict[str, Any]]) -> Report:
     """A node classifier's build: accuracies, predicted classes, node types, ranks."""
-    acc, sampled = s["accuracy"], s["sampled_accuracy"]
-    how = "exact" if s["mode"] == "exact" else f"sampled ({','.join(map(str, s['fanouts']))})"
-    peak = max(r["peak_rss_mib"] for r in s["ranks"])
-    headline = (f"{how} inference of {s['num_nodes']:,} nodes on {s['num_partitions']} rank(s): accuracy train "
+    acc, sampled = s.accuracy, s.sampled_accuracy
+    how = "exact" if s.mode == "exact" else f"sampled ({','.join(map(str, s.fanouts or []))})"
+    peak = max(r["peak_rss_mib"] for r in s.ranks)
+    headline = (f"{how} inference of {s.num_nodes:,} nodes on {s.num_partitions} rank(s): accuracy train "
                 f"{percent(acc['train'])}, valid {percent(acc['valid'])}, test {percent(acc['test'])} (training's "
-                f"sampled test {percent(sampled['test'])}) | {s['wall_s']:.1f} s, peak RSS {peak:.0f} MiB/rank | "
+                f"sampled test {percent(sampled['test'])}) | {s.wall_s:.1f} s, peak RSS {peak:.0f} MiB/rank | "
                 f"predictions: {uri}/{PREDICTIONS}")
-    table = [{"split": split, "nodes": s["total"][split], "exact": percent(acc[split]),
+    table = [{"split": split, "nodes": s.total[split], "exact": percent(acc[split]),
               "sampled (train stage)": percent(sampled[split])} for split in SPLITS]
-    labelled = max(sum(s["label_count"]), 1)
-    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(sum(s["pred_count"]), 1)),
-                "labelled": s["label_count"][c], "labelled_share": percent(s["label_count"][c] / labelled)}
-               for c, n in enumerate(s["pred_count"])]
-    emb = (f"hidden layer(s) {', '.join(map(str, s['embedding_layers']))} in `{NODES}/emb/layer-<l>`"
-           if s["embedding_layers"] else "no hidden layer observed (a 1-layer model, or a plain model without "
+    labelled = max(sum(s.label_count), 1)
+    classes = [{"class": c, "predicted": n, "predicted_share": percent(n / max(sum(s.pred_count), 1)),
+                "labelled": s.label_count[c], "labelled_share": percent(s.label_count[c] / labelled)}
+               for c, n in enumerate(s.pred_count)]
+    emb = (f"hidden layer(s) {', '.join(map(str, s.embedding_layers))} in `{NODES}/emb/layer-<l>`"
+           if s.embedding_layers else "no hidden layer observed (a 1-layer model, or a plain model without "
                                          "`convs`)")
     types = [{c: t[c] for c in ("node_type", "nodes", "features", "labelled", "orig_ids")}
-             for t in s.get("node_types", [])]
+             for t in s.node_types or []]
     typed = (f"### Node types\n\nEvery node is predicted; the classes are those of the labelled type(s), the "
              f"hidden layers' rows are every type's embeddings. Exports name each node's `node_type` and "
              f"`type_orig_id`.\n\n{markdown_table(types)}\n\n" if len(types) > 1 else "")
-    md = (f"## infer `{key}`\n\n{headline}\n\nModel of train `{s['train_key']}`, {s['num_layers']} layers, "
-          f"computed {s['path']}. Outputs in orig-id order: `{uri}/{PREDICTIONS}` (orig_id, "
+    md = (f"## infer `{key}`\n\n{headline}\n\nModel of train `{s.train_key}`, {s.num_layers} layers, "
+          f"computed {s.path}. Outputs in orig-id order: `{uri}/{PREDICTIONS}` (orig_id, "
           f"{'node_type, type_orig_id, ' if len(types) > 1 else ''}pred, prob_<c>, label, split) and "
           f"`{uri}/{NODES}` (pred, prob, label, split, embeddings); "
           f"embeddings: {emb}. Per partition: `part-<p>.zarr`.\n\n"

@@ -77,7 +77,7 @@ def link_build(store: ArtifactStore, infer: Manifest) -> tuple[InferArtifact, Ma
     """The infer build's artifact and its train manifest, when they hold a link prediction model."""
     train = store.load("train", infer.upstream["train"])
     art = InferArtifact(store, infer)
-    if not (build_task(infer.summary).scores_pairs and infer_task(train).scores_pairs):
+    if not (build_task(art.summary).scores_pairs and infer_task(train).scores_pairs):
         raise InputError(f"infer/{infer.key} holds a node classifier's predictions (train/{train.key} has "
                          f"task=node): pairs are scored with a link prediction model (train.task=link)")
     return art, train
@@ -87,5 +87,5 @@ def score_pairs(store: ArtifactStore, infer: Manifest, src: np.ndarray, dst: np.
     """float32 [E]: the scores of the pairs ``(src[i], dst[i])`` (orig ids) by the link model of build ``infer``."""
     art, train = link_build(store, infer)
     src, dst = np.asarray(src), np.asarray(dst)
-    check_pairs(src, dst, int(infer.summary["num_nodes"]))
+    check_pairs(src, dst, art.num_nodes)
     return pair_scores(art.embedding_rows, load_decoder(store, train), src.astype(np.int64), dst.astype(np.int64))

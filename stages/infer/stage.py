@@ -55,6 +55,8 @@ from storage.leftovers import infer_job_dir
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report
+from storage.summaries import InferSummary
+from storage.train_summary import TrainSummary
 
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
@@ -206,8 +208,13 @@ def _common_metrics(ranks: list[dict[str, Any]], trained: Manifest, params: Para
             "fanouts": None if params.fanouts is None else list(params.fanouts), "path": ranks[0]["path"],
             "num_nodes": sum(r["nodes"] for r in ranks), "num_partitions": len(ranks), "num_layers": num_layers,
             "embedding_layers": ranks[0]["embedding_layers"], "embeddings": params.embeddings,
-            "train_key": trained.key, "model": trained.summary.get("model", {"kind": trained.params.get("model")}),
+            "train_key": trained.key, "model": _trained_model(trained),
             "ranks": ranks, "scalars": scalars}
+
+
+def _trained_model(trained: Manifest) -> dict[str, Any]:
+    """The trained model's record; train builds before it was recorded: its kind from the train parameters."""
+    return dict(TrainSummary.from_json(trained.summary).model or {"kind": trained.params.get("model")})
 
 
 def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
@@ -219,12 +226,12 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
              "mapped_mib": round(r["matrices"]["mapped_bytes"] / 2**20, 1)} for r in m["ranks"]]
 
 
-def _ranks_table(s: dict[str, Any]) -> list[dict[str, Any]]:
+def _ranks_table(s: InferSummary) -> list[dict[str, Any]]:
     cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "mapped_mib", "wall_s",
             "peak_rss_mib")
-    return [{c: r.get(c) for c in cols} for r in s["ranks"]]   # the manifest's JSON sorts keys: put them in order
+    return [{c: r.get(c) for c in cols} for r in s.ranks]   # the manifest's JSON sorts keys: put them in order
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest.summary
+    s = InferSummary.from_json(manifest.summary)
     return build_task(s).report(manifest.uri, manifest.key, s, _ranks_table(s))

@@ -24,6 +24,7 @@ from stages.infer.node import node_metrics, node_report, node_summary
 from stages.train.tasks import task_def
 from storage import InputError, Manifest
 from storage.report import Report
+from storage.summaries import InferSummary
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +64,7 @@ class InferTask(Protocol):
         """The manifest's summary (``ranks``: the per-rank lines the stage lists)."""
         ...
 
-    def report(self, uri: str, key: str, summary: Mapping[str, Any], ranks_table: list[dict[str, Any]]) -> Report:
+    def report(self, uri: str, key: str, summary: InferSummary, ranks_table: list[dict[str, Any]]) -> Report:
         """``gnnpipe show``'s report of a build."""
         ...
 
@@ -93,7 +94,7 @@ class NodeTask:
     def summary(self, metrics: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
         return node_summary(metrics, ranks)
 
-    def report(self, uri: str, key: str, summary: Mapping[str, Any], ranks_table: list[dict[str, Any]]) -> Report:
+    def report(self, uri: str, key: str, summary: InferSummary, ranks_table: list[dict[str, Any]]) -> Report:
         return node_report(uri, key, summary, ranks_table)
 
 
@@ -125,7 +126,7 @@ class LinkTask:
     def summary(self, metrics: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
         return link_summary(metrics, ranks)
 
-    def report(self, uri: str, key: str, summary: Mapping[str, Any], ranks_table: list[dict[str, Any]]) -> Report:
+    def report(self, uri: str, key: str, summary: InferSummary, ranks_table: list[dict[str, Any]]) -> Report:
         return link_report(uri, key, summary, ranks_table)
 
 
@@ -150,6 +151,6 @@ def infer_task(train: Manifest) -> InferTask:
     return infer_task_named(str(train.params.get("task", DEFAULT)))
 
 
-def build_task(summary: Mapping[str, Any]) -> InferTask:
+def build_task(summary: InferSummary) -> InferTask:
     """The task of an infer build, from its manifest's summary (a link build records ``task``; a node one none)."""
-    return infer_task_named(str(summary.get("task", DEFAULT)))
+    return infer_task_named(summary.task or DEFAULT)

@@ -28,6 +28,7 @@ from storage.manifest import stage_key
 from storage.partition import PartitionBook, write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
+from storage.summaries import DownloadSummary, PartitionSummary
 
 NAME = "partition"
 VERSION = 1
@@ -111,30 +112,29 @@ def _write_units(executor: Executor, writer: StageWriter, download: Manifest, nu
 def memory_plan(artifact: GraphArtifact, params: Params) -> MemoryPlan:
     """The stage's memory plan for this graph (``stages.partition.footprint``), from the manifest and the Zarr
     arrays' shapes only; InputError (one line) when the budget cannot hold even the streamed path."""
-    s = artifact.manifest.summary
     schema = artifact.schema
     indptr, indices = artifact.zarr_array("indptr"), artifact.zarr_array("indices")
-    link = _link_entries(s)
+    link = _link_entries(artifact.summary)
     edge_attr = int(artifact.zarr_array("edge_attr").nbytes) if artifact.num_edge_features else 0
     return plan(MemoryBudget.resolve(params.memory_budget_bytes, NAME), num_nodes=artifact.num_nodes,
                 num_entries=int(indices.shape[0]), num_parts=params.num_partitions, method=params.method,
-                symmetrise=bool(s.get("directed")) or not schema.is_homogeneous,
+                symmetrise=artifact.summary.directed or not schema.is_homogeneous,
                 graph_bytes=int(indptr.nbytes + indices.nbytes), link_bytes=8 * link, edge_attr_bytes=edge_attr)
 
 
 def unit_memory(artifact: GraphArtifact, params: Params) -> int:
     """One part-writing unit's estimate (``footprint.unit_minimum``), from the manifest and the arrays' shapes."""
-    link = _link_entries(artifact.manifest.summary)
+    link = _link_entries(artifact.summary)
     return unit_minimum(num_nodes=artifact.num_nodes, num_entries=int(artifact.zarr_array("indices").shape[0]),
                         num_parts=params.num_partitions, num_edge_types=artifact.schema.num_edge_types,
                         link_bytes=8 * link, edge_attr_bytes=int(artifact.zarr_array("edge_attr").nbytes)
                         if artifact.num_edge_features else 0)
 
 
-def _link_entries(summary: Mapping[str, Any]) -> int:
+def _link_entries(summary: DownloadSummary) -> int:
     """Entries of link prediction's splits and fixed negatives (int64 each), from the download summary."""
-    return sum(2 * n for n in (summary.get("edge_split_sizes") or {}).values()) + \
-        sum(int(np.prod(shape)) for shape in (summary.get("edge_split_neg_shapes") or {}).values())
+    return sum(2 * n for n in summary.edge_split_sizes.values()) + \
+        sum(int(np.prod(shape)) for shape in summary.edge_split_neg_shapes.values())
 
 
 def _partition(writer: StageWriter, graph: Graph, params: Params, scratch: str, plan: MemoryPlan,
@@ -205,18 +205,18 @@ def _write_parts(writer: StageWriter, graph: Graph, book: PartitionBook, progres
 
 
 def report(manifest: Manifest) -> Report:
-    s: dict[str, Any] = manifest.summary
-    rows = [{"partition": p, "nodes": s["nodes"][p], "edges": s["edges"][p], "train_nodes": s["train_nodes"][p],
-             "gid_range": f"[{s['bounds'][p]}, {s['bounds'][p + 1]})"} for p in range(s["num_partitions"])]
-    imb = s["imbalance"]
-    headline = (f"{s['method']} into {s['num_partitions']}: edge cut {s['edge_cut']:,} "
-                f"({100 * s['edge_cut_fraction']:.1f} %), imbalance nodes {imb['nodes']:.3f} / "
-                f"edges {imb['edges']:.3f} / train {imb['train_nodes']:.3f}, {s['wall_s']:.1f} s, "
-                f"peak {s['peak_rss_bytes'] / 2**30:.2f} GiB")
+    s = PartitionSummary.from_json(manifest.summary)
+    rows = [{"partition": p, "nodes": s.nodes[p], "edges": s.edges[p], "train_nodes": s.train_nodes[p],
+             "gid_range": f"[{s.bounds[p]}, {s.bounds[p + 1]})"} for p in range(s.num_partitions)]
+    imb = s.imbalance
+    headline = (f"{s.method} into {s.num_partitions}: edge cut {s.edge_cut:,} "
+                f"({100 * s.edge_cut_fraction:.1f} %), imbalance nodes {imb['nodes']:.3f} / "
+                f"edges {imb['edges']:.3f} / train {imb['train_nodes']:.3f}, {s.wall_s:.1f} s, "
+                f"peak {s.peak_rss_bytes / 2**30:.2f} GiB")
     md = (f"## partition `{manifest.key}`\n\n{headline}\n\n{markdown_table(rows)}\n\n"
           f"imbalance = max / mean per constraint.\n")
-    if "typed" in s:
-        md += _typed_tables(s["typed"], s["num_partitions"])
+    if s.typed is not None:
+        md += _typed_tables(s.typed, s.num_partitions)
     return Report(headline, rows, md)
 
 

@@ -14,7 +14,7 @@ graph entry) would not fit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,10 +33,9 @@ def mapped_graph(artifact: GraphArtifact, scratch: str) -> Graph:
     """The download artifact's topology with ``indptr``, ``indices`` (and ``edge_attr``) as read-only memory maps
     in ``scratch`` (``indices`` keeps its stored dtype: int32 from a newer download stage, else int64); the train,
     valid and test splits, the link splits and fixed negatives are read into memory; no features, no labels."""
-    s: Mapping[str, Any] = artifact.manifest.summary
+    s = artifact.summary
     schema = artifact.schema
-    link_edge_type, link_eval = s.get("link_edge_type"), s.get("link_eval")
-    neg_shapes = s.get("edge_split_neg_shapes") or {}
+    link_edge_type, link_eval, neg_shapes = s.link_edge_type, s.link_eval, s.edge_split_neg_shapes
     return Graph(
         schema=schema,
         indptr=spill_array(artifact.zarr_array("indptr"), scratch, "indptr"),
@@ -44,7 +43,7 @@ def mapped_graph(artifact: GraphArtifact, scratch: str) -> Graph:
         features={},
         y=np.zeros(0, dtype=np.int64),   # the partition stage reads no labels
         splits={name: read_into(artifact.zarr_array(f"split/{name}")) for name in SPLITS},
-        directed=bool(s["directed"]),
+        directed=bool(s.directed),
         edge_splits={name: read_into(artifact.zarr_array(f"edge_split/{name}")) for name in SPLITS}
         if link_edge_type is not None else {},
         link_edge_type=None if link_edge_type is None else str(link_edge_type),

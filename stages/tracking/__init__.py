@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from storage import InputError
+from storage.train_summary import TrainSummary
 
 
 def require_trackers() -> None:
@@ -33,7 +34,10 @@ def require_trackers() -> None:
     require_mlflow()
 
 
-FINAL_FIGURES = ("test_acc", "test_acc_last", "best_val_acc", "final_val_acc", "best_epoch", "last_epoch")
+# the train stage's final figures, by their task-neutral names (``storage.train_summary``: the task's selected
+# metric, accuracy or link prediction's mrr; older metrics.json held them under test_acc & co.)
+FINAL_FIGURES = ("test_metric", "test_metric_last", "best_val_metric", "final_val_metric", "best_epoch",
+                 "last_epoch")
 
 
 def is_number(value: Any) -> bool:
@@ -49,8 +53,11 @@ def epoch_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, int, float]
 
 
 def final_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The train stage's final figures that are numbers (``best_val_acc`` is null without a validation split)."""
-    return {f"train/{name}": float(metrics[name]) for name in FINAL_FIGURES if is_number(metrics.get(name))}
+    """The train stage's final figures that are numbers (``best_val_metric`` is None without a validation split),
+    read through ``TrainSummary`` (metrics.json of any train VERSION)."""
+    summary = TrainSummary.from_json(metrics)
+    figures = {name: getattr(summary, name) for name in FINAL_FIGURES}
+    return {f"train/{name}": float(value) for name, value in figures.items() if is_number(value)}
 
 
 def flat_params(params: Mapping[str, Any]) -> dict[str, str | int | float | bool]:

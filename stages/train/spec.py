@@ -15,6 +15,7 @@ from typing import Any
 from stages.runtime.rank_process import JobSpec
 from storage.errors import InputError
 from storage.store import ArtifactStore, Manifest, library_versions
+from storage.summaries import HotnessSummary, PartitionSummary
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -51,8 +52,8 @@ def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) ->
     if got != features.key:
         raise InputError(f"the hotness artifact {hotness.key} was built on features {got}, not {features.key}; "
                          f"rebuild hotness on these features")
-    parts = int(partition.summary["num_partitions"])
-    planned = int(hotness.summary.get("num_partitions", parts))
+    parts = PartitionSummary.from_json(partition.summary).num_partitions
+    planned = HotnessSummary.from_json(hotness.summary).num_partitions or parts   # 0: recorded none
     if planned != parts:
         raise InputError(f"the cache plan covers {planned} partitions but the partitioning has {parts}")
 

@@ -45,13 +45,15 @@ from storage.train import (
     spec_path,
     write_train_artifact,
 )
-from storage.train_summary import TrainSummary
+from storage.train_summary import TrainSummary, epoch_metric
 
 NAME = "train"
-VERSION = 5   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
+VERSION = 6   # 2: the published model and test accuracy are the best-validation epoch's; 3: no validation split
 #              publishes the last epoch's model (was the first's), and empty splits score null (was 0.0);
 #              4: model.pt's embedding tables in the dataset's order of each type (were in tgid order);
-#              5: a checkpoint's embedding shards in one part file per rank (a 4 checkpoint cannot resume)
+#              5: a checkpoint's embedding shards in one part file per rank (a 4 checkpoint cannot resume);
+#              6: metrics.json and the summary name the metrics task-neutrally (test_metric, best_val_metric, ...,
+#              per epoch train_metric / val_metric, with metric_name; were test_acc & co.; same values)
 UPSTREAM = ("partition", "features", "hotness")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "join", "report"]
 
@@ -183,9 +185,10 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
     epochs = metrics["epochs"]
     table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()} for e in epochs]
     n = max(len(epochs), 1)
-    return {"test_acc": metrics["test_acc"], "test_acc_last": metrics["test_acc_last"],
-            "best_val_acc": metrics["best_val_acc"], "best_epoch": metrics["best_epoch"],
-            "last_epoch": metrics["last_epoch"], "final_val_acc": metrics["final_val_acc"],
+    return {"metric_name": metrics["metric_name"], "test_metric": metrics["test_metric"],
+            "test_metric_last": metrics["test_metric_last"], "best_val_metric": metrics["best_val_metric"],
+            "best_epoch": metrics["best_epoch"], "last_epoch": metrics["last_epoch"],
+            "final_val_metric": metrics["final_val_metric"],
             "stopped_early": metrics["stopped_early"], "task": metrics["task"], "recipe": metrics["recipe"],
             "test_metrics": metrics.get("test_metrics", {}),
             "num_partitions": num_partitions, "world_size": metrics["world_size"], "nodes": nnodes,
@@ -236,10 +239,10 @@ def report(manifest: Manifest) -> Report:
                 f"{shown(t.test_metric_last)} | {len(t.epochs)} epochs{stop}, {s['mean_epoch_s']:.2f} "
                 f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
                 f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
-    cols = ("epoch", "loss", "train_acc", "val_acc", "lr", "epoch_s", "sampled_edges_per_s", "hit_rate",
-            "cached_rows", "local_rows", "remote_rows", "remote_bytes")
-    table = [{**{c: ("n/a" if e[c] is None else e[c]) for c in cols}, "epoch": e["epoch"] + 1}   # 1-based, as logged
-             for e in t.epochs]
+    # the metric columns named by the metric (train_accuracy, val_mrr), read under either stored key
+    cols = ("epoch", "loss", f"train_{name}", f"val_{name}", *_EPOCH_FIGURES)
+    table = [{**{c: ("n/a" if v is None else v) for c, v in zip(cols, _epoch_row(e))}, "epoch": e["epoch"] + 1}
+             for e in t.epochs]   # epochs 1-based, as logged
     ranks = [{k: v for k, v in rank.items() if k != "types"} for rank in s["ranks"]]
     resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
                if s["resumed_from_epoch"] is not None else "")
@@ -257,6 +260,16 @@ def report(manifest: Manifest) -> Report:
           f"{_test_metrics(s)}### Per epoch\n\n{markdown_table(table)}\n\n"
           f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(s)}")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})
+
+
+_EPOCH_FIGURES = ("lr", "epoch_s", "sampled_edges_per_s", "hit_rate", "cached_rows", "local_rows", "remote_rows",
+                  "remote_bytes")
+
+
+def _epoch_row(e: dict[str, Any]) -> list[Any]:
+    """One epoch's figures in the report's column order (the metrics under their neutral or older keys)."""
+    return [e["epoch"], e["loss"], epoch_metric(e, "train_metric"), epoch_metric(e, "val_metric"),
+            *(e[c] for c in _EPOCH_FIGURES)]
 
 
 def _outputs(model: dict[str, Any]) -> str:

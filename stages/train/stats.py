@@ -37,8 +37,10 @@ class EpochStats:
 
     epoch: int                   # 0-based
     loss: float                  # mean loss (the task's) over all ranks' real (non-padding) train seeds
-    train_acc: float             # the task's metric (accuracy) over the same seeds, in train mode (dropout on)
-    val_acc: float               # global validation metric after the epoch (OGB Evaluator acc); selects the model;
+    # the task's selected metric (``Task.metric_name``, beside them in metrics.json: accuracy, or link prediction's
+    # mrr); the keys before train VERSION 6 were train_acc / val_acc (``storage.train_summary`` reads both)
+    train_metric: float          # over the same seeds, in train mode (dropout on)
+    val_metric: float            # global validation metric after the epoch (OGB Evaluator's); selects the model;
                                  # NaN in memory, None in as_dict() and metrics.json, when the valid split is empty
     lr: float                    # the learning rate of this epoch (lr_schedule)
     epoch_s: float               # the slowest rank's training pass
@@ -58,11 +60,11 @@ class EpochStats:
 
     @classmethod
     def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *,
-               metric: Callable[[Sequence[float]], float], val_acc: float, eval_s: float, lr: float) -> EpochStats:
+               metric: Callable[[Sequence[float]], float], val_metric: float, eval_s: float, lr: float) -> EpochStats:
         """The global record from this rank's ``sums`` (``loop.train_epoch``) and feature ``traffic`` of the epoch.
 
         A collective: one SUM all-reduce of the counts, one MAX all-reduce of the wall times. ``metric``: the task's,
-        from the summed ``sums.metric_sums``; ``val_acc`` is global already; ``batches`` is equal on every rank.
+        from the summed ``sums.metric_sums``; ``val_metric`` is global already; ``batches`` is equal on every rank.
         """
         totals = _Totals(loss_sum=sums.loss_sum, seeds=sums.seeds, sampled_edges=sums.sampled_edges)
         n, m = len(_Totals.names()), len(FeatureCounters.names())
@@ -70,8 +72,8 @@ class EpochStats:
         total, rows = _Totals.from_values(summed[:n]), FeatureCounters.from_values(summed[n:n + m])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
         edges = total.sampled_edges
-        return cls(epoch=epoch, loss=total.loss_sum / max(total.seeds, 1), train_acc=metric(summed[n + m:]),
-                   val_acc=val_acc, lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=total.seeds,
+        return cls(epoch=epoch, loss=total.loss_sum / max(total.seeds, 1), train_metric=metric(summed[n + m:]),
+                   val_metric=val_metric, lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=total.seeds,
                    batches=sums.batches, sampled_edges=edges, sampled_edges_per_s=edges / max(epoch_s, 1e-9),
                    hit_rate=rows.cache_hits / max(rows.requested_rows, 1), requested_rows=rows.requested_rows,
                    cached_rows=rows.cache_hits, local_rows=rows.local_rows, remote_rows=rows.remote_rows,
@@ -87,7 +89,7 @@ class EpochStats:
         def shown(value: float) -> str:
             return percent(value, 1) if metric == "accuracy" or math.isnan(value) else f"{metric} {value:.4f}"
 
-        train, val = shown(self.train_acc), shown(self.val_acc)
+        train, val = shown(self.train_metric), shown(self.val_metric)
         return (f"epoch {self.epoch + 1}/{epochs}: loss {self.loss:.4f}, train {train}, "
                 f"val {val} | {self.epoch_s:.2f} s, {self.sampled_edges_per_s / 1e6:.2f} M "
                 f"edges/s | cache hit {100 * self.hit_rate:.1f} %, remote {self.remote_rows:,} rows "

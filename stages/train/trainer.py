@@ -106,17 +106,17 @@ class Trainer:
             eval_start = time.perf_counter()
             if self.task_def.reseeds_validation:
                 self.rng.seed_validation()
-            val_acc = self.task.metric(self.evaluate("valid"))
-            stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_acc=val_acc,
+            val_metric = self.task.metric(self.evaluate("valid"))
+            stats = EpochStats.reduce(epoch, sums, traffic, metric=self.task.metric, val_metric=val_metric,
                                       eval_s=time.perf_counter() - eval_start, lr=lr)
-            improved = self.best.update(epoch, val_acc, self.model, self._embedding_weights())
+            improved = self.best.update(epoch, val_metric, self.model, self._embedding_weights())
             if self.scheduler is not None:
                 self.scheduler.step()
             self.history.append(stats.as_dict())
             self.epoch = epoch
             self.save_checkpoint()
             if self.rank == 0:
-                best = improved and not math.isnan(val_acc)   # without validation every epoch "improves"
+                best = improved and not math.isnan(val_metric)   # without validation every epoch "improves"
                 print(stats.log_line(self.params.epochs, self.task.metric_name) + (" | best" if best else ""),
                       flush=True)
         stopped_early = self.epoch + 1 < self.params.epochs
@@ -236,12 +236,12 @@ class Trainer:
         """``metrics.json`` (format in ``storage.train``); ``ranks``: every rank's ``RankData.setup``."""
         params, history = self.params, self.history
         # an empty split has no metric: null in the JSON (NaN is not JSON), "n/a" in the report
-        test_acc, test_acc_last = self.task.metric(test_sums), self.task.metric(test_sums_last)
-        # test_acc & co. are the task's selected metric (accuracy; link prediction's MRR), named in "task"
-        return {"epochs": history, "test_acc": or_none(test_acc), "test_acc_last": or_none(test_acc_last),
-                "test_metrics": self.task.metrics(test_sums),
-                "best_val_acc": or_none(self.best.val), "best_epoch": self.best.epoch, "last_epoch": self.epoch,
-                "final_val_acc": history[-1]["val_acc"], "stopped_early": stopped_early,
+        test, test_last = self.task.metric(test_sums), self.task.metric(test_sums_last)
+        # *_metric: the task's selected metric (accuracy; link prediction's mrr), named by metric_name
+        return {"epochs": history, "metric_name": self.task.metric_name, "test_metric": or_none(test),
+                "test_metric_last": or_none(test_last), "test_metrics": self.task.metrics(test_sums),
+                "best_val_metric": or_none(self.best.val), "best_epoch": self.best.epoch, "last_epoch": self.epoch,
+                "final_val_metric": history[-1]["val_metric"], "stopped_early": stopped_early,
                 "task": {"name": self.task.name, "evaluator": self.task.evaluator,
                          "metric": self.task.metric_name},
                 "recipe": {"loss": params.resolved_loss, "lr": params.lr, "weight_decay": params.weight_decay,

@@ -117,7 +117,7 @@ class LinkDef(TaskDef):
         edge_gid = torch.from_numpy(partition.edge_split(p, "train"))
         limit = None
         if params.edges_per_epoch is not None:
-            total = sum(sizes["train"] for sizes in partition.manifest.summary["edge_split_sizes"])
+            total = sum(sizes["train"] for sizes in partition.summary.edge_split_sizes)
             limit = proportional_share(params.edges_per_epoch, int(edge_gid.shape[1]), total)
         return torch.arange(edge_gid.shape[1]), link_seeds_of(edge_gid, draws, params.num_negatives), limit
 

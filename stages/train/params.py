@@ -113,10 +113,11 @@ class Params(StageParams):
                                                        "model (0: none; 1 where the model leaves a core free, e.g. "
                                                        "on a GPU); the same batches and results either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
-    # copy until a GPU measures uva faster (benchmarks/bench_gpu_gather.py via make gpu-check; none has run yet)
-    host_gather: HostGather = runtime("copy", description="CUDA ranks: copy gathers own host rows on the CPU into "
+    # auto from the H200's gather table (stages.runtime.uva.choose_host_gather); the report names each rank's pick
+    host_gather: HostGather = runtime("auto", description="CUDA ranks: copy gathers own host rows on the CPU into "
                                                           "pinned memory and copies them over; uva lets the GPU read "
-                                                          "the pinned rows in place (zero-copy)")
+                                                          "the pinned rows in place (zero-copy); auto: uva for 2- "
+                                                          "and 4-byte elements in RAM, else copy")
 
     @property
     def num_layers(self) -> int:

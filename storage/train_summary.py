@@ -20,7 +20,7 @@ STORED_KEYS: dict[str, str] = {
     "best_val_metric": "best_val_acc",
     "final_val_metric": "final_val_acc",
 }
-# per-epoch record (``stages.train.stats.EpochStats``) attribute -> stored key
+# per-epoch record (``stages.train.rank.stats.EpochStats``) attribute -> stored key
 EPOCH_KEYS: dict[str, str] = {"train_metric": "train_acc", "val_metric": "val_acc"}
 _NAMED = ("best_epoch", "last_epoch", "stopped_early", "epochs", "task", "model", "test_metrics")
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from stages.infer.rank import train_params
-from stages.train.plugins import edge_dim_for, make_model, resolve_model
+from stages.train.models.plugins import edge_dim_for, make_model, resolve_model
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.graph import GraphArtifact

@@ -188,7 +188,8 @@ def test_a_bad_value_names_the_parameter_the_value_and_the_expected_form(setting
 def test_enumerations_are_declared_once():
     from stages import choices
     from stages.partition import assign
-    from stages.train import cache_policy, model
+    from stages.train.models import model
+    from stages.train.rank import cache_policy
 
     assert ("auto", *model.MODELS) == typing.get_args(choices.ModelName)
     assert assign.PARTITION_METHODS == typing.get_args(choices.PartitionMethod)

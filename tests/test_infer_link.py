@@ -28,9 +28,9 @@ from stages.infer.link_eval import scores_against
 from stages.infer.rank import train_params
 from stages.infer.score import link_build, load_decoder, pair_scores, score_pairs
 from stages.runtime.seeds import STREAM_INFER_NEGATIVES, stream_seed
-from stages.train.link_decoders import MLPDecoder
-from stages.train.link_metrics import RankSums
-from stages.train.plugins import make_model
+from stages.train.models.plugins import make_model
+from stages.train.tasks.link_decoders import MLPDecoder
+from stages.train.tasks.link_metrics import RankSums
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
 from storage.infer_artifact import EmbeddingBlocks, InferArtifact

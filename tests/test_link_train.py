@@ -17,9 +17,9 @@ from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
-from stages.train.link_decoders import link_loss
+from stages.train.rank.faults import FAULT_ENV
 from stages.train.tasks.link import LinkPrediction
+from stages.train.tasks.link_decoders import link_loss
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact, concat_parts

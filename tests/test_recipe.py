@@ -18,7 +18,7 @@ import torch
 
 from stages.jobs.errors import TrainingError
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
+from stages.train.rank.faults import FAULT_ENV
 from storage import ArtifactStore, InputError
 from storage.manifest import stage_key
 from storage.train import MODEL, checkpoint_dir

@@ -24,8 +24,8 @@ from stages.hotness import stage as hotness
 from stages.jobs.errors import TrainingError
 from stages.jobs.launcher import launch
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
-from stages.train.model import build_model
+from stages.train.models.model import build_model
+from stages.train.rank.faults import FAULT_ENV
 from stages.train.spec import TrainSpec
 from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features

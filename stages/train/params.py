@@ -18,8 +18,8 @@ from stages.choices import (
     TaskName,
 )
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
-from stages.train.plugin_code import source_digest
-from stages.train.plugins import check_ref, is_import_path
+from stages.train.models.plugin_code import source_digest
+from stages.train.models.plugins import check_ref, is_import_path
 from stages.train.tasks import TASKS, task_def
 from stages.train.tasks.base import key_without
 from storage.errors import InputError
@@ -148,7 +148,7 @@ class Params(StageParams):
 
     def key_params(self) -> dict[str, Any]:
         """The fields that define the artifact, plus a digest of plug-in code (an edit retrains,
-        ``stages.train.plugin_code``); the step schedule's settings only when that schedule is used."""
+        ``stages.train.models.plugin_code``); the step schedule's settings only when that schedule is used."""
         out = super().key_params()
         if self.lr_schedule != "step":
             del out["lr_step_epochs"], out["lr_gamma"]

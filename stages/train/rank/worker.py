@@ -1,4 +1,4 @@
-"""One training rank: ``python -m stages.train.worker --spec JOB.json``, started by torchrun (one per partition).
+"""One training rank: ``python -m stages.train.rank.worker --spec JOB.json``, started by torchrun (one per partition).
 
 The entry point only: it starts the process group on the chosen device, sizes the rank's threads, refuses to
 train unless every node reads the same builds of the same artifacts, then rank r opens partition r
@@ -27,14 +27,14 @@ import torch.distributed as dist
 
 from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import rank_env, run_rank
-from stages.train.faults import fault_hook
-from stages.train.guard import PeerStoppedError
 from stages.train.params import Params
-from stages.train.prefetch import producer_group
-from stages.train.rank_data import RankData
+from stages.train.rank.faults import fault_hook
+from stages.train.rank.guard import PeerStoppedError
+from stages.train.rank.prefetch import producer_group
+from stages.train.rank.rank_data import RankData
+from stages.train.rank.trainer import Trainer
+from stages.train.rank.typed_data import embeddings_in_dataset_order
 from stages.train.spec import TrainSpec, check_same_artifacts
-from stages.train.trainer import Trainer
-from stages.train.typed_data import embeddings_in_dataset_order
 from storage import ArtifactStore, GnnpipeError, InputError
 from storage.partition import PartitionArtifact
 from storage.train import write_result

@@ -127,7 +127,7 @@ def test_a_rank_without_positives_does_not_hang(tmp_path, two_parts):
 def train_link(store: ArtifactStore, manifests: dict[str, Manifest], **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {"task": "link", "hidden": 32, "fanouts": FANOUTS, "batch_size": 128, "epochs": 6,
                               "lr": 0.01, "dropout": 0.0, "num_negatives": 2, "threads_per_rank": 1,
-                              "timeout_s": 300.0, "collective_timeout_s": 60.0, **overrides}
+                              "timeout_s": 300.0, "peer_timeout_s": 60.0, **overrides}
     run = train.run(store, train.Params(**values), {u: manifests[u] for u in train.UPSTREAM}, log=lambda line: None)
     return json.loads(store.read_bytes("train", run.key, METRICS))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -26,6 +26,10 @@ from storage.errors import InputError
 
 
 class Params(StageParams):
+    # one name per runtime setting across stages: infer's was peer_timeout_s already ([5/5]); configs, deployments
+    # and job specs written before still work
+    RENAMED: ClassVar[dict[str, str]] = {"collective_timeout_s": "peer_timeout_s"}
+
     model: str = Field("auto", description="auto (rgcn on a typed graph, else sage), sage (GraphSAGE, mean), gcn, "
                                            "gat, rgcn, rgat (relational: per edge type), hgt (per node and edge "
                                            "type), mlp (no graph), or a "
@@ -100,8 +104,8 @@ class Params(StageParams):
     cache_policy: CachePolicyName = Field("auto", description="which rows each rank caches on its device "
                                                               "(auto: hotness on GPU, hotness-remote on CPU)")
     timeout_s: float = runtime(24 * 3600.0, gt=0, description="whole job; then every rank is stopped")
-    collective_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective "
-                                                                   "fails the job")
+    peer_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective fails "
+                                                             "the job")
     host_memory_budget_bytes: int | None = runtime(None, ge=0, description="feature rows in RAM per rank; null: "
                                                                            "half the available RAM; 0: read Zarr")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per rank; null: this node's "

@@ -61,7 +61,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=params.collective_timeout_s))
+                            timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device, group=producer_group(params.prefetch))
     trainer = Trainer(spec, params, data, local_rank=local_rank, local_world=local_world, batch_hook=fault_hook)

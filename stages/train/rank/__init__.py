@@ -2,8 +2,8 @@
 
 - ``worker``: the entry point (``python -m stages.train.rank.worker --spec JOB.json``): process group, device,
   threads, error record; it only wires the others together.
-- ``rank_data``: what the rank reads of the artifacts (its partition, features and cache);
-  ``typed_data``: the same for a typed graph.
+- ``rank_data``: what the rank reads of the artifacts, its only reader (its partition, features and cache; at the
+  end, the order of the published embedding tables); ``typed_data``: the same for a typed graph.
 - ``cache_policy``: which gids the rank caches on its device (policy; the mechanism is ``stages.runtime``).
 - ``loader``: seeds → sampled batch → feature rows → labels, in lockstep; ``prefetch``: the next batch prepared
   while the model computes.

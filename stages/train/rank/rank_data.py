@@ -2,8 +2,9 @@
 
 Rank r (one rank per partition) holds partition r: the CSR of its nodes' incoming edges, its feature store with
 the device cache its cache policy picks (policy ``stages.train.rank.cache_policy``, mechanism ``stages.runtime``), its
-labels and its split nodes. ``RankData.open`` is the only place a rank reads artifacts (through the typed
-handles of ``storage``; ``cache_gids`` reads the cache plan through the same handles).
+labels and its split nodes. ``RankData`` is the only place a rank reads artifacts (through the typed handles of
+``storage``; ``cache_gids`` reads the cache plan through the same handles): ``open`` at the start, and
+``in_dataset_order`` at the end for the published embedding tables; the entry point only wires things together.
 
 ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``; edges: ``egid``
 global, ``elid = egid - edge_bounds[rank]`` a position in this rank's CSR ``indices`` (``storage.partition``).
@@ -27,7 +28,7 @@ from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
 from stages.train.params import Params
 from stages.train.rank.cache_policy import cache_gids, resolve_policy
-from stages.train.rank.typed_data import RowSources, open_typed_rows
+from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
 from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
@@ -101,6 +102,9 @@ class RankData:
     group: dist.ProcessGroup | None = None
     edge_bounds: np.ndarray | None = None   # int64 [world + 1]: partition p owns egids [edge_bounds[p], ...[p + 1])
     edges: EdgeData | None = None           # the graph's edge features (None: it has none)
+    # the partition handle ``open`` read, kept for the reads at the end (``in_dataset_order``); a handle reads on
+    # demand, so keeping it holds no arrays
+    partition: PartitionArtifact | None = None
 
     @property
     def lo(self) -> int:
@@ -110,6 +114,13 @@ class RankData:
     def label_of(self, seed_gid: Tensor) -> Tensor:
         """Labels of own nodes ``seed_gid`` (the ``LabelOf`` of ``stages.train.tasks``)."""
         return self.y_of_lid.index_select(0, seed_gid - self.lo)
+
+    def in_dataset_order(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``model.pt``'s state with its learnt embedding tables in the dataset's order of each type
+        (``embeddings_in_dataset_order``: it reads the partition book), as ``storage.train`` stores them."""
+        if self.partition is None:
+            raise ValueError("in_dataset_order needs the partition handle RankData.open keeps")
+        return embeddings_in_dataset_order(state, self.partition)
 
     @classmethod
     def open(cls, spec: TrainSpec, rank: int, world: int, local_world: int, device: torch.device,
@@ -145,7 +156,7 @@ class RankData:
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
                    schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
-                   edges=edges, group=group)
+                   edges=edges, group=group, partition=partition)
 
 
 def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:

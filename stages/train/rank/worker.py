@@ -33,10 +33,8 @@ from stages.train.rank.guard import PeerStoppedError
 from stages.train.rank.prefetch import producer_group
 from stages.train.rank.rank_data import RankData
 from stages.train.rank.trainer import Trainer
-from stages.train.rank.typed_data import embeddings_in_dataset_order
 from stages.train.spec import TrainSpec, check_same_artifacts
-from storage import ArtifactStore, GnnpipeError, InputError
-from storage.partition import PartitionArtifact
+from storage import GnnpipeError, InputError
 from storage.train import write_result
 from storage.write_errors import write_failure
 
@@ -69,9 +67,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     state = trainer.published_state()   # a collective: the embedding shards are gathered
     if local_rank == 0:   # every node: the publishing node may host any global rank
         if trainer.embeddings:
-            store = ArtifactStore(spec.artifacts)
-            state = embeddings_in_dataset_order(state, PartitionArtifact(store, store.load("partition",
-                                                                                           spec.partition_key)))
+            state = data.in_dataset_order(state)
         write_result(spec.result_dir, state, metrics)
     dist.barrier()
     # No destroy_process_group: the process ends with os._exit (see the bottom of this module). Tearing down DDP's

@@ -8,7 +8,7 @@ values do not change the work). The model: built-in SAGE 3x256 (``build_model("s
 
 - ``whole``: PyG's ``BasicGNN.forward`` with ``trim_to_layer`` (the path before [2/7]): layer 0 over every sampled
   node;
-- ``block``: ``seed_logits`` on the built-in block model (``stages/train/blocks.py``): each layer over the rows
+- ``block``: ``seed_logits`` on the built-in block model (``stages/train/models/blocks.py``): each layer over the rows
   the next one needs;
 - ``block_bf16``: the same with ``precision="bfloat16"`` (``train.precision``: autocast of the products).
 
@@ -106,8 +106,8 @@ def accuracy_check(args: argparse.Namespace) -> None:
 
     from stages.download.synthetic import generate_synthetic
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-    from stages.train.loop import eval_sums, train_epoch
-    from stages.train.model import build_model
+    from stages.train.models.model import build_model
+    from stages.train.rank.loop import eval_sums, train_epoch
     from stages.train.tasks import NodeClassification
 
     torch.set_num_threads(args.threads)
@@ -168,7 +168,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from stages.runtime.sampler import LocalCSR, NeighborSampler
-    from stages.train.model import build_model, seed_logits
+    from stages.train.models.model import build_model, seed_logits
 
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()

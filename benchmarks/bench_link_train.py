@@ -7,7 +7,7 @@
 256, the MLP decoder, 1 negative per training positive, ``--edges-per-epoch`` positives an epoch, 100 shared
 negatives per valid/test positive over ``eval_edges`` = 10 000 of each. The 2-rank side is the real pipeline
 (download → partition → features → hotness → train, cached in ``--root``); the baseline is the same model and loop
-(``stages.train.loop.train_epoch`` with ``LinkPrediction``) in one process over every partition's CSR and
+(``stages.train.rank.loop.train_epoch`` with ``LinkPrediction``) in one process over every partition's CSR and
 features, with the machine's cores as torch threads, timed over the same number of positives. One JSON line:
 seconds per 1 000 positives on both sides and their ratio (the issue's goal: <= 1.3), sampled edges/s, the
 2-rank run's epoch times and test MRR / Hits@K / AUC.
@@ -47,10 +47,10 @@ def single_process(args: argparse.Namespace, manifests: dict[str, Any]) -> dict[
 
     from stages.runtime.negatives import NegativeDraws
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-    from stages.train.link_decoders import link_loss
-    from stages.train.loop import train_epoch
-    from stages.train.plugins import make_decoder, make_model
+    from stages.train.models.plugins import make_decoder, make_model
+    from stages.train.rank.loop import train_epoch
     from stages.train.tasks.link import LinkModel, LinkPrediction
+    from stages.train.tasks.link_decoders import link_loss
     from storage import ArtifactStore
     from storage.features import FeaturesArtifact
     from storage.graph import SPLITS

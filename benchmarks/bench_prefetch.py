@@ -43,13 +43,13 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from stages.runtime.collectives import all_reduce_f64
-    from stages.train.loop import preparer, train_epoch
     from stages.train.params import Params
-    from stages.train.prefetch import batch_stream, producer_group
-    from stages.train.rank_data import RankData
+    from stages.train.rank.loop import preparer, train_epoch
+    from stages.train.rank.prefetch import batch_stream, producer_group
+    from stages.train.rank.rank_data import RankData
+    from stages.train.rank.trainer import Trainer
+    from stages.train.rank.worker import pick_device
     from stages.train.spec import TrainSpec
-    from stages.train.trainer import Trainer
-    from stages.train.worker import pick_device
 
     spec = TrainSpec.load(args.spec)
     params = Params(**spec.params)

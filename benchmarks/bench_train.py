@@ -43,7 +43,7 @@ from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
 def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args) -> dict:
     """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches."""
-    from stages.train.loop import train_epoch
+    from stages.train.rank.loop import train_epoch
 
     batches = iter(seed_batches)
     train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, task,
@@ -66,12 +66,12 @@ def rank_main(args: argparse.Namespace) -> None:
     from stages.runtime.collectives import all_reduce
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.dist_sampler import equal_batch_count
-    from stages.train.cache_policy import cache_gids
     from stages.train.params import Params
-    from stages.train.rank_data import RankData
+    from stages.train.rank.cache_policy import cache_gids
+    from stages.train.rank.rank_data import RankData
+    from stages.train.rank.trainer import Trainer
+    from stages.train.rank.worker import pick_device
     from stages.train.spec import TrainSpec
-    from stages.train.trainer import Trainer
-    from stages.train.worker import pick_device
     from storage import ArtifactStore
     from storage.hotness import HotnessArtifact
     from storage.partition import PartitionArtifact
@@ -133,7 +133,7 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     import torch
 
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-    from stages.train.model import build_model
+    from stages.train.models.model import build_model
     from stages.train.tasks import NodeClassification
     from storage import ArtifactStore
     from storage.features import FeaturesArtifact

@@ -7,7 +7,7 @@
 (``in_channels``, ``hidden``, ``out_channels``, ``num_layers``, ``dropout``) plus ``model_kwargs``, on every rank,
 after seeding torch (equal initial weights). It returns a plain PyG model, ``forward(x, edge_index)`` over the whole
 sampled batch (gnnpipe takes the seeds' rows, the batch's first ones, and says in the log that the batch runs whole);
-a model that follows the block protocol of ``stages.train.model`` runs layer by layer instead.
+a model that follows the block protocol of ``stages.train.models.model`` runs layer by layer instead.
 ``smoothed_cross_entropy`` is a loss: ``(logits of the seeds, their labels) -> the batch's mean``, a 0-d tensor.
 
 The module is found like any Python import (PYTHONPATH, installed packages), and from the directory gnnpipe runs

@@ -2,11 +2,11 @@
 
     gnnpipe run --set dataset=synthetic --set num_edge_features=4 --set model=examples.edge_model:build
 
-A factory that declares an ``edge_dim`` parameter is edge-aware (``stages.train.plugins.edge_dim_for``): the train
-stage calls it with ``edge_dim`` = the graph's edge feature columns (0 when the graph has none or the run sets
-``edge_features=false``), and on batches that carry them calls the model ``model(x, edge_index,
-edge_attr=edge_attr)``: ``edge_attr`` [E, edge_dim] float32 aligned with ``edge_index``, gathered from the edges'
-owners. With ``edge_dim`` 0 it is called without ``edge_attr``.
+A factory that declares an ``edge_dim`` parameter is edge-aware (``stages.train.models.plugins.edge_dim_for``): the
+train stage calls it with ``edge_dim`` = the graph's edge feature columns (0 when the graph has none or the run sets
+``edge_features=false``), and on batches that carry them calls the model ``model(x, edge_index, edge_attr=edge_attr)``:
+``edge_attr`` [E, edge_dim] float32 aligned with ``edge_index``, gathered from the edges' owners. With ``edge_dim`` 0 it
+is called without ``edge_attr``.
 """
 
 from __future__ import annotations

@@ -52,7 +52,10 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       # where their parallel units run (stages.executor)
                                       "executor": ("download", "partition", "features", "hotness", "infer"),
                                       # the feature rows a training or inference rank holds in RAM
-                                      "host_memory_budget_bytes": ("train", "infer")}
+                                      "host_memory_budget_bytes": ("train", "infer"),
+                                      # a peer silent this long inside a collective fails the job (train's was
+                                      # collective_timeout_s; the flat name was infer's alone, so it still reaches it)
+                                      "peer_timeout_s": ("train", "infer")}
 # a short name two stages declare, given to the stage a user means by it (infer's runtime settings have train's
 # names: ``infer.timeout_s``, ``infer_timeout_s``)
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs"), "timeout_s": ("train", "timeout_s"),

@@ -18,7 +18,7 @@ Compressor = Literal["lz4", "zstd"]
 FeatureDtype = Literal["auto", "float32", "float16", "bfloat16", "int8", "float8_e4m3"]
 # the features stage's row normalisation of x (stages/features/normalize.py)
 FeatureNorm = Literal["none", "l1"]
-# built-in models and losses; train.model and train.loss also take an import path (stages/train/plugins.py)
+# built-in models and losses; train.model and train.loss also take an import path (stages/train/models/plugins.py)
 # rgcn, rgat: relational (per edge type); hgt: per node and edge type (Heterogeneous Graph Transformer); mlp: each
 # node's own row only (the no-graph baseline); auto: rgcn on a typed graph (it beats a GraphSAGE that ignores the
 # types by 9 points on synthetic-hetero: tests/test_typed_train.py), sage on a homogeneous one
@@ -27,12 +27,12 @@ ModelName = Literal["auto", "sage", "gcn", "gat", "rgcn", "rgat", "hgt", "mlp"]
 LossName = Literal["auto", "cross_entropy", "bce"]
 # what is learnt: a class per node, or whether an edge of one type exists (docs/design.md §7)
 TaskName = Literal["node", "link"]
-# link prediction's pair scorers (stages/train/link_decoders.py); train.decoder also takes an import path
+# link prediction's pair scorers (stages/train/tasks/link_decoders.py); train.decoder also takes an import path
 DecoderName = Literal["dot", "mlp"]
 LrSchedule = Literal["none", "cosine", "step"]
-# the dtype of the model's matrix products (stages/train/model.py: seed_logits autocasts them to bfloat16)
+# the dtype of the model's matrix products (stages/train/models/model.py: seed_logits autocasts them to bfloat16)
 Precision = Literal["float32", "bfloat16"]
-# auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/cache_policy.py says why)
+# auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/rank/cache_policy.py says why)
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 HostGather = Literal["auto", "copy", "uva"]   # how a CUDA rank's own host rows reach it (stages.runtime.uva)

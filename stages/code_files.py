@@ -1,8 +1,8 @@
 """Which source files a module runs: its own and those of the modules it imports, transitively, found by reading the
 files (never importing them).
 
-Two digests are built on this: a plug-in's code in the train artifact's key (``stages.train.plugin_code``) and each
-stage's recorded code digest (``tests/stage_code.py``, docs/design.md §3). Each decides which modules count
+Two digests are built on this: a plug-in's code in the train artifact's key (``stages.train.models.plugin_code``) and
+each stage's recorded code digest (``tests/stage_code.py``, docs/design.md §3). Each decides which modules count
 (``keep``) and how a file enters its digest.
 """
 

@@ -3,7 +3,7 @@
 Artifact ``train/<key>/``:
 
 - ``model.pt``: ``torch.save`` of the ``state_dict`` of the best-validation epoch's model (the model's own keys;
-  built-ins: ``stages.train.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``;
+  built-ins: ``stages.train.models.model``; a plug-in: what its factory builds, with ``metrics["model"]["kwargs"]``;
   task=link: ``encoder.*`` the node model, ``decoder.*`` the pair scorer, ``stages.train.tasks.link.LinkModel``);
   on a typed graph also ``embeddings.<node type>``: each featureless type's learnt input rows, the whole table in
   the dataset's order of that type (row i: the type's node i; ``split_model_state`` parts them from the model's).
@@ -15,7 +15,7 @@ Artifact ``train/<key>/``:
   "world_size", "ranks", "cache_policy", ...}``; ``*_metric`` hold the task's selected metric (``metric_name``:
   accuracy, or link prediction's mrr; builds before train VERSION 6 held them under ``test_acc`` & co.: read
   either through ``storage.train_summary``); metrics are global (all ranks' sums, e.g. correct / total, OGB
-  Evaluator ``acc``); per-epoch keys: ``stages.train.stats.EpochStats``.
+  Evaluator ``acc``); per-epoch keys: ``stages.train.rank.stats.EpochStats``.
 - ``curves.png`` (loss and accuracy per epoch, the best epoch marked), ``hit_rate.png`` (feature-cache hit rate
   per epoch).
 
@@ -24,7 +24,7 @@ complete, while checkpoints must survive a killed run so that its next attempt r
 
     <artifacts root>/.checkpoints/train-<key>/[node-<n>/]   (a temp dir for object-store roots)
         spec.json                the job spec the ranks read (``stages.train.spec.TrainSpec``)
-        ckpt-<epoch>.pt          checkpoints (contents, atomic save and resume agreement: ``stages.train.checkpoint``)
+        ckpt-<epoch>.pt          checkpoints (atomic save, resume agreement: ``stages.train.rank.checkpoint``)
         ckpt-<epoch>.rank-<r>.pt  typed graphs: rank r's learnt embedding shards of that checkpoint (on r's node)
         result/model.pt, result/metrics.json   the job's results (``write_result``), copied into the artifact
         result/error-<rank>.json                a failed rank's one-line error, for the launcher to name it

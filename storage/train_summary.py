@@ -21,7 +21,7 @@ OLD_KEYS: dict[str, str] = {
     "best_val_metric": "best_val_acc",
     "final_val_metric": "final_val_acc",
 }
-# per-epoch record (``stages.train.stats.EpochStats``) field -> its key before train VERSION 6
+# per-epoch record (``stages.train.rank.stats.EpochStats``) field -> its key before train VERSION 6
 EPOCH_KEYS: dict[str, str] = {"train_metric": "train_acc", "val_metric": "val_acc"}
 _NAMED = ("best_epoch", "last_epoch", "stopped_early", "epochs", "task", "model", "test_metrics")
 

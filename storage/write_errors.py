@@ -1,7 +1,7 @@
 """A write the file system refuses under the artifact root (full, over quota, read-only, a file too big, no
 permission) as one user-facing line: ``<stage> stage: cannot write to <root>: [Errno 28] No space left on device;
 <what to do>``. ``ArtifactStore.writing`` turns a stage's failed write into it after removing what the stage wrote;
-the train ranks do the same for their job directory (``stages.train.worker``).
+the train ranks do the same for their job directory (``stages.train.rank.worker``).
 """
 
 from __future__ import annotations

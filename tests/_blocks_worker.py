@@ -12,9 +12,9 @@ import torch.distributed as dist
 
 from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.sampler import LocalCSR
-from stages.train.loader import with_degrees
-from stages.train.model import build_model, seed_logits
-from stages.train.rank_data import degree_path
+from stages.train.models.model import build_model, seed_logits
+from stages.train.rank.loader import with_degrees
+from stages.train.rank.rank_data import degree_path
 from tests._sampler_graphs import BOUNDS, NUM_NODES, power_law_graph, split_csr
 
 WORLD_SIZE = 2

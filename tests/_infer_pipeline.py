@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from stages.infer.rank import train_params
-from stages.train.plugins import edge_dim_for, make_model, resolve_model
+from stages.train.models.plugins import edge_dim_for, make_model, resolve_model
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.graph import GraphArtifact
@@ -29,7 +29,7 @@ def build_to_train(root: str, num_partitions: int, *, model: str = "sage", fanou
     values = {f"download.{k}": v for k, v in (graph or GRAPH).items()}
     values.update({"artifacts": root, "num_partitions": num_partitions, "fanouts": fanouts, "batch_size": 256,
                    "model": model, "hidden": 16, "epochs": 2, "lr": 0.01, "threads_per_rank": 1,
-                   "timeout_s": 300.0, "collective_timeout_s": 60.0, "until": "train",
+                   "timeout_s": 300.0, "peer_timeout_s": 60.0, "until": "train",
                    **{f"train.{k}": v for k, v in train.items()}})
     return build_without_prefect(values)
 

@@ -16,8 +16,8 @@ from stages.infer.layerwise import Inference
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
-from stages.train.model import build_model, needs_degrees
-from stages.train.rank_data import degree_path
+from stages.train.models.model import build_model, needs_degrees
+from stages.train.rank.rank_data import degree_path
 
 WORLD_SIZE = 2
 TIMEOUT_S = 60

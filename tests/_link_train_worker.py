@@ -15,10 +15,10 @@ from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, 
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR
-from stages.train.link_decoders import link_loss
-from stages.train.loop import eval_sums, train_epoch
-from stages.train.plugins import make_decoder, make_model
+from stages.train.models.plugins import make_decoder, make_model
+from stages.train.rank.loop import eval_sums, train_epoch
 from stages.train.tasks.link import LinkModel, LinkPrediction
+from stages.train.tasks.link_decoders import link_loss
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS

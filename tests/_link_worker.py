@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stages.train.link_metrics import RankSums, global_kth_negative, hits_at_k
+from stages.train.tasks.link_metrics import RankSums, global_kth_negative, hits_at_k
 
 WORLD_SIZE = 2
 K = 20

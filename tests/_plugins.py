@@ -40,7 +40,7 @@ NOT_CALLABLE = 3
 
 def loss_check_worker(rank: int, init_file: str, out_dir: str) -> None:
     """Two ranks check three batches' losses; rank 1's second is Inf. Saves what each rank raised, and where."""
-    from stages.train.guard import loss_check
+    from stages.train.rank.guard import loss_check
 
     try:
         torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The ranks' side of ``test_prefetch``'s trainer runs (kept free of pytest: every spawned rank imports it).
 
 Each rank trains the same job twice through the real ``RankData`` and ``Trainer``: synchronously, then with a
-prefetching producer thread on its own process group (``stages.train.prefetch``). Every collective the producer
+prefetching producer thread on its own process group (``stages.train.rank.prefetch``). Every collective the producer
 runs (sampling, rows, degrees, filtered negatives, learnt embeddings' gathers) must be on that group, or the
 ranks' calls mix with the main thread's and the run hangs or differs.
 """
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from stages.train.params import Params
-from stages.train.prefetch import producer_group
-from stages.train.rank_data import RankData
+from stages.train.rank.prefetch import producer_group
+from stages.train.rank.rank_data import RankData
+from stages.train.rank.trainer import Trainer
 from stages.train.spec import TrainSpec
-from stages.train.trainer import Trainer
 from tests._rank import run_gloo_rank
 
 WORLD_SIZE = 2

@@ -9,7 +9,7 @@ from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.sampler import LocalCSR
-from stages.train.cache_policy import cache_gids
+from stages.train.rank.cache_policy import cache_gids
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact

@@ -35,7 +35,7 @@ def train_params(**overrides: Any) -> train.Params:
     """A small, fast SAGE run: 2 layers of 32, one thread per rank (two ranks share the 2-core CI box)."""
     values: dict[str, Any] = {"hidden": 32, "fanouts": FANOUTS, "batch_size": BATCH_SIZE,
                               "epochs": 8, "lr": 0.01, "dropout": 0.3, "seed": 0, "threads_per_rank": 1,
-                              "timeout_s": 300.0, "collective_timeout_s": 60.0}
+                              "timeout_s": 300.0, "peer_timeout_s": 60.0}
     values.update(overrides)
     return train.Params(**values)
 

@@ -19,7 +19,7 @@ from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.negatives import EdgeMembership
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.sharded_embedding import ShardedEmbedding
-from stages.train.checkpoint import resume_part, save_part, save_replicated_part
+from stages.train.rank.checkpoint import resume_part, save_part, save_replicated_part
 from storage.graph import Graph
 from storage.train import list_shards
 

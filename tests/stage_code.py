@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD = Path(__file__).with_name("stage_code.json")
 PACKAGES = ("stages", "storage")
 # modules a stage runs in another process (by name, so no import reaches them)
-PROGRAMS = {"train": ("stages.train.worker",), "infer": ("stages.infer.worker",)}
+PROGRAMS = {"train": ("stages.train.rank.worker",), "infer": ("stages.infer.worker",)}
 
 
 def closure(roots: tuple[str, ...], root: Path = REPO) -> list[Path]:

@@ -9,8 +9,8 @@ import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler
-from stages.train.blocks import BatchGraph, Block, _keep_mask, make_blocks, relu_dropout
-from stages.train.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
+from stages.train.models.blocks import BatchGraph, Block, _keep_mask, make_blocks, relu_dropout
+from stages.train.models.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
 from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, worker
 from tests._sampler_graphs import NUM_NODES, power_law_graph
 from tests._spawn import spawn_ranks
@@ -99,7 +99,7 @@ def test_block_gradients_equal_the_whole_batch(kind):
 def test_dropout_scale_reaches_outputs_and_gradients(kind, monkeypatch):
     """With every unit kept, training-mode dropout (p = 0.5) is ``2 * relu``: the block path, which applies the
     1 / (1 - p) inside the next layer's GEMM, must equal PyG's model with that activation, gradients included."""
-    monkeypatch.setattr("stages.train.blocks._keep_mask", lambda h, p: torch.ones_like(h))
+    monkeypatch.setattr("stages.train.models.blocks._keep_mask", lambda h, p: torch.ones_like(h))
     csr, x = LocalCSR.from_numpy(*messy_graph()), features()
     batch = NeighborSampler(csr, [4, 3], generator=torch.Generator().manual_seed(7)).sample(torch.arange(0, 900, 9))
     torch.manual_seed(0)
@@ -285,7 +285,7 @@ def one_rank_data():
     """A ``RankData`` holding the whole power-law graph (one partition), built without artifacts."""
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.feature_store import InMemoryFeatureStore
-    from stages.train.rank_data import RankData, degree_path
+    from stages.train.rank.rank_data import RankData, degree_path
     from storage.schema import GraphSchema
 
     indptr, indices = power_law_graph()
@@ -302,8 +302,8 @@ def one_rank_data():
 @pytest.mark.parametrize("kind", MODELS)
 def test_the_trainer_sends_true_degrees_to_the_models_that_need_them(one_rank_group, tmp_path, kind):
     from stages.train.params import Params
+    from stages.train.rank.trainer import Trainer
     from stages.train.spec import TrainSpec
-    from stages.train.trainer import Trainer
 
     spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
                      params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
@@ -336,7 +336,7 @@ def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
 
 _PAGE_FAULTS = """
 import resource
-import stages.train.worker   # everything the train worker imports, before its first tensor
+import stages.train.rank.worker   # everything the train worker imports, before its first tensor
 import torch
 for _ in range(2):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

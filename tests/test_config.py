@@ -188,7 +188,8 @@ def test_a_bad_value_names_the_parameter_the_value_and_the_expected_form(setting
 def test_enumerations_are_declared_once():
     from stages import choices
     from stages.partition import assign
-    from stages.train import cache_policy, model
+    from stages.train.models import model
+    from stages.train.rank import cache_policy
 
     assert ("auto", *model.MODELS) == typing.get_args(choices.ModelName)
     assert assign.PARTITION_METHODS == typing.get_args(choices.PartitionMethod)
@@ -245,7 +246,8 @@ FLOW_NAMES = {
     "balance_train", "balance_edges", "chunk_rows", "compressor", "fanouts", "hotness_fanouts", "batch_size",
     "hotness_batch_size", "hotness_epochs", "cache_budget_bytes", "cache_ratio", "hotness_seed", "model", "hidden",
     "train_fanouts", "train_batch_size", "epochs", "lr", "weight_decay", "dropout", "gat_heads", "train_seed",
-    "cache_policy", "timeout_s", "collective_timeout_s", "host_memory_budget_bytes", "threads_per_rank", "device",
+    "cache_policy", "timeout_s", "collective_timeout_s", "peer_timeout_s", "host_memory_budget_bytes",
+    "threads_per_rank", "device",
 }
 
 
@@ -293,6 +295,32 @@ def test_an_old_name_of_a_renamed_field_still_works_and_maps_to_the_new_one(tmp_
         "job_timeout_s is an old name: it is infer_timeout_s (infer.timeout_s) now (the old name still works, for "
         "now)"]
 
+
+
+def test_peer_timeout_is_one_name_for_train_and_infer(tmp_path: Path):
+    """train's collective_timeout_s is peer_timeout_s now, infer's name for the same setting ([5/5]): the flat name
+    sets both stages, and every old route still reaches train's field, with a note, without re-keying it."""
+    from stages.params import _NOTED
+    from stages.train.params import Params as TrainParams
+
+    cfg = make_config(peer_timeout_s=42.0)
+    assert (cfg.train.peer_timeout_s, cfg.infer.peer_timeout_s) == (42.0, 42.0)
+    _NOTED.clear()
+    with pytest.warns(FutureWarning, match=r"collective_timeout_s is an old name: it is peer_timeout_s now"):
+        assert TrainParams(collective_timeout_s=5.0).peer_timeout_s == 5.0   # a job spec written before
+    assert TrainParams(collective_timeout_s=5.0, peer_timeout_s=7.0).peer_timeout_s == 7.0   # the new name wins
+    toml = tmp_path / "old.toml"
+    toml.write_text("[train]\ncollective_timeout_s = 9.0\n")
+    routes = [make_config(collective_timeout_s=9.0), make_config({"train.collective_timeout_s": 9.0}),
+              make_config(train_collective_timeout_s=9.0), load_config(None, ["collective_timeout_s=9"]),
+              load_config(toml, [])]
+    for cfg in routes:
+        assert cfg.train.peer_timeout_s == 9.0 and cfg.infer.peer_timeout_s == DEFAULTS.infer.peer_timeout_s
+    assert stage_keys(routes[0]) == stage_keys(DEFAULTS)
+    from flows.pipeline import pipeline
+
+    assert make_config(pipeline.validate_parameters({"collective_timeout_s": 9.0})).train.peer_timeout_s == 9.0
+    assert make_config(pipeline.validate_parameters({"collective_timeout_s": None})) == DEFAULTS
 
 def test_flow_parameter_names_stay_stable():
     from flows.pipeline import pipeline

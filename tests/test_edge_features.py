@@ -18,7 +18,7 @@ from stages.download.edge_split import split_edges
 from stages.download.files_source import load_files
 from stages.download.synthetic import generate_synthetic
 from stages.runtime.sampler import LocalCSR, NeighborSampler
-from stages.train.model import build_model, seed_logits
+from stages.train.models.model import build_model, seed_logits
 from storage import InputError
 from storage.graph import GraphArtifact
 from storage.partition import PartitionArtifact

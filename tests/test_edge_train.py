@@ -18,7 +18,7 @@ import torch
 from stages.infer import stage as infer
 from stages.runtime.sampler import LocalCSR
 from stages.train import stage as train
-from stages.train.rank_data import weighted_csr
+from stages.train.rank.rank_data import weighted_csr
 from stages.train.stage import check_edge_weight
 from storage import ArtifactStore, InputError, Manifest
 from storage.infer_artifact import InferArtifact

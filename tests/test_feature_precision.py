@@ -19,7 +19,7 @@ from stages.runtime.feature_codec import FeatureCodec
 from stages.runtime.feature_store import InMemoryFeatureStore, open_feature_store, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.train import stage as train
-from stages.train.model import build_model
+from stages.train.models.model import build_model
 from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
 from storage.graph import GraphArtifact

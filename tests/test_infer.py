@@ -21,8 +21,8 @@ from stages.jobs.launcher import RankFailure, failure_message, launch
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
-from stages.train.model import build_model, needs_degrees
-from stages.train.rank_data import degree_path
+from stages.train.models.model import build_model, needs_degrees
+from stages.train.rank.rank_data import degree_path
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS
 from storage.infer_artifact import InferArtifact

@@ -28,9 +28,9 @@ from stages.infer.link_eval import scores_against
 from stages.infer.rank import train_params
 from stages.infer.score import link_build, load_decoder, pair_scores, score_pairs
 from stages.runtime.seeds import STREAM_INFER_NEGATIVES, stream_seed
-from stages.train.link_decoders import MLPDecoder
-from stages.train.link_metrics import RankSums
-from stages.train.plugins import make_model
+from stages.train.models.plugins import make_model
+from stages.train.tasks.link_decoders import MLPDecoder
+from stages.train.tasks.link_metrics import RankSums
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
 from storage.infer_artifact import EmbeddingBlocks, InferArtifact
@@ -49,7 +49,7 @@ CONFIG: dict[str, Any] = {
     "download.num_features": 16, "download.num_classes": 4, "download.seed": 1, "num_partitions": 2,
     "fanouts": (5, 5), "batch_size": 256, "hidden": HIDDEN, "epochs": 2, "lr": 0.01, "dropout": 0.0,
     "decoder": "mlp", "eval_negatives": 20, "edges_per_epoch": 4096, "threads_per_rank": 1, "timeout_s": 300.0,
-    "collective_timeout_s": 60.0, "chunk_edges": 2000, "infer_threads_per_rank": 1, "infer_timeout_s": 300.0,
+    "peer_timeout_s": 60.0, "chunk_edges": 2000, "infer_threads_per_rank": 1, "infer_timeout_s": 300.0,
     "until": "infer"}
 
 
@@ -311,7 +311,7 @@ def _ogbl_pipeline(name: str, root: Path) -> tuple[ogbl_fixture.OgblFixture, Art
     store, manifests = run_stages({
         "dataset": name, "task": "link", "download.download_dir": str(fx.root), "num_partitions": 1,
         "fanouts": (3, 3), "batch_size": 16, "hidden": 8, "epochs": 1, "eval_negatives": 5,
-        "edges_per_epoch": None, "threads_per_rank": 1, "timeout_s": 120.0, "collective_timeout_s": 60.0,
+        "edges_per_epoch": None, "threads_per_rank": 1, "timeout_s": 120.0, "peer_timeout_s": 60.0,
         "infer_threads_per_rank": 1, "infer_timeout_s": 120.0, "until": "infer", "artifacts": str(root / "art")})
     return fx, store, manifests
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stages.train.link_decoders import MLPDecoder, link_loss
-from stages.train.plugins import make_decoder
+from stages.train.models.plugins import make_decoder
+from stages.train.tasks.link_decoders import MLPDecoder, link_loss
 from storage.errors import InputError
 
 
@@ -23,7 +23,7 @@ def test_decoders_score_pairs_symmetrically():
     mlp(h_u, h_v).sum().backward()
     assert all(p.grad is not None for p in mlp.parameters())
     with pytest.raises(InputError, match="has no attribute 'cosine'"):
-        make_decoder("stages.train.link_decoders:cosine", 8, 0.0)
+        make_decoder("stages.train.tasks.link_decoders:cosine", 8, 0.0)
 
 
 def test_a_plugin_decoder_is_built_with_the_embedding_width():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from ogb.linkproppred import Evaluator
 
-from stages.train.link_metrics import RankSums, auc, global_kth_negative, hits_at_k, ogb_rank, pair_auc
+from stages.train.tasks.link_metrics import RankSums, auc, global_kth_negative, hits_at_k, ogb_rank, pair_auc
 from tests._link_worker import WORLD_SIZE, K, scores, worker
 from tests._spawn import spawn_ranks
 

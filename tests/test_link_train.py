@@ -17,9 +17,9 @@ from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
-from stages.train.link_decoders import link_loss
+from stages.train.rank.faults import FAULT_ENV
 from stages.train.tasks.link import LinkPrediction
+from stages.train.tasks.link_decoders import link_loss
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact, concat_parts
@@ -127,7 +127,7 @@ def test_a_rank_without_positives_does_not_hang(tmp_path, two_parts):
 def train_link(store: ArtifactStore, manifests: dict[str, Manifest], **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {"task": "link", "hidden": 32, "fanouts": FANOUTS, "batch_size": 128, "epochs": 6,
                               "lr": 0.01, "dropout": 0.0, "num_negatives": 2, "threads_per_rank": 1,
-                              "timeout_s": 300.0, "collective_timeout_s": 60.0, **overrides}
+                              "timeout_s": 300.0, "peer_timeout_s": 60.0, **overrides}
     run = train.run(store, train.Params(**values), {u: manifests[u] for u in train.UPSTREAM}, log=lambda line: None)
     return json.loads(store.read_bytes("train", run.key, METRICS))
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch_geometric.nn.models import GraphSAGE
 
-from stages.train.encoder import build_encoder
-from stages.train.model import MODELS, build_model, is_block_model, needs_degrees
-from stages.train.model_contract import BlockModel, ModelCaps, capabilities
+from stages.train.models.encoder import build_encoder
+from stages.train.models.model import MODELS, build_model, is_block_model, needs_degrees
+from stages.train.models.model_contract import BlockModel, ModelCaps, capabilities
+from stages.train.models.typed_model import HeteroBody, HeteroModel, TypedInput
 from stages.train.params import Params
-from stages.train.typed_model import HeteroBody, HeteroModel, TypedInput
 from storage.schema import GraphSchema
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -70,7 +70,7 @@ def _free_port() -> int:
 
 def _workers_left(root: Path) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "stages.train.worker" in " ".join(p.info["cmdline"] or []) and str(root) in " ".join(
+            if "stages.train.rank.worker" in " ".join(p.info["cmdline"] or []) and str(root) in " ".join(
                 p.info["cmdline"] or [])]
 
 

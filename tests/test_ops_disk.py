@@ -23,7 +23,7 @@ import pytest
 
 from stages.download import stage as download
 from stages.jobs.launcher import launch
-from stages.train.worker import refused_write
+from stages.train.rank.worker import refused_write
 from storage import ArtifactStore, GnnpipeError, InputError
 from storage.write_errors import StoreWriteError, write_failure
 from tests.conftest import GNNPIPE, REPO, TINY, cli_env

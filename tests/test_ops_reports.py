@@ -32,9 +32,9 @@ from stages.download.files_source import load_files
 from stages.jobs.errors import TrainingError
 from stages.jobs.launcher import failure_message, launch
 from stages.train import stage as train
-from stages.train import trainer as trainer_module
-from stages.train.recipe import BestModel
-from stages.train.stats import EpochStats
+from stages.train.rank import trainer as trainer_module
+from stages.train.rank.recipe import BestModel
+from stages.train.rank.stats import EpochStats
 from stages.train.tasks import NodeClassification
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
 from storage.zarr_io import open_group, read_array, rerun_hint, write_array

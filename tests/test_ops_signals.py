@@ -75,7 +75,7 @@ def _assert_nothing_left(tree: dict[psutil.Process, str]) -> None:
     names = {p.pid: name for p, name in tree.items()}
     assert any("uvicorn" in n for n in names.values()), f"no temporary server among {names}"
     assert any("torch.distributed.run" in n for n in names.values()), f"no torchrun among {names}"
-    assert sum("stages.train.worker" in n for n in names.values()) == TINY["num_partitions"], names
+    assert sum("stages.train.rank.worker" in n for n in names.values()) == TINY["num_partitions"], names
     _, alive = psutil.wait_procs(list(tree), timeout=3)   # slack for the kernel to reap what just exited
     left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"left running: {[names.get(p.pid, p.pid) for p in left]}"

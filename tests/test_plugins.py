@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from flows.config import make_config, stage_keys
+from stages.train.models.plugin_code import plugin_files, source_digest
+from stages.train.models.plugin_names import Lookup, look_up
+from stages.train.models.plugins import make_loss, make_model
 from stages.train.params import Params
-from stages.train.plugin_code import plugin_files, source_digest
-from stages.train.plugin_names import Lookup, look_up
-from stages.train.plugins import make_loss, make_model
-from stages.train.recipe import BestModel, make_scheduler
+from stages.train.rank.recipe import BestModel, make_scheduler
 from stages.train.spec import code_digest
 from stages.train.tasks import NodeClassification
 from storage import InputError
@@ -138,7 +138,7 @@ def test_the_digest_follows_imports_beside_the_plugin_but_not_gnnpipe(user_dir: 
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "layers.py").write_text("WIDTH = 1\n")
-    (pkg / "models.py").write_text("import torch\nfrom stages.train import model\nfrom .layers import WIDTH\n\n"
+    (pkg / "models.py").write_text("import torch\nfrom stages.train.models import model\nfrom .layers import WIDTH\n\n"
                                    "def build(**sizes):\n    return torch.nn.Linear(WIDTH, 1)\n")
     files = plugin_files(["mypkg.models:build"])
     assert files == [pkg / "__init__.py", pkg / "layers.py", pkg / "models.py"]   # not torch, not stages
@@ -177,7 +177,7 @@ def test_a_factory_gets_the_sizes_and_model_kwargs():
 
 
 def test_a_typed_plugin_gets_the_metadata_and_needs_a_typed_graph():
-    from stages.train.typed_model import HeteroBody, HeteroModel
+    from stages.train.models.typed_model import HeteroBody, HeteroModel
     from storage.schema import EdgeType, GraphSchema, NodeType
 
     schema = GraphSchema((NodeType("paper", 5, 4, 3), NodeType("author", 2)),

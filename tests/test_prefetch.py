@@ -1,4 +1,4 @@
-"""Prefetch (stages.train.prefetch): the same batches and results as the synchronous path, failures that surface.
+"""Prefetch (stages.train.rank.prefetch): the same batches and results as the synchronous path, failures that surface.
 
 In one process: the loop's sums, weights and generator states bit for bit at depths 0, 1 and 2; a producer's
 exception raised in the caller; a caller's exception stopping the producer; the learnt embeddings' ordering rule.
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
-from stages.train.loop import eval_sums, train_epoch
-from stages.train.model import build_model
-from stages.train.prefetch import PrefetchStream, batch_stream
+from stages.train.models.model import build_model
+from stages.train.rank.loop import eval_sums, train_epoch
+from stages.train.rank.prefetch import PrefetchStream, batch_stream
 from stages.train.tasks import NodeClassification
 from storage import ArtifactStore
 from tests._prefetch_worker import TIMEOUT_S, WORLD_SIZE, worker

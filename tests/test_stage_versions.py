@@ -52,6 +52,6 @@ def test_the_digest_sees_code_but_not_comments_or_docstrings(tree_copy: Path):
 
 
 def test_the_train_stage_covers_the_code_its_ranks_run():
-    files = {str(p.relative_to(REPO)) for p in closure(("stages.train.stage", "stages.train.worker"))}
-    assert {"stages/train/worker.py", "stages/runtime/sampler.py", "stages/runtime/dist_features.py",
+    files = {str(p.relative_to(REPO)) for p in closure(("stages.train.stage", "stages.train.rank.worker"))}
+    assert {"stages/train/rank/worker.py", "stages/runtime/sampler.py", "stages/runtime/dist_features.py",
             "storage/store.py"} <= files

@@ -56,8 +56,8 @@ class ParityDef(TaskDef):
 
 def test_a_third_task_trains_through_the_trainer_unchanged(one_rank_group, tmp_path, monkeypatch):  # noqa: F811
     from stages.train.params import Params
+    from stages.train.rank.trainer import Trainer
     from stages.train.spec import TrainSpec
-    from stages.train.trainer import Trainer
 
     monkeypatch.setitem(TASKS, "parity", ParityDef())
     params = Params(hidden=8, fanouts=(5, 5), batch_size=4096, epochs=1).model_copy(update={"task": "parity"})

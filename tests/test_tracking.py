@@ -40,7 +40,7 @@ tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator
 
 VALUES: dict[str, Any] = {**{f"download.{k}": v for k, v in GRAPH.items()}, "num_partitions": 2, "fanouts": [5, 5],
                           "batch_size": 256, "hidden": 16, "epochs": 3, "lr": 0.01, "threads_per_rank": 1,
-                          "timeout_s": 300.0, "collective_timeout_s": 60.0}
+                          "timeout_s": 300.0, "peer_timeout_s": 60.0}
 INFER = {"threads_per_rank": 1, "timeout_s": 300.0, "peer_timeout_s": 60.0}
 
 

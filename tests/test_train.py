@@ -24,8 +24,8 @@ from stages.hotness import stage as hotness
 from stages.jobs.errors import TrainingError
 from stages.jobs.launcher import launch
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
-from stages.train.model import build_model
+from stages.train.models.model import build_model
+from stages.train.rank.faults import FAULT_ENV
 from stages.train.spec import TrainSpec
 from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
@@ -259,7 +259,7 @@ def test_params_validation_and_key():
     assert train.Params(timeout_s=5, threads_per_rank=3).key_params() == train.Params().key_params()
     assert train.Params(cache_policy="degree").key_params() != train.Params().key_params()
     assert not train.Params.runtime_fields() & set(train.Params().key_params())
-    assert train.Params.runtime_fields() == {"timeout_s", "collective_timeout_s", "host_memory_budget_bytes",
+    assert train.Params.runtime_fields() == {"timeout_s", "peer_timeout_s", "host_memory_budget_bytes",
                                              "threads_per_rank", "device", "prefetch", "host_gather"}
     assert train.Params(fanouts="10,5").num_layers == 2   # the depth is the number of fanouts
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

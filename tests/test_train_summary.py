@@ -50,7 +50,7 @@ def test_round_trip_keeps_the_stored_form() -> None:
 
 def test_the_train_stage_writes_what_the_record_writes() -> None:
     """metrics.json's metric keys are the record's (the trainer writes them, the record reads them back)."""
-    from stages.train.stats import EpochStats
+    from stages.train.rank.stats import EpochStats
     from storage.train_summary import EPOCH_KEYS, OLD_KEYS
 
     assert set(EPOCH_KEYS) <= {f.name for f in fields(EpochStats)}

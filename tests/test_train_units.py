@@ -8,9 +8,9 @@ import torch
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
 from stages.runtime.seeds import stream_seed
-from stages.train.checkpoint import load_latest_checkpoint, save_checkpoint
-from stages.train.loop import eval_sums, train_epoch
-from stages.train.model import MODELS, build_model, seed_logits
+from stages.train.models.model import MODELS, build_model, seed_logits
+from stages.train.rank.checkpoint import load_latest_checkpoint, save_checkpoint
+from stages.train.rank.loop import eval_sums, train_epoch
 from stages.train.tasks import NodeClassification, ogb_accuracy_counts
 from storage.train import list_checkpoints
 
@@ -107,7 +107,7 @@ def test_checkpoints_are_atomic_pruned_and_fall_back(tmp_path):
 
 
 def test_auto_cache_policy_caches_what_saves_work_on_the_device():
-    from stages.train.cache_policy import resolve_policy
+    from stages.train.rank.cache_policy import resolve_policy
 
     assert resolve_policy("auto", "cuda") == "hotness"       # own rows still save a host→device copy
     assert resolve_policy("auto", "cpu") == "hotness-remote"  # own rows are in RAM already

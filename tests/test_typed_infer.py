@@ -16,7 +16,7 @@ from stages.infer.chunks import SAMPLE_BLOCK, chunk_edges_of
 from stages.infer.params import Params
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
-from stages.train.typed_data import embeddings_in_dataset_order
+from stages.train.rank.typed_data import embeddings_in_dataset_order
 from storage import ArtifactStore, Manifest
 from storage.infer_artifact import InferArtifact
 from storage.partition import PartitionArtifact

@@ -12,9 +12,9 @@ from stages.runtime.fanouts import hop_fanouts
 from stages.runtime.sampler import LocalCSR, NeighborSampler
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_batch import set_types, to_hetero_data
-from stages.train.blocks import BatchGraph, Block
-from stages.train.model import build_model, seed_logits
-from stages.train.typed_model import TypedInput
+from stages.train.models.blocks import BatchGraph, Block
+from stages.train.models.model import build_model, seed_logits
+from stages.train.models.typed_model import TypedInput
 from storage.graph import Graph
 from tests._spawn import spawn_ranks
 from tests._typed_worker import (

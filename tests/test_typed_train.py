@@ -16,7 +16,7 @@ import torch
 
 from stages.jobs.errors import TrainingError
 from stages.train import stage as train
-from stages.train.faults import FAULT_ENV
+from stages.train.rank.faults import FAULT_ENV
 from storage import ArtifactStore, Manifest
 from storage.manifest import stage_key
 from storage.train import METRICS, MODEL, checkpoint_dir, list_checkpoints, list_shards
@@ -70,7 +70,7 @@ def test_relational_models_need_the_types(art, two, rgcn):
 
 def test_hgt_learns_the_types(art, two):
     # measured (graph seed 1, train seed 0, 10 epochs, 2 ranks, 4 heads of 8): HGT 60.3 % (52.0 % with a ReLU
-    # between its layers, hence none: stages/train/hgt.py), where the paper-only MLP reaches 36.3 %. One softmax
+    # between its layers, hence none: stages/train/models/hgt.py), where the paper-only MLP reaches 36.3 %. One softmax
     # over all of a target's in-edges mixes the relations that R-GCN averages apart (79.9 %) on this graph
     hgt = _published_test_metric(run(art, two, model="hgt")[0])
     print(f"hgt {hgt:.4f}")

@@ -38,7 +38,7 @@ Plain models (``forward(x, edge_index)``, no per-layer step): ``Inference._run_w
 on its full L-hop in-neighbourhood (``DistNeighborSampler`` with fanout -1 on every hop, or ``fanouts``), the whole
 model at once. Exact for message passing along in-edges (every node within L-1 hops of the chunk has all its
 in-edges; the L-hop frontier only gives features), but the neighbourhood, not the chunk, bounds its memory: give a
-model the block protocol (``stages.train.model``) for bounded memory. Embeddings come from the input of the
+model the block protocol (``stages.train.models.model``) for bounded memory. Embeddings come from the input of the
 model's ``convs[l + 1]`` (a forward pre-hook), when it has such a list.
 """
 
@@ -72,10 +72,10 @@ from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
 from stages.runtime.typed_batch import set_types
-from stages.train.blocks import BatchGraph, Block
-from stages.train.loader import with_degrees
-from stages.train.model import is_block_model, needs_degrees, seed_logits
-from stages.train.model_contract import capabilities
+from stages.train.models.blocks import BatchGraph, Block
+from stages.train.models.model import is_block_model, needs_degrees, seed_logits
+from stages.train.models.model_contract import capabilities
+from stages.train.rank.loader import with_degrees
 
 # rows per halo piece at most this many bytes: the exchange holds a few copies of a piece (the owner's answer, the
 # wire, the received rows), ~256 MiB a rank; at 14 M nodes a piece of chunk_edges = 2^22 rows x 64 columns was
@@ -86,7 +86,7 @@ LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this ra
 
 
 def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
-    """What the built-in models apply between two layers, in eval mode (``stages.train.model._BlockForward``,
+    """What the built-in models apply between two layers, in eval mode (``stages.train.models.model._BlockForward``,
     PyG's ``BasicGNN``): activation (before or after) the norm; dropout is the identity."""
     act = model.act
     if act is not None and model.act_first:
@@ -99,7 +99,7 @@ def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
 
 def layer_step(model: Any, layer: int, h: Tensor, block: Block, last: bool) -> Tensor:
     """Layer ``layer`` of ``block``'s targets in eval mode: a relational body's own ``infer_step``
-    (``stages.train.typed_model``), or a built-in's ``block_step`` then its activation and norm."""
+    (``stages.train.models.typed_model``), or a built-in's ``block_step`` then its activation and norm."""
     if hasattr(model, "infer_step"):
         return model.infer_step(layer, h, block)
     out = model.block_step(model.convs[layer], h, block, 1.0)
@@ -133,7 +133,7 @@ class LayerStats:
 @dataclass
 class Inference:
     """One rank's inference of all its nodes (module docstring). ``degrees``: in-degree + 1 of any gid (GCN's
-    normalisation, ``stages.train.rank_data.degree_path``); ``fanouts``: None for exact; ``node_type_of``: the
+    normalisation, ``stages.train.rank.rank_data.degree_path``); ``fanouts``: None for exact; ``node_type_of``: the
     node types of gids on a typed graph (the per-chunk gather's blocks carry them)."""
 
     model: torch.nn.Module

@@ -14,7 +14,7 @@ negatives by the dataset's protocol (``PartitionArtifact.link_eval``):
   uniform destinations of the destination's node type (``stages.runtime.negatives.NegativeDraws``), drawn from one
   ``torch.Generator`` seeded with train's ``seed`` (valid's ``[E_valid, k]`` first, then test's), masked as train
   masks them with ``filter_negatives`` (real edges of the message-passing graph, and the positive's destination),
-  ranked with ``stages.train.link_metrics.RankSums``: MRR, Hits@1/3/10 and the AUC of the compared pairs. Train's
+  ranked with ``stages.train.tasks.link_metrics.RankSums``: MRR, Hits@1/3/10 and the AUC of the compared pairs. Train's
   protocol, but exact embeddings and per-positive (not shared) negatives.
 
 The uniform protocol ranks at most train's ``eval_edges`` positives a split (a fixed sample; all of them when
@@ -44,8 +44,8 @@ from stages.infer.score import PIECE_PAIRS, pair_scores
 from stages.runtime.negatives import NegativeDraws
 from stages.runtime.seeds import STREAM_INFER_EVAL_EDGES, STREAM_INFER_NEGATIVES, stream_seed
 from stages.runtime.typed_rows import TypeIndex
-from stages.train.link_metrics import RankSums
 from stages.train.params import Params as TrainParams
+from stages.train.tasks.link_metrics import RankSums
 from storage import ArtifactStore, Manifest
 from storage.infer import OUT
 from storage.infer_artifact import EmbeddingBlocks

@@ -1,13 +1,13 @@
 """What inference runs layer by layer, and the rows its first layer reads (``stages.infer.layerwise``).
 
-A homogeneous model runs as it is, on the features. A typed model (``stages.train.typed_model.HeteroModel``) first
-maps each node's typed input to ``hidden`` columns (``TypedInput``: a featured type's rows through their linear
-map, a featureless type's learnt embedding as it is); that map reads no neighbour, so inference applies it once
-to the rank's own nodes, one node type's lid range at a time (partition p's type-t nodes are one range,
+A homogeneous model runs as it is, on the features. A typed model (``stages.train.models.typed_model.HeteroModel``)
+first maps each node's typed input to ``hidden`` columns (``TypedInput``: a featured type's rows through their linear
+map, a featureless type's learnt embedding as it is); that map reads no neighbour, so inference applies it once to the
+rank's own nodes, one node type's lid range at a time (partition p's type-t nodes are one range,
 ``storage.schema.RangeTable``), and runs the body layer-wise on the result as it runs a homogeneous model on its
-features. The encoded rows are ``[n_p, hidden]`` float32 (ogbn-mag scale on 2 ranks: 0.97 M x 64 x 4 = 248 MB a
-rank), built only when layer 0 asks for them and released after it; the embedding tables of ``model.pt`` (in
-the dataset's order of each type) are read for the own rows, a piece at a time.
+features. The encoded rows are ``[n_p, hidden]`` float32 (ogbn-mag scale on 2 ranks: 0.97 M x 64 x 4 = 248 MB a rank),
+built only when layer 0 asks for them and released after it; the embedding tables of ``model.pt`` (in the dataset's
+order of each type) are read for the own rows, a piece at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore, open_part_store
-from stages.train.typed_model import HeteroModel, TypedInput
+from stages.train.models.typed_model import HeteroModel, TypedInput
 from storage import ArtifactError
 from storage.features import FeaturesArtifact
 from storage.partition import PartitionArtifact

@@ -1,10 +1,11 @@
 """The infer stage's parameters, importable without torch (configs validate in milliseconds).
 
 A runtime setting the train stage has too has train's name (``timeout_s``, ``threads_per_rank``; the old
-``job_timeout_s`` and ``rank_threads`` still work, with a note: ``RENAMED``). A field name another stage declares
-too loses its short name (docs/design.md §2): the flat ``timeout_s`` and ``threads_per_rank`` are train's
-(``flows.config.ALIASES``), this stage's are ``infer.timeout_s``/``infer_timeout_s``. ``fanouts`` and ``seed`` are
-SHARED names that do not reach this stage: ``infer.fanouts``.
+``job_timeout_s`` and ``rank_threads`` still work, with a note: ``RENAMED``), and ``peer_timeout_s`` is one SHARED name
+for both (train's was ``collective_timeout_s``). A field name another stage declares too loses its short name
+(docs/design.md §2): the flat ``timeout_s`` and ``threads_per_rank`` are train's (``flows.config.ALIASES``), this
+stage's are ``infer.timeout_s``/``infer_timeout_s``. ``fanouts`` and ``seed`` are SHARED names that do not reach this
+stage: ``infer.fanouts``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Params(ExecutorParams):
                                                           "piece (SAGE, GCN) or the gathered neighbour rows "
                                                           "(other models)")
     timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
-    peer_timeout_s: float = runtime(300.0, gt=0, description="a rank silent this long inside an exchange fails "
+    peer_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective fails "
                                                              "the job")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per inference rank; null: "
                                                                    "this node's CPUs / its ranks")

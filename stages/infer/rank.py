@@ -1,7 +1,7 @@
 """One inference rank's work: open partition r's data, rebuild the trained model, run ``layerwise.Inference`` over
 its nodes, write its outputs (``storage.infer``) and return its figures (rank 0 gathers them for the stage).
 
-Reads through the typed handles of ``storage`` only, like ``stages.train.rank_data``. ID spaces: ``gid`` global,
+Reads through the typed handles of ``storage`` only, like ``stages.train.rank.rank_data``. ID spaces: ``gid`` global,
 ``lid = gid - lo`` with ``lo = bounds[rank]``. What the model is and what the rank writes of its outputs is the
 task's (``stages.infer.tasks``): a node classifier's classes, or a link model's encoder and its node embeddings.
 """
@@ -25,11 +25,11 @@ from stages.meter import measure
 from stages.runtime.feature_store import host_budget
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
-from stages.train.encoder import build_encoder, encoder_edge_dim
-from stages.train.model import needs_degrees
-from stages.train.rank_data import degree_path
+from stages.train.models.encoder import build_encoder, encoder_edge_dim
+from stages.train.models.model import needs_degrees
+from stages.train.rank.rank_data import degree_path
+from stages.train.rank.typed_data import typed_in_channels
 from stages.train.spec import check_world_size
-from stages.train.typed_data import typed_in_channels
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.infer import open_part_outputs, write_part_embedding

@@ -31,11 +31,11 @@ RowsOf = Callable[[np.ndarray], np.ndarray]   # sorted distinct orig ids -> thei
 
 def load_decoder(store: ArtifactStore, train: Manifest) -> torch.nn.Module:
     """The train artifact's decoder with its trained weights, in eval mode, built as the trainer built it."""
-    from stages.train.plugins import make_decoder
+    from stages.train.models.plugins import make_decoder
 
     params = train_params(train)
     if "decoder_code" in train.params:   # a plug-in decoder: scores need the code it was trained with
-        from stages.train.plugin_code import source_digest
+        from stages.train.models.plugin_code import source_digest
 
         if source_digest(params.decoder) != train.params["decoder_code"]:
             raise InputError(f"the code of decoder {params.decoder} changed since train/{train.key} was trained: "

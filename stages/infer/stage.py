@@ -89,7 +89,7 @@ def check_inputs(partition: Manifest, features: Manifest, train: Manifest, param
         raise InputError(f"infer.fanouts has {len(params.fanouts)} value(s) but the model has {num_layers} layers: "
                          f"give one fanout per layer, or null for exact inference")
     if "model_code" in train.params:
-        from stages.train.plugin_code import source_digest
+        from stages.train.models.plugin_code import source_digest
 
         if source_digest(train.params["model"]) != train.params["model_code"]:
             raise InputError(f"the code of model {train.params['model']} changed since train/{train.key} was "
@@ -162,7 +162,7 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
     """Run the ranks to the end (they write their parts into ``writer``'s directory); every rank's figures."""
     from stages.jobs.cluster import rank_threads
     from stages.jobs.launcher import launch, torchrun_command
-    from stages.train.plugins import rank_pythonpath
+    from stages.train.models.plugins import rank_pythonpath
 
     num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions
     key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})

@@ -9,7 +9,7 @@ a module beside ``node`` and ``link``).
   the stage measures its valid/test link metrics; pairs can be scored (``stages.infer.link``, ``score``).
 
 The width of the model's last layer (the classes, or ``hidden`` under task=link) is decided where the model is
-built, by the train side's ``stages.train.encoder.build_encoder``, which infer calls as the trainer does.
+built, by the train side's ``stages.train.models.encoder.build_encoder``, which infer calls as the trainer does.
 
 Torch-free at import (the stage imports it): what needs torch is imported where a rank asks for it.
 """

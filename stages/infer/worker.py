@@ -1,9 +1,9 @@
 """One inference rank: ``python -m stages.infer.worker --spec JOB.json``, started by torchrun (one per partition).
 
-The entry point only, as ``stages.train.worker`` is for training (both run in ``stages.runtime.rank_process``,
+The entry point only, as ``stages.train.rank.worker`` is for training (both run in ``stages.runtime.rank_process``,
 which prefixes their lines and records their errors): the gloo process group on the CPU, the rank's threads, then
 ``rank.infer_rank``; rank 0 gathers every rank's figures into ``ranks.json`` for the stage. The process ends with
-``os._exit`` (see ``stages.train.worker``).
+``os._exit`` (see ``stages.train.rank.worker``).
 """
 
 from __future__ import annotations
@@ -65,4 +65,4 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)   # skip interpreter teardown of torch.distributed state (see stages.train.worker)
+    os._exit(code)   # skip interpreter teardown of torch.distributed state (see stages.train.rank.worker)

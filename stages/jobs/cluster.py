@@ -5,7 +5,7 @@ Torch-free, so that a bad cluster description fails in milliseconds, before anyt
 
 One rank per partition (docs/design.md): ``num_partitions`` ranks spread evenly, ``num_partitions / nnodes`` per
 node. Which global ranks a node gets is torchrun's choice (c10d orders the nodes by address); nothing here
-depends on it: every node keeps its own copy of the results and checkpoints (see ``stages.train.checkpoint``).
+depends on it: every node keeps its own copy of the results and checkpoints (see ``stages.train.rank.checkpoint``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Start the ranks with torchrun in a subprocess of its own session, stream their logs, and never leave one behind.
 
-``python -m torch.distributed.run --standalone --nproc_per_node=P --max-restarts=0 -m stages.train.worker --spec
+``python -m torch.distributed.run --standalone --nproc_per_node=P --max-restarts=0 -m stages.train.rank.worker --spec
 JOB.json`` runs in a new session (``start_new_session=True``): torchrun and every rank share one process group, so
 on a timeout, an interrupt (KeyboardInterrupt, a cancelled Prefect task) or an error the whole group gets SIGTERM,
 a grace period, then SIGKILL. torchrun's monitor notices a dead rank within ``--monitor-interval`` and stops the
@@ -54,7 +54,7 @@ _RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")   # a rank's user erro
 
 
 def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
-                     module: str = "stages.train.worker", python: str = sys.executable) -> list[str]:
+                     module: str = "stages.train.rank.worker", python: str = sys.executable) -> list[str]:
     """This node's torchrun command line for a job of ``world_size`` ranks (single host unless ``cluster``)."""
     placement = (cluster or Cluster()).torchrun_args(world_size)
     return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5",

@@ -34,7 +34,7 @@ from stages.runtime.uva import UvaRows, UvaUnavailableError, choose_host_gather
 
 class HostGatherError(ValueError):
     """``host_gather=uva`` cannot read this rank's rows in place: a setting the rank's caller turns into the user's
-    one-line error (``stages.train.rank_data``; storage/errors.py: the runtime raises ValueError)."""
+    one-line error (``stages.train.rank.rank_data``; storage/errors.py: the runtime raises ValueError)."""
 
 
 @dataclass

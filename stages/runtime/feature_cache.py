@@ -1,6 +1,6 @@
 """The device feature cache: rows of a fixed set of gids (local and remote), loaded once, looked up by gid.
 
-Mechanism only: *which* gids to cache is the cache policy's business (``stages.train.cache_policy``: the hotness
+Mechanism only: *which* gids to cache is the cache policy's business (``stages.train.rank.cache_policy``: the hotness
 plan, a degree ranking, or nothing); ``DistFeatures.build_cache`` fetches the rows. The cache keeps its gids sorted
 and answers a lookup with ``searchsorted``: memory proportional to the cache, no per-node table over all N gids
 (docs/design.md §4), and the same torch ops on CPU and CUDA.

@@ -13,7 +13,7 @@ Rows are held, and gathered, in the store's storage dtype, as coded by the featu
 (``stages.runtime.feature_codec``) says how they decode to float32, which ``DistFeatures.decode`` does on the
 device. ``open_feature_store`` picks one against a byte budget (counted in stored bytes; ``open_part_store`` with
 the stored codec). Mechanism only: which rows are worth caching elsewhere is decided by the cache policy
-(``stages.train.cache_policy``).
+(``stages.train.rank.cache_policy``).
 """
 
 from __future__ import annotations

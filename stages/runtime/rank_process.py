@@ -4,7 +4,7 @@ Its stdout/stderr lines carry a ``[rank r]`` prefix; a failing rank writes ``err
 directory so that the launcher (``stages.jobs.launcher``) can name it and repeat a user error's message; a user
 error, or a write the file system refused (a full disk: ``refused``), is one ``error:`` line and exit code 2, any
 other exception its traceback and exit code 1. The caller ends the process with ``os._exit(code)``: tearing down
-torch.distributed state at interpreter exit was seen to deadlock (``stages.train.worker``).
+torch.distributed state at interpreter exit was seen to deadlock (``stages.train.rank.worker``).
 """
 
 from __future__ import annotations

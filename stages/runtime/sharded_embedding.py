@@ -56,7 +56,7 @@ class ShardedEmbedding:
                  device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None,
                  step_group: dist.ProcessGroup | None = None) -> None:
         """``group``: the gathers' process group; ``step_group``: the steps' (None: the default group). They differ
-        when a prefetching thread gathers while the training thread steps (``stages.train.prefetch``): one group
+        when a prefetching thread gathers while the training thread steps (``stages.train.rank.prefetch``): one group
         per thread keeps each group's collectives in one order on every rank. Both span the same ranks."""
         self.group, self.step_group = group, step_group
         self.device = torch.device(device)

@@ -1,7 +1,7 @@
 """A typed sampled batch as PyG's ``HeteroData``, laid out as PyG's ``NeighborLoader`` lays out a hetero batch.
 
 The samplers return one ``Data`` in PyG's ``to_homogeneous`` layout (``n_id`` gids, ``edge_type`` per edge; the
-loader adds ``node_type`` per node): what the relational block models compute on (``stages.train.typed_model``).
+loader adds ``node_type`` per node): what the relational block models compute on (``stages.train.models.typed_model``).
 ``to_hetero_data`` gives the same batch per type, for code written against ``HeteroData`` (``to_hetero`` models,
 ``HGTConv``, PyG's ``trim_to_layer``):
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,14 +18,18 @@ from stages.choices import (
     TaskName,
 )
 from stages.params import FORM, EdgeFanouts, Fanouts, Seed, StageParams, runtime
-from stages.train.plugin_code import source_digest
-from stages.train.plugins import check_ref, is_import_path
+from stages.train.models.plugin_code import source_digest
+from stages.train.models.plugins import check_ref, is_import_path
 from stages.train.tasks import TASKS, task_def
 from stages.train.tasks.base import key_without
 from storage.errors import InputError
 
 
 class Params(StageParams):
+    # one name per runtime setting across stages: infer's was peer_timeout_s already ([5/5]); configs, deployments
+    # and job specs written before still work
+    RENAMED: ClassVar[dict[str, str]] = {"collective_timeout_s": "peer_timeout_s"}
+
     model: str = Field("auto", description="auto (rgcn on a typed graph, else sage), sage (GraphSAGE, mean), gcn, "
                                            "gat, rgcn, rgat (relational: per edge type), hgt (per node and edge "
                                            "type), mlp (no graph), or a "
@@ -100,8 +104,8 @@ class Params(StageParams):
     cache_policy: CachePolicyName = Field("auto", description="which rows each rank caches on its device "
                                                               "(auto: hotness on GPU, hotness-remote on CPU)")
     timeout_s: float = runtime(24 * 3600.0, gt=0, description="whole job; then every rank is stopped")
-    collective_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective "
-                                                                   "fails the job")
+    peer_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective fails "
+                                                             "the job")
     host_memory_budget_bytes: int | None = runtime(None, ge=0, description="feature rows in RAM per rank; null: "
                                                                            "half the available RAM; 0: read Zarr")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per rank; null: this node's "
@@ -149,7 +153,7 @@ class Params(StageParams):
 
     def key_params(self) -> dict[str, Any]:
         """The fields that define the artifact, plus a digest of plug-in code (an edit retrains,
-        ``stages.train.plugin_code``); the step schedule's settings only when that schedule is used."""
+        ``stages.train.models.plugin_code``); the step schedule's settings only when that schedule is used."""
         out = super().key_params()
         if self.lr_schedule != "step":
             del out["lr_step_epochs"], out["lr_gamma"]

@@ -30,7 +30,7 @@ class TrainSpec(JobSpec):
     features_key: str
     hotness_key: str               # (the number of partitions, one rank each, is the partition book's bounds)
     params: dict[str, Any]         # stages.train.stage.Params, all fields (runtime ones included)
-    checkpoint_dir: str            # local directory; each node's local rank 0 writes (stages.train.checkpoint)
+    checkpoint_dir: str            # local directory; each node's local rank 0 writes (stages.train.rank.checkpoint)
     result_dir: str                # local rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
     node_rank: int = 0             # this node (the user's --node-rank / SLURM_NODEID); 0 publishes the artifact
     fingerprint: dict[str, str] = field(default_factory=dict)   # artifact_fingerprint(): equal on every node
@@ -67,8 +67,8 @@ def check_world_size(world_size: int, num_partitions: int) -> None:
 
 def code_digest(root: Path = _REPO, extra: Sequence[Path] = ()) -> str:
     """A digest of the Python sources that run a training job (``storage/`` and ``stages/``, and ``extra``: the
-    plug-in model's and loss's files, ``stages.train.plugins.plugin_files``): nodes on other commits, or with other
-    plug-in code, could compute different things under the same keys, or disagree on a collective's protocol."""
+    plug-in model's and loss's files, ``stages.train.models.plugins.plugin_files``): nodes on other commits, or with
+    other plug-in code, could compute different things under the same keys, or disagree on a collective's protocol."""
     h = hashlib.sha256()
     for path in sorted(p for pkg in ("storage", "stages") for p in (root / pkg).rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")

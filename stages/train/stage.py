@@ -26,9 +26,9 @@ from stages.params import check_graph_fanouts
 from stages.run_log import stage_log
 from stages.tracking import require_trackers
 from stages.tracking.mlflow_runs import log_train
+from stages.train.models.plugin_code import plugin_files
+from stages.train.models.plugins import rank_pythonpath
 from stages.train.params import Params
-from stages.train.plugin_code import plugin_files
-from stages.train.plugins import rank_pythonpath
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 from stages.train.tasks import task_def
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -100,8 +100,8 @@ class _Job:
                               *task_def(self.params.task).plugin_refs(self.params)])))
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
-        # the ranks run from the checkout: they find plug-ins where this process does (stages.train.plugins); their
-        # big tensors go on huge pages, which must be asked for before they start (stages.jobs.host_memory)
+        # the ranks run from the checkout: they find plug-ins where this process does (stages.train.models.plugins);
+        # their big tensors go on huge pages, which must be asked for before they start (stages.jobs.host_memory)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": rank_pythonpath(), **huge_page_env()}
         try:
             launch(str(spec_path(self.ckpt_dir)), self.num_partitions, result_dir=str(results), log=self.log,

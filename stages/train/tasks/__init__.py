@@ -4,7 +4,8 @@
   trainer, the train stage and hotness ask), ``checked_loss``.
 - ``kinds``: the built-in ``TaskDef`` s, ``NODE`` and ``LINK`` (torch-free: the parameters read them).
 - ``node``: ``NodeClassification``, OGB accuracy.
-- ``link``: ``LinkPrediction`` and ``LinkModel`` (encoder + decoder).
+- ``link``: ``LinkPrediction`` and ``LinkModel`` (encoder + decoder); ``link_decoders``: a pair's score from its two
+  node embeddings, and the loss; ``link_metrics``: OGB's link metrics over all ranks (the trainer's and infer's).
 
 Adding a task: a ``Task`` module here, its ``TaskDef`` in ``TASKS`` and its name in ``stages.choices.TaskName``
 (tests/test_task_registry.py checks the two agree). The ``Task`` classes are importable from here too, imported on

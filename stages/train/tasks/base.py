@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torch_geometric.data import Data
 
     from stages.train.params import Params
-    from stages.train.rank_data import RankData
+    from stages.train.rank.rank_data import RankData
     from storage.features import FeaturesArtifact
     from storage.partition import PartitionArtifact
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
 
     from stages.train.params import Params
-    from stages.train.rank_data import RankData
+    from stages.train.rank.rank_data import RankData
     from storage.features import FeaturesArtifact
     from storage.partition import PartitionArtifact
 
@@ -27,7 +27,7 @@ class NodeDef(TaskDef):
     name = "node"
 
     def build(self, params: Params, data: RankData, generator: torch.Generator) -> Task:
-        from stages.train.plugins import make_loss
+        from stages.train.models.plugins import make_loss
         from stages.train.tasks.node import NodeClassification
 
         loss = params.resolved_loss
@@ -49,7 +49,7 @@ class LinkDef(TaskDef):
         return hidden
 
     def wrap_model(self, encoder: torch.nn.Module, params: Params) -> torch.nn.Module:
-        from stages.train.plugins import make_decoder
+        from stages.train.models.plugins import make_decoder
         from stages.train.tasks.link import LinkModel
 
         return LinkModel(encoder, make_decoder(params.decoder, params.hidden, params.dropout), params.precision)
@@ -73,7 +73,7 @@ class LinkDef(TaskDef):
         from stages.runtime.negatives import EdgeMembership, NegativeDraws
         from stages.runtime.seeds import STREAM_LINK_EVAL_EDGES, stream_seed
         from stages.runtime.typed_rows import TypedRows
-        from stages.train.plugins import make_loss
+        from stages.train.models.plugins import make_loss
         from stages.train.tasks.link import LinkPrediction
         from storage.graph import SPLITS
 

@@ -29,9 +29,9 @@ from torch_geometric.data import Data
 
 from stages.runtime.link_batch import LinkSeeds, link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
-from stages.train.link_metrics import RankSums
-from stages.train.model import seed_logits
+from stages.train.models.model import seed_logits
 from stages.train.tasks.base import SeedsOf, checked_loss
+from stages.train.tasks.link_metrics import RankSums
 from storage.graph import SPLITS
 
 LinkLossFn = Callable[[Tensor, Tensor], Tensor]   # (positive scores [B], negative scores [n]) -> 0-d
@@ -52,7 +52,7 @@ class LinkScores:
 
 
 class LinkModel(torch.nn.Module):
-    """``encoder``: a node model (any of ``stages.train.model``'s or a plug-in) whose outputs are the embeddings;
+    """``encoder``: a node model (any of ``stages.train.models.model``'s or a plug-in) whose outputs are the embeddings;
     ``decoder``: ``(h_src, h_dst) -> scores``."""
 
     def __init__(self, encoder: torch.nn.Module, decoder: torch.nn.Module, precision: str = "float32") -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.train.model import seed_logits
+from stages.train.models.model import seed_logits
 from stages.train.tasks.base import LabelOf, LossFn, checked_loss
 
 

@@ -20,8 +20,8 @@ from stages.runtime.feature_codec import FeatureCodec
 from stages.runtime.feature_store import fit_in_budget, host_budget, open_feature_store, x_nbytes
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
-from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
+from stages.train.rank.cache_policy import cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact

@@ -2,10 +2,10 @@
 
 Nothing here knows about ranks or about the task: the caller hands in the batches of the task's items (node
 gids, or positions of positive edges; equal counts on every rank for DDP), the two callables of the seam below
-(``stages.train.loader.NodeLoader`` holds a rank's: its distributed sampler, and the feature path of cache, store
+(``stages.train.rank.loader.NodeLoader`` holds a rank's: its distributed sampler, and the feature path of cache, store
 and remote owners) and the ``Task`` (``stages.train.tasks``: a batch's seed nodes and targets, outputs, loss, metric
 sums); sums come back for it to all-reduce (``stats``). Batches may be prepared ahead by a producer thread
-(``prefetch``: ``stages.train.prefetch``, whose rules the callables must follow) with the same results.
+(``prefetch``: ``stages.train.rank.prefetch``, whose rules the callables must follow) with the same results.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.train.prefetch import batch_stream
+from stages.train.rank.prefetch import batch_stream
 from stages.train.tasks import Task
 
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
@@ -84,7 +84,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     Padding batches (recycled seeds, or empty ones) still take an optimiser step: under DDP every rank must run
     the same number of backward passes, whose gradient all-reduces pair up across ranks. An empty batch gives a
     zero loss whose backward still reaches every parameter (zero gradients), so its rank joins each all-reduce.
-    ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.guard``);
+    ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.rank.guard``);
     ``after_step`` runs after every optimiser step (the learnt embeddings' sparse step, a collective).
     ``prefetch``: batches a producer thread prepares ahead (0: none); ``gather_after_step``: it gathers a batch's
     rows only after the previous batch's ``after_step`` (which updates rows it may gather: learnt embeddings).

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.sums import FieldSums
-from stages.train.loop import EpochSums
+from stages.train.rank.loop import EpochSums
 from storage.report import percent
 
 

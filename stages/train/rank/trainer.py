@@ -24,18 +24,18 @@ from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.typed_rows import TypedRows
-from stages.train.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
-from stages.train.encoder import build_encoder
-from stages.train.guard import loss_check
-from stages.train.loader import NodeLoader
-from stages.train.loop import EpochSums, OnBatch, eval_sums, train_epoch
-from stages.train.model import is_block_model, needs_degrees
+from stages.train.models.encoder import build_encoder
+from stages.train.models.model import is_block_model, needs_degrees
 from stages.train.params import Params
-from stages.train.rank_data import RankData
-from stages.train.recipe import BestModel, make_scheduler
-from stages.train.rng import RngStreams
+from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
+from stages.train.rank.guard import loss_check
+from stages.train.rank.loader import NodeLoader
+from stages.train.rank.loop import EpochSums, OnBatch, eval_sums, train_epoch
+from stages.train.rank.rank_data import RankData
+from stages.train.rank.recipe import BestModel, make_scheduler
+from stages.train.rank.rng import RngStreams
+from stages.train.rank.stats import EpochStats, or_none
 from stages.train.spec import TrainSpec
-from stages.train.stats import EpochStats, or_none
 from stages.train.tasks import task_def
 from stages.train.tasks.kinds import rank_share
 from storage.train import EMBEDDING_PREFIX
@@ -48,14 +48,14 @@ class Trainer:
                  local_world: int | None = None, batch_hook: BatchHook | None = None) -> None:
         """``local_rank``: which rank of its node (local rank 0 keeps the node's checkpoints); ``local_world``: the
         ranks per node (default: all on one); ``batch_hook``: an optional per-epoch hook (the tests' fault
-        injection, ``stages.train.faults``)."""
+        injection, ``stages.train.rank.faults``)."""
         self.spec, self.params, self.data = spec, params, data
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook
         self.local_world = data.world if local_world is None else local_world
         if params.prefetch and dist.is_initialized() and data.group is None:
             raise ValueError("prefetch needs the batches' collectives on a group of their own: open the RankData "
-                             "with group=stages.train.prefetch.producer_group(prefetch)")
+                             "with group=stages.train.rank.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
         self.task_def = task_def(params.task)
         self.task = self.task_def.build(params, data, self.rng.sampler)
@@ -81,8 +81,8 @@ class Trainer:
         self.loader.attach_degrees = needs_degrees(self.encoder)   # GCN's true degrees travel with each batch
         self.loader.attach_edges = self.edge_dim > 0               # so do the edges' ids and features then
         if self.whole_batch and self.rank == 0:
-            print(f"model {self.model_kind} does not follow the block protocol (stages.train.model): each batch runs "
-                  f"whole, every layer over every sampled node", flush=True)
+            print(f"model {self.model_kind} does not follow the block protocol (stages.train.models.model): "
+                  f"each batch runs whole, every layer over every sampled node", flush=True)
         self.ddp = torch.nn.parallel.DistributedDataParallel(
             self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
         self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=params.lr, weight_decay=params.weight_decay)
@@ -169,7 +169,7 @@ class Trainer:
 
     def part_state_dict(self) -> dict[str, Any]:
         """This rank's own part of a checkpoint: its embedding shards and their optimiser state, and its shards of
-        the best epoch (typed graphs; stages.train.checkpoint)."""
+        the best epoch (typed graphs; stages.train.rank.checkpoint)."""
         return {"embeddings": {t: e.state_dict() for t, e in self.embeddings.items()},
                 "best_embeddings": self.best.extra}
 

@@ -1,6 +1,6 @@
 """Test-only fault injection: ``GNNPIPE_TRAIN_FAULT=rank:epoch:batch`` makes that rank SIGKILL itself before that
 batch (all 0-based), a hard death as a crashed node's. The kill/resume tests use it; the entry point
-(``stages.train.worker``) hands ``fault_hook`` to the ``Trainer``, whose loop only calls an optional hook.
+(``stages.train.rank.worker``) hands ``fault_hook`` to the ``Trainer``, whose loop only calls an optional hook.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-from stages.train.loop import OnBatch
+from stages.train.rank.loop import OnBatch
 
 FAULT_ENV = "GNNPIPE_TRAIN_FAULT"
 

@@ -5,18 +5,18 @@ parameters, ``state_dict`` keys (``convs.<i>...``) and plain PyG ``forward(x, ed
 with the block protocol:
 
 - **block protocol**: a module with ``supports_blocks`` true whose ``forward(x, *, blocks)`` takes the rows of the
-  batch's ``n_id`` and the batch's blocks (``stages.train.blocks.make_blocks``, one per layer, first layer first)
+  batch's ``n_id`` and the batch's blocks (``stages.train.models.blocks.make_blocks``, one per layer, first layer first)
   and returns the rows of the last block's targets, the seeds. Layer l computes only the nodes the next layer
   needs (docs/design.md §5). A module with ``needs_degrees`` true gets ``batch.deg`` (true in-degree + 1 of every
   ``n_id`` position, attached by the loader) through ``Block.deg``. Every flag a model may declare is named, with
-  its meaning, by ``stages.train.model_contract.BlockModel`` and read by ``capabilities`` there.
+  its meaning, by ``stages.train.models.model_contract.BlockModel`` and read by ``capabilities`` there.
 - any other ``nn.Module`` is called as a plain PyG model, ``model(x, edge_index)`` on the whole sampled batch, or
   ``model(x, edge_index, edge_attr=...)`` when the batch carries edge features (an edge-aware model,
-  ``stages.train.plugins.edge_dim_for``).
+  ``stages.train.models.plugins.edge_dim_for``).
 
 GCN in blocks (``BlockGCN``) normalises with the true graph degrees when the batch carries them: with fanout -1 it
 is GCN on the whole graph; with sampling each row is an unbiased estimate of the full-neighbourhood sum, each
-sampled message scaled by ``(n_v / s_v) / sqrt(d_u d_v)`` (``stages.train.blocks.BatchGraph.gcn_csr``).
+sampled message scaled by ``(n_v / s_v) / sqrt(d_u d_v)`` (``stages.train.models.blocks.BatchGraph.gcn_csr``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from torch_geometric.data import Data
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.choices import MODELS
-from stages.train.blocks import Block, make_blocks, relu_dropout, spmm, spmm_with_root
-from stages.train.model_contract import capabilities, unwrapped
+from stages.train.models.blocks import Block, make_blocks, relu_dropout, spmm, spmm_with_root
+from stages.train.models.model_contract import capabilities, unwrapped
 from storage.schema import GraphSchema
 
 __all__ = ["MODELS", "BlockGAT", "BlockGCN", "BlockGraphSAGE", "build_model", "is_block_model", "needs_degrees",
@@ -154,7 +154,7 @@ def build_model(kind: str, *, in_channels: int, hidden: int, out_channels: int, 
     """A ``num_layers``-layer built-in GNN mapping ``in_channels`` features to ``out_channels`` logits; ``kwargs``
     go to the PyG model (``act``, ``norm``, ...). ``schema``: the graph's node and edge types, which rgcn, rgat and
     hgt tell apart (None: one of each)."""
-    from stages.train import hgt, typed_model
+    from stages.train.models import hgt, typed_model
 
     sizes = {"in_channels": in_channels, "hidden": hidden, "out_channels": out_channels, "num_layers": num_layers,
              "dropout": dropout, **kwargs}
@@ -198,7 +198,7 @@ def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Da
     bfloat16 with float32 accumulation, 2.5x the float32 rate on this project's AVX512-BF16 CPU); the logits come
     back as float32, so the loss is computed in float32. The weights and their gradients stay float32.
     """
-    if isinstance(x, dict):   # a typed batch: rows per node type (stages.train.typed_model.HeteroModel)
+    if isinstance(x, dict):   # a typed batch: rows per node type (stages.train.models.typed_model.HeteroModel)
         return _typed_seed_logits(model, x, batch, precision)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
         caps = capabilities(model)

@@ -7,7 +7,7 @@ them to one ``[n, hidden]`` matrix (``TypedInput``: a linear map per featured ty
 a body on it: a relational model (``rgcn``, ``rgat``), a homogeneous one that ignores the types (``sage``, ``gcn``,
 ``gat``: the baseline that shows what the types are worth) or ``mlp`` (each seed's own row only).
 
-The relational layers follow the block protocol (``stages.train.model``), with one more matrix per block: row
+The relational layers follow the block protocol (``stages.train.models.model``), with one more matrix per block: row
 ``v * R + e`` of ``Block.relation_mean_adj`` averages v's sampled type-e in-neighbours, so R-GCN's
 ``sum_e W_e mean_e(h)`` is one sparse product and one GEMM (``[num_dst, R * in] @ [R * in, out]``) instead of R
 of each. Parameters are PyG's ``RGCNConv`` / ``GATConv``'s, so the whole-batch path is PyG's own call.
@@ -23,8 +23,8 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, RGCNConv
 
 from stages.runtime.typed_batch import TypeSplit
-from stages.train.blocks import Block, relu_dropout, spmm
-from stages.train.model_contract import capabilities
+from stages.train.models.blocks import Block, relu_dropout, spmm
+from stages.train.models.model_contract import capabilities
 
 __all__ = ["BlockMLP", "BlockRGAT", "BlockRGCN", "HeteroBody", "HeteroModel", "TypedInput"]
 
@@ -255,7 +255,8 @@ class HeteroModel(torch.nn.Module):
 
     @property
     def relational(self) -> bool:
-        """Whether the body takes the edge types (the built-in bodies of this module and ``stages.train.hgt``)."""
+        """Whether the body takes the edge types (the built-in bodies of this module and
+        ``stages.train.models.hgt``)."""
         return isinstance(self.body, _Layered)
 
     def forward(self, x_dict: Mapping[str, Tensor], *, node_type: Tensor, edge_index: Tensor | None = None,

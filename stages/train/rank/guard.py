@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from stages.runtime.collectives import all_reduce, comm_device
-from stages.train.loop import CheckLoss
+from stages.train.rank.loop import CheckLoss
 from storage.errors import GnnpipeError
 
 _KINDS = {1.0: "nan", 2.0: "inf", 3.0: "-inf"}
@@ -27,7 +27,7 @@ class NonFiniteLossError(GnnpipeError):
 
 
 class PeerStoppedError(Exception):
-    """Another rank's failure stopped this one; that rank reports why (``stages.train.worker`` stays quiet)."""
+    """Another rank's failure stopped this one; that rank reports why (``stages.train.rank.worker`` stays quiet)."""
 
 
 def _kind(value: float) -> float:

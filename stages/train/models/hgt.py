@@ -10,9 +10,9 @@ Per layer, for a target v of type t and its in-edges u -e-> v (e the edge type, 
 
 which is what PyG's ``HGTConv`` computes on a ``HeteroData`` (``tests/test_typed_runtime.py`` checks it on a sampled
 batch through ``to_hetero_data``), written on this project's one-layout typed batch (node and edge type per row and
-edge, ``stages.train.blocks``) so that HGT runs layer by layer on blocks like the other relational bodies: layer l
-maps only the sources of its block and attends only over its edges. One difference: a node type that is no edge
-type's target gets the same update (PyG leaves it out of its output; with ``add_reverse`` every type is a target).
+edge, ``stages.train.models.blocks``) so that HGT runs layer by layer on blocks like the other relational bodies: layer
+l maps only the sources of its block and attends only over its edges. One difference: a node type that is no edge type's
+target gets the same update (PyG leaves it out of its output; with ``add_reverse`` every type is a target).
 
 The layers' width is ``hidden``; the last layer adds a linear map to the classes (``head``), as PyG's HGT example
 does (``out_channels`` need not be a multiple of the heads: ogbn-mag has 349 classes). Between layers only dropout:
@@ -31,8 +31,8 @@ from torch import Tensor
 from torch_geometric.nn import HGTConv
 from torch_geometric.utils import softmax
 
-from stages.train.blocks import BatchGraph, Block
-from stages.train.typed_model import _Layered, _widths
+from stages.train.models.blocks import BatchGraph, Block
+from stages.train.models.typed_model import _Layered, _widths
 
 __all__ = ["BlockHGT"]
 

@@ -4,7 +4,7 @@ Where a plug-in is found: the Python path of the process that runs gnnpipe (``PY
 plus the directory gnnpipe is run from and the gnnpipe checkout (``examples.custom_model:build``). The ranks run
 from the checkout; the stage hands them the same path (``rank_pythonpath``), so what validates here imports there.
 
-The plug-in's code is part of the train artifact's key (``stages.train.plugin_code``).
+The plug-in's code is part of the train artifact's key (``stages.train.models.plugin_code``).
 
 Torch-free at import: ``Params`` validates with ``check_ref`` in milliseconds (the module is found and its source
 read for the name, not imported).
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.choices import DECODERS, LOSSES, MODELS
-from stages.train.plugin_names import Lookup, defined_names, look_up
+from stages.train.models.plugin_names import Lookup, defined_names, look_up
 from storage.errors import InputError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def module_origin(module: str) -> Path | None:
 def check_ref(value: str, builtins: Sequence[str], what: str) -> str:
     """``value`` if it is a built-in name or an import path whose module is found and defines a callable of that
     name; else ValueError (one line, which the Params turn into ``invalid parameter ...``). The module is read, not
-    imported, where its source says enough (``stages.train.plugin_names``)."""
+    imported, where its source says enough (``stages.train.models.plugin_names``)."""
     if value in builtins:
         return value
     if not is_import_path(value):
@@ -143,7 +143,7 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     """A built-in model, or what the factory ``ref`` returns for the derived sizes plus ``model_kwargs``.
 
     On a typed graph ``in_channels`` maps each node type to its feature width (None: a learnt embedding): the model
-    is ``stages.train.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
+    is ``stages.train.models.typed_model.HeteroModel``, a typed input to ``hidden`` channels and, as its body, the
     built-in or the plug-in built for ``in_channels=hidden`` (built-ins also get the graph's ``schema``; a plug-in
     that declares ``metadata`` gets PyG's ``(node types, edge types)`` and runs on per-type dicts, ``HeteroBody``).
 
@@ -152,7 +152,7 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     edge_attr=...)`` on batches that carry them."""
     import torch
 
-    from stages.train.model import build_model
+    from stages.train.models.model import build_model
 
     typed = not isinstance(in_channels, int)
     ref = resolve_model(ref, typed)
@@ -180,7 +180,7 @@ def make_model(ref: str, model_kwargs: Mapping[str, Any], *, in_channels: int | 
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model {ref} returned a {type(model).__name__}, not a torch.nn.Module")
     if typed:
-        from stages.train.typed_model import HeteroBody, HeteroModel, TypedInput
+        from stages.train.models.typed_model import HeteroBody, HeteroModel, TypedInput
 
         assert not isinstance(in_channels, int)
         if typed_plugin:
@@ -208,7 +208,7 @@ def make_loss(ref: str) -> Callable[[Any, Any], Any]:
     tensor`` for node classification, ``(positive scores, negative scores) -> 0-d tensor`` for link prediction."""
     import torch.nn.functional as F
 
-    from stages.train.link_decoders import link_loss
+    from stages.train.tasks.link_decoders import link_loss
 
     if ref in LOSSES:
         builtins: dict[str, Callable[[Any, Any], Any]] = {"cross_entropy": F.cross_entropy, "bce": link_loss}
@@ -220,11 +220,11 @@ def make_loss(ref: str) -> Callable[[Any, Any], Any]:
 
 
 def make_decoder(ref: str, channels: int, dropout: float) -> torch.nn.Module:
-    """Link prediction's pair scorer: a built-in (``stages.train.link_decoders``) or what the factory ``ref``
+    """Link prediction's pair scorer: a built-in (``stages.train.tasks.link_decoders``) or what the factory ``ref``
     returns for ``channels`` (the embeddings' width): a module ``(h_src [.., D], h_dst [.., D]) -> scores [..]``."""
     import torch
 
-    from stages.train.link_decoders import DotDecoder, MLPDecoder
+    from stages.train.tasks.link_decoders import DotDecoder, MLPDecoder
 
     if ref in DECODERS:
         return DotDecoder() if ref == "dot" else MLPDecoder(channels, dropout=dropout)

@@ -7,10 +7,10 @@ Lockstep contract, for every pass (a training epoch, a validation or test pass):
   empty batches (evaluation);
 - every batch is a collective: ``sample`` and ``gather_rows`` exchange with every other rank (``dist_sampler``,
   ``dist_features``), so each rank runs every batch of a pass it starts, in order, empty ones included. They run
-  on ``RankData.group``: a prefetching producer thread's own group (``stages.train.prefetch``), which keeps them
+  on ``RankData.group``: a prefetching producer thread's own group (``stages.train.rank.prefetch``), which keeps them
   apart from the main thread's collectives.
 
-The loader hands ``stages.train.loop`` the two callables of its seam (``Sample``, ``GatherRows``) and the batches
+The loader hands ``stages.train.rank.loop`` the two callables of its seam (``Sample``, ``GatherRows``) and the batches
 of the task's items, so that one ``train_epoch`` serves this rank and the benchmark's single-process baseline.
 """
 
@@ -28,7 +28,7 @@ from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, 
 from stages.runtime.fanouts import Fanout
 from stages.runtime.typed_batch import set_types
 from stages.runtime.typed_rows import TypedRows
-from stages.train.rank_data import RankData
+from stages.train.rank.rank_data import RankData
 
 
 class NodeLoader:
@@ -44,17 +44,17 @@ class NodeLoader:
         self.split_items = dict(data.split_gid if items is None else items)
         self.batch_size, self.shuffle_gen = batch_size, shuffle_gen
         # the batches' collectives (sampling, the epoch's batch count) on the data's group: a prefetching
-        # producer's own (``stages.train.prefetch``)
+        # producer's own (``stages.train.rank.prefetch``)
         self.group = data.group
         num_edges = None if data.edge_bounds is None else int(data.edge_bounds[-1])
         self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group,
                                            num_edges=num_edges)
         self.edges = data.edges
         self.degrees = data.degrees
-        # set when the model needs ``batch.deg`` (``stages.train.model.needs_degrees``): the same on every rank,
+        # set when the model needs ``batch.deg`` (``stages.train.models.model.needs_degrees``): the same on every rank,
         # as the attachment is a collective
         self.attach_degrees = False
-        # set when the model takes edge features (``stages.train.plugins.edge_dim_for``): batches then carry
+        # set when the model takes edge features (``stages.train.models.plugins.edge_dim_for``): batches then carry
         # ``e_id`` and ``edge_attr``; the same on every rank (two more exchanges a hop in the sampler)
         self.attach_edges = False
         self.features = data.features                        # rows in the store's dtype, on the device
@@ -65,7 +65,7 @@ class NodeLoader:
         self.num_real_train_batches = math.ceil(epoch_train / batch_size)
 
     def sample(self, seed_gid: Tensor) -> Data:
-        """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.loop``), with
+        """Seed gids -> sampled batch (``n_id`` gids, seeds first; the ``Sample`` of ``stages.train.rank.loop``), with
         ``batch.deg`` when ``attach_degrees``, ``batch.e_id`` and ``batch.edge_attr`` when ``attach_edges``; a typed
         graph's with its node and edge types (``set_types``; ``edge_type`` per edge comes from the sampler). A
         collective."""
@@ -84,7 +84,7 @@ class NodeLoader:
         return batch
 
     def gather_rows(self, n_id: Tensor) -> Tensor | dict[str, Tensor]:
-        """``n_id`` gids -> float32 feature rows on the device (the ``GatherRows`` of ``stages.train.loop``); a
+        """``n_id`` gids -> float32 feature rows on the device (the ``GatherRows`` of ``stages.train.rank.loop``); a
         typed graph's as ``{node type: rows of its nodes, in batch order}``, learnt embeddings for featureless
         types (leaves whose gradients ``step_embeddings`` sends to their owners).
 

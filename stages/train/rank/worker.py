@@ -1,4 +1,4 @@
-"""One training rank: ``python -m stages.train.worker --spec JOB.json``, started by torchrun (one per partition).
+"""One training rank: ``python -m stages.train.rank.worker --spec JOB.json``, started by torchrun (one per partition).
 
 The entry point only: it starts the process group on the chosen device, sizes the rank's threads, refuses to
 train unless every node reads the same builds of the same artifacts, then rank r opens partition r
@@ -27,16 +27,14 @@ import torch.distributed as dist
 
 from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import rank_env, run_rank
-from stages.train.faults import fault_hook
-from stages.train.guard import PeerStoppedError
 from stages.train.params import Params
-from stages.train.prefetch import producer_group
-from stages.train.rank_data import RankData
+from stages.train.rank.faults import fault_hook
+from stages.train.rank.guard import PeerStoppedError
+from stages.train.rank.prefetch import producer_group
+from stages.train.rank.rank_data import RankData
+from stages.train.rank.trainer import Trainer
 from stages.train.spec import TrainSpec, check_same_artifacts
-from stages.train.trainer import Trainer
-from stages.train.typed_data import embeddings_in_dataset_order
-from storage import ArtifactStore, GnnpipeError, InputError
-from storage.partition import PartitionArtifact
+from storage import GnnpipeError, InputError
 from storage.train import write_result
 from storage.write_errors import write_failure
 
@@ -61,7 +59,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=params.collective_timeout_s))
+                            timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device, group=producer_group(params.prefetch))
     trainer = Trainer(spec, params, data, local_rank=local_rank, local_world=local_world, batch_hook=fault_hook)
@@ -69,9 +67,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     state = trainer.published_state()   # a collective: the embedding shards are gathered
     if local_rank == 0:   # every node: the publishing node may host any global rank
         if trainer.embeddings:
-            store = ArtifactStore(spec.artifacts)
-            state = embeddings_in_dataset_order(state, PartitionArtifact(store, store.load("partition",
-                                                                                           spec.partition_key)))
+            state = data.in_dataset_order(state)
         write_result(spec.result_dir, state, metrics)
     dist.barrier()
     # No destroy_process_group: the process ends with os._exit (see the bottom of this module). Tearing down DDP's

@@ -1,6 +1,6 @@
-"""Whether a plug-in module defines a callable ``name``, read from its source: ``check_ref`` (``stages.train.plugins``)
-asks this before any stage runs, so ``model=pkg.mod:typo`` fails at once instead of inside rank 0 after the stages
-before train ran.
+"""Whether a plug-in module defines a callable ``name``, read from its source: ``check_ref``
+(``stages.train.models.plugins``) asks this before any stage runs, so ``model=pkg.mod:typo`` fails at once instead of
+inside rank 0 after the stages before train ran.
 
 Why the source and not an import: the config check runs on every ``gnnpipe`` command and is meant to take
 milliseconds, and a plug-in module typically imports torch and PyG (seconds) and is the user's code (side effects).

@@ -2,7 +2,7 @@
 (``capabilities``).
 
 A model is any ``torch.nn.Module``. What it declares decides how the trainer, the loader and inference call it
-(``stages.train.model.seed_logits``, ``stages.infer.layerwise``): a flag it does not declare takes the default of
+(``stages.train.models.model.seed_logits``, ``stages.infer.layerwise``): a flag it does not declare takes the default of
 ``ModelCaps`` (False), so a plain PyG model declares nothing and runs on the whole sampled batch. The built-ins
 declare every flag (a test holds them to ``BlockModel``); a plug-in declares the ones it needs, as class attributes
 or properties.
@@ -27,7 +27,7 @@ class BlockModel(Protocol):
     @property
     def supports_blocks(self) -> bool:
         """The block protocol: ``forward(x, *, blocks)`` takes the rows of the batch's ``n_id`` and one
-        ``stages.train.blocks.Block`` per layer (first layer first) and returns the rows of the last block's
+        ``stages.train.models.blocks.Block`` per layer (first layer first) and returns the rows of the last block's
         targets, the seeds; the model has an int ``num_layers``. False: called on the whole sampled batch,
         ``model(x, edge_index)`` (docs/design.md §5)."""
         ...
@@ -48,7 +48,7 @@ class BlockModel(Protocol):
     @property
     def needs_node_types(self) -> bool:
         """A typed body on the whole batch: called ``model(x, edge_index, edge_type, node_type=...)``
-        (``stages.train.typed_model.HeteroBody``, ``stages.train.hgt``)."""
+        (``stages.train.models.typed_model.HeteroBody``, ``stages.train.models.hgt``)."""
         ...
 
 

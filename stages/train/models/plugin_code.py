@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stages.code_files import import_closure
-from stages.train.plugins import is_import_path, module_origin
+from stages.train.models.plugins import is_import_path, module_origin
 from storage.errors import InputError
 
 GNNPIPE_PACKAGES = ("stages", "storage", "flows")

@@ -1,9 +1,10 @@
 """What one training rank holds of the graph: its partition, opened from the job spec's artifacts.
 
 Rank r (one rank per partition) holds partition r: the CSR of its nodes' incoming edges, its feature store with
-the device cache its cache policy picks (policy ``stages.train.cache_policy``, mechanism ``stages.runtime``), its
-labels and its split nodes. ``RankData.open`` is the only place a rank reads artifacts (through the typed
-handles of ``storage``; ``cache_gids`` reads the cache plan through the same handles).
+the device cache its cache policy picks (policy ``stages.train.rank.cache_policy``, mechanism ``stages.runtime``), its
+labels and its split nodes. ``RankData`` is the only place a rank reads artifacts (through the typed handles of
+``storage``; ``cache_gids`` reads the cache plan through the same handles): ``open`` at the start, and
+``in_dataset_order`` at the end for the published embedding tables; the entry point only wires things together.
 
 ID spaces: ``gid`` global; ``lid = gid - lo`` local to this rank's partition, ``lo = bounds[rank]``; edges: ``egid``
 global, ``elid = egid - edge_bounds[rank]`` a position in this rank's CSR ``indices`` (``storage.partition``).
@@ -25,10 +26,10 @@ from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
-from stages.train.cache_policy import cache_gids, resolve_policy
 from stages.train.params import Params
+from stages.train.rank.cache_policy import cache_gids, resolve_policy
+from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
-from stages.train.typed_data import RowSources, open_typed_rows
 from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
 from storage.graph import SPLITS
@@ -84,7 +85,7 @@ class RankData:
     bounds: np.ndarray            # int64 [world + 1]: partition p owns gids [bounds[p], bounds[p + 1])
     csr: LocalCSR                 # incoming edges of this rank's nodes (rows (lid, edge type), neighbours by gid)
     # rows of any gid: device cache -> own store -> remote owners; a typed graph's per node type
-    # (``stages.train.typed_data``: a featureless type's learnt embeddings)
+    # (``stages.train.rank.typed_data``: a featureless type's learnt embeddings)
     features: DistFeatures | TypedRows
     y_of_lid: Tensor              # int64 labels of this rank's nodes, by lid, on the device
     split_gid: dict[str, Tensor]  # SPLITS -> gids of this rank's nodes in that split, on the device
@@ -97,10 +98,13 @@ class RankData:
     link: LinkEdges | None = None        # link prediction: this rank's positive edges (a graph split for it)
     in_channels: dict[str, int | None] | None = None   # typed graphs: feature width per node type (None: embedded)
     # the process group of the batches' collectives (sampling, rows, degrees, negatives): a prefetching producer
-    # thread's own (``stages.train.prefetch``); None: the default group
+    # thread's own (``stages.train.rank.prefetch``); None: the default group
     group: dist.ProcessGroup | None = None
     edge_bounds: np.ndarray | None = None   # int64 [world + 1]: partition p owns egids [edge_bounds[p], ...[p + 1])
     edges: EdgeData | None = None           # the graph's edge features (None: it has none)
+    # the partition handle ``open`` read, kept for the reads at the end (``in_dataset_order``); a handle reads on
+    # demand, so keeping it holds no arrays
+    partition: PartitionArtifact | None = None
 
     @property
     def lo(self) -> int:
@@ -110,6 +114,13 @@ class RankData:
     def label_of(self, seed_gid: Tensor) -> Tensor:
         """Labels of own nodes ``seed_gid`` (the ``LabelOf`` of ``stages.train.tasks``)."""
         return self.y_of_lid.index_select(0, seed_gid - self.lo)
+
+    def in_dataset_order(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``model.pt``'s state with its learnt embedding tables in the dataset's order of each type
+        (``embeddings_in_dataset_order``: it reads the partition book), as ``storage.train`` stores them."""
+        if self.partition is None:
+            raise ValueError("in_dataset_order needs the partition handle RankData.open keeps")
+        return embeddings_in_dataset_order(state, self.partition)
 
     @classmethod
     def open(cls, spec: TrainSpec, rank: int, world: int, local_world: int, device: torch.device,
@@ -145,7 +156,7 @@ class RankData:
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
                    schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
-                   edges=edges, group=group)
+                   edges=edges, group=group, partition=partition)
 
 
 def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
@@ -179,7 +190,7 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
 
 def degree_path(csr: LocalCSR, bounds: np.ndarray, device: torch.device,
                 group: dist.ProcessGroup | None = None) -> DistFeatures:
-    """Every gid's true in-degree + 1 (GCN's normalisation, ``stages.train.blocks``) as a 1-column feature path.
+    """Every gid's true in-degree + 1 (GCN's normalisation, ``stages.train.models.blocks``) as a 1-column feature path.
 
     Each rank holds only its own nodes' degrees (one float32 per lid: 4.8 MB for 1.2 M nodes), read off its CSR;
     a batch's remote degrees come from their owners through the feature exchange (``DistFeatures.gather``: 4 bytes

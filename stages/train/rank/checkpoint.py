@@ -6,7 +6,7 @@ name and ``os.replace``d into place, so a killed writer never leaves a truncated
 
     {"key": train artifact key, "epoch": last completed epoch (0-based), "model": state_dict,
      "optimizer": state_dict, "scheduler": the LR scheduler's state_dict or None,
-     "best": {"epoch", "val", "state": the best-validation weights (CPU)} (stages.train.recipe.BestModel),
+     "best": {"epoch", "val", "state": the best-validation weights (CPU)} (stages.train.rank.recipe.BestModel),
      "ranks": [per global rank: {"rng": its RNG states}], "history": [per-epoch metrics]}
 
 and on a typed graph one part per rank beside it (``ckpt-<epoch>.rank-<r>.pt``: ``{"embeddings": its embedding

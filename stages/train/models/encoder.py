@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stages.train.plugins import edge_dim_for, make_model, resolve_model
+from stages.train.models.plugins import edge_dim_for, make_model, resolve_model
 from stages.train.tasks import task_def
 
 if TYPE_CHECKING:

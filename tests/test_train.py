@@ -115,6 +115,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
         assert e["remote_bytes"] == e["remote_rows"] * row_bytes and e["local_bytes"] == e["local_rows"] * row_bytes
         assert e["cached_bytes"] == e["cached_rows"] * row_bytes
     assert all(r["feature_store"] == "memory" and r["cache_rows"] > 0 for r in m["ranks"])
+    assert [r["host_gather"] for r in m["ranks"]] == ["cpu", "cpu"]   # host_gather=auto on CPU ranks
 
 
 def test_artifact_files_model_and_report(reference):
@@ -129,6 +130,7 @@ def test_artifact_files_model_and_report(reference):
     assert f"test accuracy {100 * test:.2f} %" in report.headline
     assert report.images == {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG}
     assert len(report.table) == 8 and "| epoch |" in report.markdown
+    assert "host_gather" in report.markdown.split("### Ranks")[1]   # each rank's pick, in the ranks' table
     assert not checkpoint_dir(store, key).exists(), "checkpoints are removed once the artifact is published"
     again = train.run(store, reference.params, reference.upstream, log=lambda line: None)
     assert again.build_id == reference.manifest.build_id, "a second run finds the artifact"

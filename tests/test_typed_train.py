@@ -98,6 +98,7 @@ def test_typed_figures_and_the_published_embeddings(two, rgcn):
     for r in ranks:
         assert set(r["types"]) == {"author", "field_of_study", "institution", "paper"}
         assert r["types"]["paper"]["cache_rows"] > 0 and "embedding_bytes" in r["types"]["author"]
+        assert r["types"]["paper"]["host_gather"] == r["host_gather"] == "cpu"   # the featured type's, on CPU
     emb_rows = {t: sum(r["types"][t]["rows"] for r in ranks) for t in ("author", "field_of_study", "institution")}
     for t, rows in emb_rows.items():   # the whole table of each featureless type, gathered from the shards
         assert state[f"embeddings.{t}"].shape == (rows, 32)

@@ -183,7 +183,8 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     policy = resolve_policy(params.cache_policy, device.type)
     cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
     cache = dist_features.build_cache(torch.from_numpy(cached_gid))
-    setup = {"feature_store": x_store.kind, "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes,
+    setup = {"feature_store": x_store.kind, "host_gather": dist_features.host_gather_mode,
+             "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes,
              "cache_build_s": round(time.perf_counter() - start, 3)}
     return RowSources(dist_features, x_store.num_features, None, policy, setup)
 

@@ -70,19 +70,24 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
                                 host_gather=params.host_gather if name in in_ram else "copy")
             cache = rows.build_cache(cached_tgid[cached_type == t])
             sources[name] = rows
-            types[name] = {"rows": own_rows, "feature_store": store.kind, "cache_rows": cache.num_rows,
-                           "cache_bytes": cache.nbytes}
+            types[name] = {"rows": own_rows, "feature_store": store.kind, "host_gather": rows.host_gather_mode,
+                           "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes}
         else:
             emb = ShardedEmbedding(tgid_bounds, params.hidden, lr=params.embedding_lr, seed=params.seed,
                                    node_type=t, device=device, group=group, step_group=None)
             sources[name] = emb
             types[name] = {"rows": own_rows, "embedding_bytes": own_rows * params.hidden * 4}
     typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)
-    setup = {"feature_store": ",".join(sorted({v["feature_store"] for v in types.values() if "feature_store" in v})),
+    setup = {"feature_store": _joined(types, "feature_store"), "host_gather": _joined(types, "host_gather"),
              "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
              "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()),
              "cache_build_s": round(time.perf_counter() - start, 3), "types": types}
     return RowSources(typed_rows, 0, typed_in_channels(partition, features), policy, setup)
+
+
+def _joined(types: dict[str, dict[str, Any]], key: str) -> str:
+    """The featured types' distinct values of ``key``, sorted and comma-joined (the rank's one entry)."""
+    return ",".join(sorted({str(v[key]) for v in types.values() if key in v}))
 
 
 def typed_in_channels(partition: PartitionArtifact, features: FeaturesArtifact) -> dict[str, int | None]:

@@ -10,7 +10,8 @@ ARGS ?=
 PYTEST_ARGS ?=
 # The suite waits more than it computes (process and server start-ups, ranks' rendezvous, timeouts): 2407 CPU-s in
 # 1893 s of wall time on 2 cores (126 %, one process), so it runs in TEST_WORKERS pytest-xdist processes, a test file
-# per process at a time (module fixtures built once). TEST_WORKERS=0: one process, as before.
+# per process at a time (module fixtures built once). TEST_WORKERS=0: one process, as before. Not 3 on 2 cores:
+# 11 training/infer/flow files took 412 s with 2 (192 % CPU) and 505 s with 3 (196 %; 27 % more CPU-s in contention).
 TEST_WORKERS ?= 2
 
 PREFECT_PORT ?= 4200

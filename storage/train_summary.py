@@ -75,6 +75,55 @@ class TrainSummary:
         out.update({name: getattr(self, name) for name in (*OLD_KEYS, "metric_name", *_NAMED)})
         return out
 
+    # The run's facts: stored beside the metrics (the summary adds nodes, num_partitions and the per-epoch means to
+    # metrics.json's), kept in ``extra`` so that ``to_json`` gives back exactly what was stored; typed here.
+    @property
+    def recipe(self) -> dict[str, Any]:
+        """``{"loss", "lr", "weight_decay", "lr_schedule", "patience"}``."""
+        return dict(self.extra.get("recipe") or {})
+
+    @property
+    def world_size(self) -> int:
+        return int(self.extra.get("world_size", 1))
+
+    @property
+    def nodes(self) -> int:
+        return int(self.extra.get("nodes", 1))
+
+    @property
+    def ranks(self) -> list[dict[str, Any]]:
+        """Each global rank's setup row (feature store, host_gather, cache; ``types`` on a typed graph)."""
+        return list(self.extra.get("ranks") or [])
+
+    @property
+    def resumed_from_epoch(self) -> int | None:
+        epoch = self.extra.get("resumed_from_epoch")
+        return None if epoch is None else int(epoch)
+
+    @property
+    def device(self) -> str:
+        return str(self.extra.get("device", "cpu"))
+
+    @property
+    def backend(self) -> str:
+        return str(self.extra.get("backend", ""))
+
+    @property
+    def cache_policy(self) -> str:
+        return str(self.extra.get("cache_policy", ""))
+
+    @property
+    def mean_epoch_s(self) -> float:
+        return float(self.extra.get("mean_epoch_s", 0.0))
+
+    @property
+    def mean_hit_rate(self) -> float:
+        return float(self.extra.get("mean_hit_rate", 0.0))
+
+    @property
+    def remote_bytes_per_epoch(self) -> float:
+        return float(self.extra.get("remote_bytes_per_epoch", 0.0))
+
     def best_epoch_record(self) -> dict[str, Any]:
         """The stored record of the best (published) epoch; empty if absent."""
         return next((e for e in self.epochs if e.get("epoch") == self.best_epoch), {})

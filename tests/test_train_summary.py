@@ -61,3 +61,19 @@ def test_the_train_stage_writes_what_the_record_writes() -> None:
 def test_infer_reads_train_metrics_through_the_record() -> None:
     assert sampled_accuracy(OLD_METRICS) == {"train": 0.6, "valid": 0.7, "test": 0.65}
     assert sampled_accuracy({}) == {"train": None, "valid": None, "test": None}
+
+
+def test_the_run_facts_read_typed_and_stay_as_stored() -> None:
+    """The report's run facts (world size, nodes, ranks, recipe, per-epoch means) read through the record, with
+    the defaults of a build that lacks them, and ``to_json`` keeps them exactly as stored."""
+    stored = {**OLD_METRICS, "nodes": 2, "resumed_from_epoch": 3, "device": "cuda:0", "backend": "nccl",
+              "ranks": [{"rank": 0, "host_gather": "uva"}], "mean_epoch_s": 1.5, "mean_hit_rate": 0.25,
+              "remote_bytes_per_epoch": 2048.0}
+    s = TrainSummary.from_json(stored)
+    assert (s.world_size, s.nodes, s.resumed_from_epoch, s.device, s.backend) == (2, 2, 3, "cuda:0", "nccl")
+    assert (s.cache_policy, s.recipe, s.ranks) == ("none", {"loss": "bce", "lr": 0.01}, stored["ranks"])
+    assert (s.mean_epoch_s, s.mean_hit_rate, s.remote_bytes_per_epoch) == (1.5, 0.25, 2048.0)
+    assert {k: v for k, v in s.to_json().items() if k in s.extra} == s.extra
+    bare = TrainSummary.from_json({})
+    assert (bare.world_size, bare.nodes, bare.resumed_from_epoch, bare.ranks, bare.mean_epoch_s) == (1, 1, None, [],
+                                                                                                     0.0)

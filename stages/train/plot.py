@@ -29,9 +29,11 @@ def _png(fig: Any) -> bytes:
 
 
 def curves_png(metrics: dict[str, Any]) -> bytes:
-    """Training loss (left axis) and train/validation accuracy (right axis) per epoch, from ``metrics.json``; the
-    best validation epoch marked, with the test accuracy of its model and of the last epoch's."""
+    """Training loss (left axis) and the task's metric on train and validation (right axis, in %: accuracy, or link
+    prediction's mrr) per epoch, from ``metrics.json``; the best validation epoch marked, with the test metric of
+    its model and of the last epoch's."""
     m = TrainSummary.from_json(metrics)
+    name = m.metric_name
     epochs = m.epochs
     x = [e["epoch"] + 1 for e in epochs]
     best, last = m.best_epoch + 1, m.last_epoch + 1
@@ -40,15 +42,15 @@ def curves_png(metrics: dict[str, Any]) -> bytes:
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     acc = ax.twinx()
-    acc.plot(x, [_pct(epoch_metric(e, "train_metric")) for e in epochs], "-o", color="C0", ms=3, label="train acc")
-    acc.plot(x, [_pct(epoch_metric(e, "val_metric")) for e in epochs], "-s", color="C2", ms=3, label="val acc")
+    acc.plot(x, [_pct(epoch_metric(e, "train_metric")) for e in epochs], "-o", color="C0", ms=3, label=f"train {name}")
+    acc.plot(x, [_pct(epoch_metric(e, "val_metric")) for e in epochs], "-s", color="C2", ms=3, label=f"val {name}")
     selected = f"best val: epoch {best}" if m.best_val_metric is not None else f"no val split: epoch {best}"
     acc.axvline(best, color="C2", ls=":", alpha=0.7, label=selected)
     acc.plot([best], [_pct(m.test_metric)], "*", color="C1", ms=11,
-             label=f"test acc at best {percent(m.test_metric, 1)}")
+             label=f"test {name} at best {percent(m.test_metric, 1)}")
     acc.plot([last], [_pct(m.test_metric_last)], "x", color="C7", ms=8, mew=2,
-             label=f"test acc, last epoch {percent(m.test_metric_last, 1)}")
-    acc.set_ylabel("accuracy (%)")
+             label=f"test {name}, last epoch {percent(m.test_metric_last, 1)}")
+    acc.set_ylabel(f"{name} (%)")
     acc.set_ylim(0, 100)
     lines = ax.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + acc.get_legend_handles_labels()[1]

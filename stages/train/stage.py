@@ -201,16 +201,16 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
             "epochs": table}
 
 
-def _types_section(s: dict[str, Any]) -> str:
+def _types_section(t: TrainSummary) -> str:
     """A typed graph's figures per node type, summed over ranks: its input, nodes, cache rows, embedding bytes."""
-    in_channels = s["model"]["in_channels"]
+    in_channels = t.model["in_channels"]
     if isinstance(in_channels, int):
         return ""
     rows = []
     for name, width in in_channels.items():
-        per_rank = [r["types"][name] for r in s["ranks"]]
+        per_rank = [r["types"][name] for r in t.ranks]
         rows.append({"node_type": name, "input": f"{width} features" if width else
-                     f"learnt embedding ({s['model']['hidden']} wide, sharded)",
+                     f"learnt embedding ({t.model['hidden']} wide, sharded)",
                      "nodes": sum(t["rows"] for t in per_rank),
                      "nodes_per_rank": " / ".join(str(t["rows"]) for t in per_rank),
                      "cache_rows": sum(t.get("cache_rows", 0) for t in per_rank),
@@ -219,10 +219,9 @@ def _types_section(s: dict[str, Any]) -> str:
 
 
 def report(manifest: Manifest) -> Report:
-    s = manifest.summary
-    t = TrainSummary.from_json(s)
-    m, r = t.model, s["recipe"]
-    nodes = f" over {s['nodes']} nodes" if s.get("nodes", 1) > 1 else ""
+    t = TrainSummary.from_json(manifest.summary)
+    m, r = t.model, t.recipe
+    nodes = f" over {t.nodes} nodes" if t.nodes > 1 else ""
     stop = f", stopped early (patience {r['patience']})" if t.stopped_early else ""
     # an empty valid or test split has no accuracy: None in the summary, "n/a" here (never "0.00 %")
     name = t.metric_name   # the task's selected metric: accuracy, or link prediction's mrr
@@ -234,31 +233,31 @@ def report(manifest: Manifest) -> Report:
         selected = f"(no validation split: the last epoch's model, epoch {t.best_epoch + 1})"
     else:
         selected = f"at the best validation epoch {t.best_epoch + 1} (val {shown(t.best_val_metric)})"
-    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {s['world_size']} rank(s){nodes}: test {name} "
+    headline = (f"{m['kind']} {m['num_layers']}×{m['hidden']} on {t.world_size} rank(s){nodes}: test {name} "
                 f"{shown(t.test_metric)} {selected}; last epoch {t.last_epoch + 1}: test "
-                f"{shown(t.test_metric_last)} | {len(t.epochs)} epochs{stop}, {s['mean_epoch_s']:.2f} "
-                f"s/epoch, cache {s['cache_policy']} hit rate {100 * s['mean_hit_rate']:.1f} %, "
-                f"{s['remote_bytes_per_epoch'] / 2**20:.1f} MiB remote/epoch")
+                f"{shown(t.test_metric_last)} | {len(t.epochs)} epochs{stop}, {t.mean_epoch_s:.2f} "
+                f"s/epoch, cache {t.cache_policy} hit rate {100 * t.mean_hit_rate:.1f} %, "
+                f"{t.remote_bytes_per_epoch / 2**20:.1f} MiB remote/epoch")
     # the metric columns named by the metric (train_accuracy, val_mrr), read under either stored key
     cols = ("epoch", "loss", f"train_{name}", f"val_{name}", *_EPOCH_FIGURES)
     table = [{**{c: ("n/a" if v is None else v) for c, v in zip(cols, _epoch_row(e))}, "epoch": e["epoch"] + 1}
              for e in t.epochs]   # epochs 1-based, as logged
-    ranks = [{k: v for k, v in rank.items() if k != "types"} for rank in s["ranks"]]
-    resumed = (f"\n\nResumed from the checkpoint after epoch {s['resumed_from_epoch'] + 1}."
-               if s["resumed_from_epoch"] is not None else "")
+    ranks = [{k: v for k, v in rank.items() if k != "types"} for rank in t.ranks]
+    resumed = (f"\n\nResumed from the checkpoint after epoch {t.resumed_from_epoch + 1}."
+               if t.resumed_from_epoch is not None else "")
     published = ("The published model is the best validation epoch's" if t.best_val_metric is not None else
                  "The validation split is empty: the published model is the last epoch's")
     path = (" It does not follow the block protocol: each batch ran whole, every layer over every sampled node."
             if m["whole_batch"] else "")
     inputs = (f"{m['in_channels']} features" if isinstance(m["in_channels"], int) else
               "a typed input (per node type below)")
-    md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {s['device']} ({s['backend']}); "
+    md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {t.device} ({t.backend}); "
           f"{m['parameters']:,} parameters, {inputs} → {_outputs(m)}.{path} "
-          f"Task: {s['task']['name']}, {s['task']['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
+          f"Task: {t.task['name']}, {t.task['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
           f"{r['patience']}. {published}; \"last epoch\" is the model after the last epoch trained.{resumed}\n\n"
-          f"{_test_metrics(s)}### Per epoch\n\n{markdown_table(table)}\n\n"
-          f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(s)}")
+          f"{_test_metrics(t)}### Per epoch\n\n{markdown_table(table)}\n\n"
+          f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(t)}")
     return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})
 
 
@@ -279,9 +278,9 @@ def _outputs(model: dict[str, Any]) -> str:
     return f"{model['out_channels']} classes"
 
 
-def _test_metrics(s: dict[str, Any]) -> str:
+def _test_metrics(t: TrainSummary) -> str:
     """Every test metric of the published model, when the task has more than one (link prediction)."""
-    metrics = s.get("test_metrics", {})
+    metrics = t.test_metrics
     if len(metrics) < 2:
         return ""
     row = {k: ("n/a" if v is None else round(v, 4)) for k, v in metrics.items()}

@@ -10,9 +10,11 @@ as it came.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 # record attribute -> the key metrics.json and the train summary stored it under before train VERSION 6
 OLD_KEYS: dict[str, str] = {
@@ -35,6 +37,21 @@ def _read(data: Mapping[str, Any], name: str, stored: str) -> Any:
 def epoch_metric(epoch: Mapping[str, Any], name: str) -> float | None:
     """One per-epoch metric (``train_metric`` or ``val_metric``) of a stored epoch record, by either name."""
     return _read(epoch, name, EPOCH_KEYS[name])
+
+
+class _Fact(Generic[T]):
+    """A run fact of the record, read from its ``extra`` under the attribute's name and typed by ``read`` (which
+    gets None where the build did not store it)."""
+
+    def __init__(self, read: Callable[[Any], T]) -> None:
+        self.read = read
+        self.key = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    def __get__(self, record: Any, owner: type | None = None) -> T:
+        return self.read(record.extra.get(self.key))
 
 
 @dataclass(frozen=True)
@@ -76,53 +93,18 @@ class TrainSummary:
         return out
 
     # The run's facts: stored beside the metrics (the summary adds nodes, num_partitions and the per-epoch means to
-    # metrics.json's), kept in ``extra`` so that ``to_json`` gives back exactly what was stored; typed here.
-    @property
-    def recipe(self) -> dict[str, Any]:
-        """``{"loss", "lr", "weight_decay", "lr_schedule", "patience"}``."""
-        return dict(self.extra.get("recipe") or {})
-
-    @property
-    def world_size(self) -> int:
-        return int(self.extra.get("world_size", 1))
-
-    @property
-    def nodes(self) -> int:
-        return int(self.extra.get("nodes", 1))
-
-    @property
-    def ranks(self) -> list[dict[str, Any]]:
-        """Each global rank's setup row (feature store, host_gather, cache; ``types`` on a typed graph)."""
-        return list(self.extra.get("ranks") or [])
-
-    @property
-    def resumed_from_epoch(self) -> int | None:
-        epoch = self.extra.get("resumed_from_epoch")
-        return None if epoch is None else int(epoch)
-
-    @property
-    def device(self) -> str:
-        return str(self.extra.get("device", "cpu"))
-
-    @property
-    def backend(self) -> str:
-        return str(self.extra.get("backend", ""))
-
-    @property
-    def cache_policy(self) -> str:
-        return str(self.extra.get("cache_policy", ""))
-
-    @property
-    def mean_epoch_s(self) -> float:
-        return float(self.extra.get("mean_epoch_s", 0.0))
-
-    @property
-    def mean_hit_rate(self) -> float:
-        return float(self.extra.get("mean_hit_rate", 0.0))
-
-    @property
-    def remote_bytes_per_epoch(self) -> float:
-        return float(self.extra.get("remote_bytes_per_epoch", 0.0))
+    # metrics.json's), kept in ``extra`` so that ``to_json`` gives back exactly what was stored; read typed here.
+    recipe = _Fact(lambda v: dict(v or {}))   # {"loss", "lr", "weight_decay", "lr_schedule", "patience"}
+    world_size = _Fact(lambda v: 1 if v is None else int(v))
+    nodes = _Fact(lambda v: 1 if v is None else int(v))
+    ranks = _Fact(lambda v: list(v or []))   # each global rank's setup row (store, host_gather, cache; types)
+    resumed_from_epoch = _Fact(lambda v: None if v is None else int(v))
+    device = _Fact(lambda v: "cpu" if v is None else str(v))
+    backend = _Fact(lambda v: "" if v is None else str(v))
+    cache_policy = _Fact(lambda v: "" if v is None else str(v))
+    mean_epoch_s = _Fact(lambda v: 0.0 if v is None else float(v))
+    mean_hit_rate = _Fact(lambda v: 0.0 if v is None else float(v))
+    remote_bytes_per_epoch = _Fact(lambda v: 0.0 if v is None else float(v))
 
     def best_epoch_record(self) -> dict[str, Any]:
         """The stored record of the best (published) epoch; empty if absent."""

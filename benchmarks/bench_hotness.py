@@ -50,10 +50,12 @@ def main() -> None:
                       "peak_rss_GiB": round(s.peak_rss_bytes / 2**30, 2)}))
     for row in s.parts:
         print(json.dumps(row))
-    print("\n| part | cache % of part rows | hotness hit % | degree hit % | gain (points) |\n|---|---|---|---|---|")
+    print("\n| part | cache % of part rows | hotness hit % | degree hit % | gain (points) | ceiling hit % |"
+          "\n|---|---|---|---|---|---|")
     for c in s.curves:
-        for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
-            print(f"| {c['part']} | {100 * f:g} | {100 * h:.2f} | {100 * d:.2f} | {100 * (h - d):+.2f} |")
+        for f, h, d, top in zip(c["fraction"], c["hotness"], c["degree"], c["ceiling"]):
+            print(f"| {c['part']} | {100 * f:g} | {100 * h:.2f} | {100 * d:.2f} | {100 * (h - d):+.2f} | "
+                  f"{100 * top:.2f} |")
     if args.png:
         Path(args.png).write_bytes(store.read_bytes("hotness", m.key, CURVE_PNG))
 

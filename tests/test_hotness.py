@@ -89,14 +89,24 @@ def test_stage_plans_within_budget_and_beats_degree(upstream):
         assert np.all(np.diff(plan.ranked_count) <= 0), "ranking is most-requested first"
         assert row["requested_gids"] == plan.ranked_gid.shape[0] <= book.num_nodes
         assert 0 < row["expected_hit_rate"] <= 1 and 0 <= row["remote_removed"] <= 1
+        # the ceiling (the held-out epoch's own top rows) bounds every cache of the plan's size
+        assert max(row["expected_hit_rate"], row["degree_hit_rate"]) <= row["ceiling_hit_rate"] + 1e-12 <= 1 + 1e-12
     for curve in m.summary["curves"]:
-        hot, deg = np.array(curve["hotness"]), np.array(curve["degree"])
+        hot, deg, ceiling = np.array(curve["hotness"]), np.array(curve["degree"]), np.array(curve["ceiling"])
         assert np.all(hot >= deg - 1e-9), curve
+        assert np.all(ceiling >= np.maximum(hot, deg) - 1e-12) and np.all(np.diff(ceiling) >= 0), curve
         in_range = [i for i, f in enumerate(curve["fraction"]) if 0.05 <= f <= 0.30]
         assert max(hot[in_range] - deg[in_range]) >= 0.05, curve
     assert store.read_bytes("hotness", m.key, CURVE_PNG)[:8] == b"\x89PNG\r\n\x1a\n"
     report = hotness.report(m)
     assert "expected hit rate" in report.headline and "hotness_hit_%" in report.markdown
+    assert ", ceiling " in report.headline and "ceiling_hit_%" in report.markdown
+    # a build from before the ceiling (same key: the plan is unchanged) reports without it
+    older = {**m.summary,
+             "parts": [{k: v for k, v in r.items() if k != "ceiling_hit_rate"} for r in m.summary["parts"]],
+             "curves": [{k: v for k, v in c.items() if k != "ceiling"} for c in m.summary["curves"]]}
+    old_report = hotness.report(m.model_copy(update={"summary": older}))
+    assert "ceiling" not in old_report.headline + old_report.markdown
 
 
 def test_budget_larger_than_graph_is_clamped_and_said(upstream):
@@ -137,3 +147,17 @@ def test_partition_without_train_nodes_has_empty_counts(upstream):
     assert plan.ranked_gid.size == 0 and row["expected_hit_rate"] == 0.0
     assert plan.plan_gid.size == round(0.1 * (hi - lo))  # still a plan (by degree) of the budgeted size
     assert curve["hotness"] == [0.0] * len(planning.CURVE_FRACTIONS)
+
+
+def test_the_ceiling_is_the_epochs_own_top_rows() -> None:
+    """By hand: lookups 5, 0, 3, 1 (total 9): the best 1, 2, 3 and 5 rows serve 5, 8, 9, 9 of them."""
+    from stages.hotness.plan import ceiling_hit_rates, hit_rates
+
+    held_out = np.array([5, 0, 3, 1])
+    np.testing.assert_allclose(ceiling_hit_rates(held_out, np.array([0, 1, 2, 3, 5])), [0, 5 / 9, 8 / 9, 1, 1])
+    # no order of the rows does better at any size; the ideal one does as well
+    sizes = np.arange(5)
+    for order in (np.array([0, 1, 2, 3]), np.array([3, 2, 1, 0]), np.array([0, 2, 3, 1])):
+        assert np.all(hit_rates(held_out, order, sizes) <= ceiling_hit_rates(held_out, sizes) + 1e-12)
+    np.testing.assert_allclose(hit_rates(held_out, np.array([0, 2, 3, 1]), sizes), ceiling_hit_rates(held_out, sizes))
+    assert not ceiling_hit_rates(np.zeros(3, dtype=np.int64), sizes).any()

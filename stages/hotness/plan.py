@@ -1,4 +1,5 @@
-"""Cache plans from request counts, and the hit-rate curves that compare them with a degree-ranked cache.
+"""Cache plans from request counts, and the hit-rate curves that compare them with a degree-ranked cache and with
+the ceiling (the held-out epoch's own most requested rows).
 
 Policy only: which gids a rank should cache. How cached rows are fetched lives in the training runtime.
 """
@@ -47,6 +48,18 @@ def hit_rates(eval_count_of_gid: np.ndarray, order_gid: np.ndarray, sizes: np.nd
         return np.zeros(len(sizes))
     cum = np.concatenate([[0], np.cumsum(eval_count_of_gid[order_gid])])
     return cum[np.minimum(sizes, order_gid.shape[0])] / total
+
+
+def ceiling_hit_rates(eval_count_of_gid: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The best any cache of ``s`` rows can do on the epoch ``eval_count_of_gid`` counts: its own ``s`` most
+    requested rows (the ceiling a plan fitted on other epochs is measured against). Sorts only the requested gids'
+    counts, so it holds no ranking of every gid (the stage's memory figure, ``whole_csr``)."""
+    total = eval_count_of_gid.sum()
+    if total == 0:
+        return np.zeros(len(sizes))
+    top = np.sort(eval_count_of_gid[eval_count_of_gid > 0])[::-1]
+    cum = np.concatenate([[0], np.cumsum(top)])
+    return cum[np.minimum(sizes, top.shape[0])] / total
 
 
 def remote_share_removed(eval_count_of_gid: np.ndarray, plan_gid: np.ndarray, lo: int, hi: int) -> float:

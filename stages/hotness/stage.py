@@ -128,17 +128,22 @@ def report(manifest: Manifest) -> Report:
     mean_hit = float(np.mean([r["expected_hit_rate"] for r in s.parts])) if s.parts else 0.0
     mean_deg = float(np.mean([r["degree_hit_rate"] for r in s.parts])) if s.parts else 0.0
     mean_rem = float(np.mean([r["remote_removed"] for r in s.parts])) if s.parts else 0.0
+    ceilings = [r["ceiling_hit_rate"] for r in s.parts if "ceiling_hit_rate" in r]   # builds before it: none
+    ceiling = f", ceiling {100 * float(np.mean(ceilings)):.1f} %" if ceilings and len(ceilings) == len(s.parts) else ""
+    explained = (" (the ceiling: that epoch's own most requested rows, the best any cache of the size can do)"
+                 if ceiling else "")
     headline = (f"cache plan {s.budget}: expected hit rate {100 * mean_hit:.1f} % (degree cache "
-                f"{100 * mean_deg:.1f} %), removes {100 * mean_rem:.1f} % of remote lookups")
+                f"{100 * mean_deg:.1f} %{ceiling}), removes {100 * mean_rem:.1f} % of remote lookups")
     curve_rows = []
     for c in s.curves:
-        for f, h, d in zip(c["fraction"], c["hotness"], c["degree"]):
+        for i, (f, h, d) in enumerate(zip(c["fraction"], c["hotness"], c["degree"])):
             curve_rows.append({"part": c["part"], "cache_%_of_part": round(100 * f, 1),
-                               "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2)})
+                               "hotness_hit_%": round(100 * h, 2), "degree_hit_%": round(100 * d, 2),
+                               **({"ceiling_hit_%": round(100 * c["ceiling"][i], 2)} if "ceiling" in c else {})})
     per_type = f" (per edge type {s.edge_fanouts})" if s.edge_fanouts else ""
     # builds from before the memory budget say nothing of where their CSR lived
     csr = f" Sampled from {s.csr}; memory budget {s.memory_budget}." if s.csr else ""
     md = (f"## hotness `{manifest.key}`\n\n{headline}\n\nfanouts {s.fanouts}{per_type}, {s.epochs} pre-sampled "
-          f"epoch(s); hit rates measured on an independent epoch.{csr}\n\n{markdown_table(table)}\n\n"
+          f"epoch(s); hit rates measured on an independent epoch{explained}.{csr}\n\n{markdown_table(table)}\n\n"
           f"### Hit-rate curve\n\n{markdown_table(curve_rows)}\n")
     return Report(headline, table, md, images={"hit-rate curve": CURVE_PNG})

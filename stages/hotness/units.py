@@ -113,11 +113,13 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
     sizes = planning.curve_sizes(hi - lo, num_nodes)
     [hot_hit, deg_hit] = [planning.hit_rates(held_out, order, np.append(sizes, budget.rows))
                           for order in (hot_order, deg_order)]
+    ceiling = planning.ceiling_hit_rates(held_out, np.append(sizes, budget.rows))   # held_out: cacheable rows only
     row = {"part": p, "train_seeds": int(train_gid.numel()), "requested_gids": requested,
            "lookups_per_epoch": int(held_out.sum()),
            "remote_lookup_share": float(1 - held_out[lo:hi].sum() / held_out.sum()) if held_out.sum() else 0.0,
            "plan_rows": int(budget.rows), "plan_bytes": int(budget.rows * row_bytes),
            "expected_hit_rate": float(hot_hit[-1]), "degree_hit_rate": float(deg_hit[-1]),
+           "ceiling_hit_rate": float(ceiling[-1]),
            "remote_removed": planning.remote_share_removed(held_out, plan_gid, lo, hi),
            "budget": budget.note}
     if costs.type_of_gid is not None:   # typed: requests per node type (embedding rows too), and the plan's
@@ -125,7 +127,7 @@ def plan_partition(p: int, sampler: NeighborSampler, train_gid: torch.Tensor, in
         row["plan_rows_by_type"] = costs.gids_by_type(plan_gid)
         row["plan_bytes"] = int(costs.row_bytes_of_gid[plan_gid].sum()) if costs.row_bytes_of_gid is not None else 0
     curve = {"part": p, "rows": sizes.tolist(), "fraction": list(planning.CURVE_FRACTIONS),
-             "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist()}
+             "hotness": hot_hit[:-1].tolist(), "degree": deg_hit[:-1].tolist(), "ceiling": ceiling[:-1].tolist()}
     plan = CachePlan(p, plan_gid, hot_order[:requested], fit[hot_order[:requested]],
                      {**row, "row_bytes": row_bytes, "fanouts": list(params.fanouts)})
     return plan, row, curve

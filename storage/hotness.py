@@ -9,8 +9,9 @@ ID space: gids (any partition's: the plan holds local and remote rows).
   (when fewer than ``m`` gids were ever requested, the rest is filled by in-degree).
 - attrs: part, plan_rows, plan_bytes, row_bytes, budget note, expected hit rate, remote share removed.
 
-Beside them: ``curves.json`` (per partition, the hit rate of a hotness cache and of a degree cache at each
-cache size, measured on a held-out epoch) and ``curve.png``, its plot.
+Beside them: ``curves.json`` (per partition, the hit rate of a hotness cache, of a degree cache and the ceiling
+(the held-out epoch's own top rows) at each cache size, measured on a held-out epoch; builds before the ceiling lack
+it) and ``curve.png``, its plot.
 """
 
 from __future__ import annotations

@@ -56,6 +56,20 @@ def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, 
     return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges}
 
 
+def _profile(trainer, loader, seeds, device, args) -> dict:
+    """``args.profile`` more batches of the same epoch under torch.profiler (rank 0 of one rank: a profile of a
+    DDP rank would wait on its peers, which do not run these batches)."""
+    from _profile import profile_batches
+
+    from stages.train.rank.loop import train_epoch
+
+    def run() -> tuple[float, int]:
+        sums = train_epoch(trainer.ddp, trainer.optimizer, itertools.islice(seeds, args.profile), loader.sample,
+                           loader.gather_rows, trainer.task, num_real_batches=args.profile, device=device)
+        return sums.wall_s, sums.batches
+    return profile_batches(run, cuda=device.type == "cuda")
+
+
 def rank_main(args: argparse.Namespace) -> None:
     """One torchrun rank: load partition r exactly as the train worker does, then time each cache policy."""
     from datetime import timedelta
@@ -119,6 +133,8 @@ def rank_main(args: argparse.Namespace) -> None:
                            "uncached_MiB_per_epoch": round((local_bytes + remote_bytes) / counted * batches_per_epoch
                                                            / 2**20, 1),
                            "sampled_edges_per_s": round(edges / wall.item())}   # timed batches, all ranks
+        if policy == "hotness" and args.profile:   # one rank (main checks)
+            results[policy]["profile"] = _profile(trainer, loader, seeds, device, args)
     if rank == 0:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device), "policies": results}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
@@ -172,7 +188,8 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
     return run_ranks(__file__, args, manifests, params, args.parts,
-                     ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup)])
+                     ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
+                      "--profile", str(args.profile)])
 
 
 def main() -> None:
@@ -185,9 +202,11 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=2, help="partitions = ranks (1: one GPU, no remote rows)")
     ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
     ap.add_argument("--device", choices=get_args(Device), default="auto", help="the ranks' device")
-    ap.add_argument("--host-gather", choices=get_args(HostGather), default="copy", help="CUDA: own host rows' path")
+    ap.add_argument("--host-gather", choices=get_args(HostGather), default="auto", help="CUDA: own host rows' path")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="one rank: profile this many more batches of the hotness policy (torch.profiler summary)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
     ap.add_argument("--threads-per-rank", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--timeout-s", type=float, default=6 * 3600)
@@ -199,6 +218,8 @@ def main() -> None:
     if args.rank_worker:
         rank_main(args)
         return
+    if args.profile and args.parts != 1:
+        ap.error("--profile needs --parts 1: a profiled DDP rank would wait on peers that run no such batches")
     start = time.perf_counter()
     manifests = build_upstream(args, args.parts, feature_dtype=args.feature_dtype, cache_ratio=args.cache_ratio)
     graph = DownloadSummary.from_json(manifests["download"].summary)

@@ -16,8 +16,9 @@ exits 0. On a GPU machine (no network needed) it:
    - ``sampler``: sampled edges/s of our sampler on the GPU at products scale (``bench_sampler.py``; goal ≥ 40 M/s
      on an H100, GLT publishes 32 M/s on an A100);
    - ``train``: a products-scale training epoch on 1 GPU with each cache policy, hit rate and host→device bytes, for
-     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``), and the first of them again with
-     ``host_gather=uva``;
+     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``, ``host_gather=auto``); the first of
+     them profiled (``--profile 10``), again with ``host_gather=copy``, and again with every row cached
+     (``--cache-ratio 1.0``);
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0, 1, 2 (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures.
 
@@ -182,9 +183,12 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                                  "--max-batches", str(s["max_batches"]), "--feature-dtype", dtype,
                                  "--root", str(work / f"artifacts-{args.scale}")])
              for dtype in args.dtypes.split(",")]
-    # item 4 end to end: the first dtype again, its own host rows read in place by the GPU
     first = args.dtypes.split(",")[0]
-    train.append((f"train-{first}-uva", [*train[0][1], "--host-gather", "uva"]))
+    # the first dtype, profiled (issue [4/5] item 3), then with the other host path than auto's (item 2), then
+    # with every row in the device cache (item 1's goal: a plan of all rows)
+    train[0] = (train[0][0], [*train[0][1], "--profile", "10"])
+    train.append((f"train-{first}-copy", [*train[0][1][:-2], "--host-gather", "copy"]))
+    train.append((f"train-{first}-all", [*train[0][1], "--cache-ratio", "1.0"]))
     return {
         "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
                  "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "

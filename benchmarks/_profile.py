@@ -26,7 +26,9 @@ def profile_batches(run: Callable[[], tuple[float, int]], *, cuda: bool, top: in
     with profile(activities=activities) as prof:
         wall_s, batches = run()
     events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    # device-side ranges of record_function (DDP's forward, the optimiser's step) span kernels counted on their own
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]
     kernel_us = sum(_device_us(e) for e in kernels)
     calls = {e.key: e.count for e in events if e.key in RUNTIME_CALLS}
     per = max(batches, 1)

@@ -10,10 +10,18 @@ Two ways to bring a batch's own rows from a pinned host store to the GPU (``Dist
 
 Which is faster depends on the row width, the batch and the PCIe link: ``benchmarks/bench_gpu_gather.py`` (run by
 ``make gpu-check``) measures both and the HBM cache beside them. ``auto`` (the default, ``choose_host_gather``)
-picks by the row's element width from the one H200 measurement so far (issue [4/5]; a 650 k-row batch): float32
-copy 20 GB/s vs UVA 46 GB/s, float16 29 vs 21, int8 copy 25 vs UVA 23; the issue reads these as UVA for 2- and
-4-byte elements and copy for 1-byte ones (``UVA_ITEMSIZES``). The float16 pair's order is not stated there: the
-next gpu-check's bench_gpu_gather row settles it.
+picks by the row's element width (``UVA_ITEMSIZES``) from two measurements of a 650 k-row batch of 100 columns:
+
+=========  ======================  ======================
+element    H200 (issue [4/5])      H100 (gpu-check 2026-11-27)
+=========  ======================  ======================
+float32    copy 20, UVA 46 GB/s    copy 17.7, UVA 40.3
+float16    UVA 29, copy 21         copy 14.9, UVA 27.6
+int8       copy 25, UVA 23         copy 18.1, UVA 21.9
+=========  ======================  ======================
+
+UVA wins for 2- and 4-byte elements on both; 1-byte rows are a near tie that each card decides its own way (copy
++9 % on the H200, UVA +21 % on the H100), so they keep the copy that the issue chose.
 
 The device view is made with the CUDA array interface: ``torch.as_tensor`` of an object whose
 ``__cuda_array_interface__`` names the host pointer. CUDA maps ``cudaHostAlloc`` memory (what ``pin_memory``

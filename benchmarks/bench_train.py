@@ -53,7 +53,9 @@ def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, 
     if sums.batches == 0:
         raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
                          f"--batch-size")
-    return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges}
+    return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges,
+            # this rank's split of the timed batches (stages.runtime.phases: CUDA events on a GPU), per batch
+            "phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3) for k, v in sums.phases_s.items()}}
 
 
 def _profile(trainer, loader, seeds, device, args) -> dict:
@@ -132,7 +134,8 @@ def rank_main(args: argparse.Namespace) -> None:
                            # rows that did not come from the device cache: on a GPU, what crossed host -> device
                            "uncached_MiB_per_epoch": round((local_bytes + remote_bytes) / counted * batches_per_epoch
                                                            / 2**20, 1),
-                           "sampled_edges_per_s": round(edges / wall.item())}   # timed batches, all ranks
+                           "sampled_edges_per_s": round(edges / wall.item()),   # timed batches, all ranks
+                           "phases_ms_per_batch": timing["phases_ms_per_batch"]}   # rank 0's
         if policy == "hotness" and args.profile:   # one rank (main checks)
             results[policy]["profile"] = _profile(trainer, loader, seeds, device, args)
     if rank == 0:

@@ -34,3 +34,9 @@ def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_
         assert metrics["ranks"][0]["cache_rows"] > 0
     else:
         assert all(e["cached_rows"] == 0 for e in epochs)
+    # where the time goes, on the device's timeline (tests/test_phases.py): the model's work shows on every epoch
+    assert metrics["phase_clock"] == "cuda_events"
+    for e in epochs:
+        split = e["phases_s"]
+        assert sum(v[0] for v in split.values()) <= e["epoch_s"] * (1 + 1e-9)
+        assert split["forward_backward"][0] > 0 and split["sample"][0] > 0 and split["gather_local"][0] > 0

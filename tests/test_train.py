@@ -31,6 +31,7 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
 from storage.manifest import stage_key
+from storage.phases import PHASES
 from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
 from storage.train_summary import TrainSummary
@@ -116,6 +117,14 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
         assert e["cached_bytes"] == e["cached_rows"] * row_bytes
     assert all(r["feature_store"] == "memory" and r["cache_rows"] > 0 for r in m["ranks"])
     assert [r["host_gather"] for r in m["ranks"]] == ["cpu", "cpu"]   # host_gather=auto on CPU ranks
+    assert m["phase_clock"] == "wall_clock"
+    for e in epochs:   # each rank's pass split into phases (tests/test_phases.py): every step of the path shows
+        split = e["phases_s"]
+        assert set(split) == set(PHASES) and all(len(v) == 2 for v in split.values())
+        for r in range(2):
+            assert 0.5 * e["epoch_s"] < sum(v[r] for v in split.values()) <= e["epoch_s"] * (1 + 1e-9)
+            assert all(split[name][r] > 0 for name in PHASES if name != "other"), (r, split)
+        assert e["prefetch_phases_s"] == {}
 
 
 def test_artifact_files_model_and_report(reference):

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from stages.runtime.phases import phase
+
 
 def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where tensors handed to this group's collectives must live: the current CUDA device for nccl, else CPU."""
@@ -44,15 +46,16 @@ def all_to_all(send: Tensor, send_split: list[int], recv_split: list[int], group
     - feature rows (``wire_dtype`` None): ``[n, F]``, sent and answered in their own dtype; a dtype gloo refuses
       ("Invalid scalar type": float8, int16) travels as its bytes (a free view, the same bytes on the wire).
     """
-    wire = send.to(device=device, dtype=send.dtype if wire_dtype is None else wire_dtype).contiguous()
-    as_bytes = wire_dtype is None and wire.dtype in SENT_AS_BYTES and wire.dim() == 2
-    if as_bytes:
-        wire = wire.view(torch.uint8)
-    recv = torch.empty((sum(recv_split), *wire.shape[1:]), dtype=wire.dtype, device=device)
-    dist.all_to_all_single(recv, wire, recv_split, send_split, group=group)
-    if as_bytes:
-        recv = recv.view(send.dtype)
-    return recv.to(device=send.device, dtype=send.dtype if wire_dtype is None else torch.long)
+    with phase("exchange"):   # the time a training pass spends here (waiting on slower peers included)
+        wire = send.to(device=device, dtype=send.dtype if wire_dtype is None else wire_dtype).contiguous()
+        as_bytes = wire_dtype is None and wire.dtype in SENT_AS_BYTES and wire.dim() == 2
+        if as_bytes:
+            wire = wire.view(torch.uint8)
+        recv = torch.empty((sum(recv_split), *wire.shape[1:]), dtype=wire.dtype, device=device)
+        dist.all_to_all_single(recv, wire, recv_split, send_split, group=group)
+        if as_bytes:
+            recv = recv.view(send.dtype)
+        return recv.to(device=send.device, dtype=send.dtype if wire_dtype is None else torch.long)
 
 
 def all_reduce(t: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
@@ -60,9 +63,10 @@ def all_reduce(t: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
     """``t`` reduced over the group's ranks, on ``t``'s device. The collective itself runs on the group's device
     (``comm_device``): nccl refuses CPU tensors ("No backend type associated with device type cpu"), which is how
     two benchmarks crashed on the first GPU run, and gloo takes either. Every reduction goes through here."""
-    on = t.to(comm_device(group))
-    dist.all_reduce(on, op=op, group=group)
-    return on.to(t.device)
+    with phase("exchange"):
+        on = t.to(comm_device(group))
+        dist.all_reduce(on, op=op, group=group)
+        return on.to(t.device)
 
 
 def all_reduce_f64(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,

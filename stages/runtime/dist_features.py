@@ -28,6 +28,7 @@ from torch import Tensor
 from stages.runtime.collectives import Owners, all_to_all, comm_device, max_over_ranks, route_to_owners
 from stages.runtime.feature_cache import FeatureCache
 from stages.runtime.feature_store import FeatureStore, InMemoryFeatureStore
+from stages.runtime.phases import phase
 from stages.runtime.sums import FieldSums
 from stages.runtime.uva import UvaRows, UvaUnavailableError, choose_host_gather
 
@@ -118,10 +119,11 @@ class DistFeatures:
         """Rows of ``n_id`` (gids, any owner, may repeat) in order, as ``[len, F]`` on the device. Collective."""
         n_id = n_id.to(device=self.device, dtype=torch.long)
         out = torch.empty((n_id.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
-        hit, slot = self.cache.lookup(n_id)
-        hit_pos = torch.nonzero(hit).squeeze(1)
-        out.index_copy_(0, hit_pos, self.cache.rows.index_select(0, slot.index_select(0, hit_pos)))
-        miss_pos = torch.nonzero(~hit).squeeze(1)
+        with phase("gather_cache"):
+            hit, slot = self.cache.lookup(n_id)
+            hit_pos = torch.nonzero(hit).squeeze(1)
+            out.index_copy_(0, hit_pos, self.cache.rows.index_select(0, slot.index_select(0, hit_pos)))
+            miss_pos = torch.nonzero(~hit).squeeze(1)
         local, remote = self._fill(n_id.index_select(0, miss_pos), miss_pos, out)
         c = self.counters
         c.requested_rows += int(n_id.numel())
@@ -158,14 +160,17 @@ class DistFeatures:
     def _fill(self, gid: Tensor, out_pos: Tensor, out: Tensor) -> tuple[int, int]:
         """``out[out_pos] = rows of gid``: own rows from the store, others from their owners. Returns the counts."""
         # counts travel as int64, gids as _wire_dtype, rows in the store's dtype; answers land on self.device
-        req = route_to_owners(gid, self.bounds_gid, self.rank, self.world_size, self.group, self._comm_device,
-                              self._wire_dtype, ("gids", "store"))
-        local_lid = gid.index_select(0, req.local_pos) - self.lo
-        out.index_copy_(0, out_pos.index_select(0, req.local_pos), self._host_rows(local_lid))
+        with phase("gather_remote"):   # routing: which rows are whose (its exchanges charge ``exchange``)
+            req = route_to_owners(gid, self.bounds_gid, self.rank, self.world_size, self.group, self._comm_device,
+                                  self._wire_dtype, ("gids", "store"))
+        with phase("gather_local"):
+            local_lid = gid.index_select(0, req.local_pos) - self.lo
+            out.index_copy_(0, out_pos.index_select(0, req.local_pos), self._host_rows(local_lid))
         if self.world_size > 1:
-            answer = self._host_rows(req.got_id - self.lo)
-            rows = all_to_all(answer, req.got_split, req.req_split, self.group, self._comm_device)
-            out.index_copy_(0, out_pos.index_select(0, req.req_pos), rows)
+            with phase("gather_remote"):   # serving the peers' requests, placing their answers
+                answer = self._host_rows(req.got_id - self.lo)
+                rows = all_to_all(answer, req.got_split, req.req_split, self.group, self._comm_device)
+                out.index_copy_(0, out_pos.index_select(0, req.req_pos), rows)
         return int(req.local_pos.numel()), int(req.req_pos.numel())
 
     def _uva_rows(self, store: FeatureStore, *, fall_back: bool) -> UvaRows | None:

@@ -10,6 +10,7 @@ sums); sums come back for it to all-reduce (``stats``). Batches may be prepared 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from stages.runtime.phases import PhaseClock, measuring, phase
 from stages.train.rank.prefetch import batch_stream
 from stages.train.tasks import Task
 
@@ -39,6 +41,11 @@ class EpochSums:
     batches: int = 0          # all batches run, padding included
     sampled_edges: int = 0    # all batches
     wall_s: float = 0.0
+    # seconds per phase of the pass (``stages.runtime.phases``; ``other``: the wall time not in any phase): the model's
+    # thread, and the prefetch producer's (empty without one); not summed over ranks, each rank's is its own
+    phases_s: dict[str, float] = field(default_factory=dict)
+    prefetch_phases_s: dict[str, float] = field(default_factory=dict)
+    phase_clock: str = "wall_clock"
 
 
 def _sync(device: torch.device) -> None:
@@ -67,10 +74,13 @@ def preparer(sample: Sample, gather_rows: GatherRows, task: Task, *,
     """``(item, before_gather) -> Prepared``: the task's seeds and target (negatives drawn and, filtered, asked of
     their owners), the sample, then ``before_gather()`` and the rows: the work a prefetching producer does."""
     def prepare(item: Tensor, before_gather: Callable[[], None]) -> Prepared:
-        seed_gid, target = task.batch(item, training=training)
-        batch = sample(seed_gid)
+        with phase("sample"):
+            seed_gid, target = task.batch(item, training=training)
+            batch = sample(seed_gid)
         before_gather()
-        return Prepared(batch, _rows(gather_rows, batch.n_id), target)
+        with phase("gather"):
+            x = _rows(gather_rows, batch.n_id)
+        return Prepared(batch, x, target)
     return prepare
 
 
@@ -91,32 +101,53 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     """
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
+    clock = PhaseClock(device)
     start = time.perf_counter()
-    stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=True), depth=prefetch,
-                          device=device, gather_after_step=gather_after_step)
-    with stream:
-        for b, ready in enumerate(stream):
-            if on_batch is not None:
-                on_batch(b)
-            y = ready.target
-            out = task.forward(model, ready.x, ready.batch, y)
-            loss = task.loss(out, y)
-            if check_loss is not None:
-                check_loss(b, loss)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if after_step is not None:
-                after_step()
-            sums.batches += 1
-            sums.sampled_edges += int(ready.batch.edge_index.shape[1])
-            if b < num_real_batches:
-                sums.loss_sum += float(loss.detach()) * task.size(y)
-                sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
-                sums.seeds += task.size(y)
+    with measuring(clock):
+        stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=True), depth=prefetch,
+                              device=device, gather_after_step=gather_after_step)
+        with stream:
+            batches = iter(stream)
+            for b in itertools.count():
+                with phase("wait"):   # prefetch: the producer's lag; else the batch is prepared in here
+                    ready = next(batches, None)
+                if ready is None:
+                    break
+                _train_step(b, ready, model, optimizer, task, sums, on_batch=on_batch, check_loss=check_loss,
+                            after_step=after_step, real=b < num_real_batches)
     _sync(device)
     sums.wall_s = time.perf_counter() - start
+    sums.phases_s = clock.totals()
+    sums.phases_s["other"] = max(0.0, sums.wall_s - sum(sums.phases_s.values()))
+    sums.prefetch_phases_s = stream.producer_phases() or {}
+    sums.phase_clock = clock.kind
     return sums
+
+
+def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Task,
+                sums: EpochSums, *, on_batch: OnBatch | None, check_loss: CheckLoss | None,
+                after_step: Callable[[], None] | None, real: bool) -> None:
+    """One batch's model work, the step and the sums (``real``: a batch whose loss and metric count)."""
+    if on_batch is not None:
+        on_batch(b)
+    y = ready.target
+    with phase("forward_backward"):
+        out = task.forward(model, ready.x, ready.batch, y)
+        loss = task.loss(out, y)
+        if check_loss is not None:
+            check_loss(b, loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("optimizer"):
+        optimizer.step()
+        if after_step is not None:
+            after_step()
+    sums.batches += 1
+    sums.sampled_edges += int(ready.batch.edge_index.shape[1])
+    if real:
+        sums.loss_sum += float(loss.detach()) * task.size(y)
+        sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
+        sums.seeds += task.size(y)
 
 
 @torch.no_grad()

@@ -46,6 +46,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.data.data import BaseData
 
+from stages.runtime.phases import PhaseClock, current_clock, measuring, phase
+
 # (item, before_gather) -> a prepared batch; ``before_gather()`` is called after sampling, before the rows' gather
 Prepare = Callable[[Tensor, Callable[[], None]], Any]
 
@@ -88,6 +90,11 @@ class BatchStream:
 
     def close(self) -> None:
         """Stop preparing batches (nothing to stop here)."""
+
+    def producer_phases(self) -> dict[str, float] | None:
+        """Seconds per phase of the producer thread's pass (after the pass), or None: no producer, or nothing
+        measured (no clock was current where the stream was made)."""
+        return None
 
     def __enter__(self) -> BatchStream:
         return self
@@ -140,6 +147,8 @@ class PrefetchStream(BatchStream):
         self._grad = torch.is_grad_enabled()
         self._thread = threading.Thread(target=self._produce, name="gnnpipe-prefetch", daemon=True)
         self._started = False
+        # the producer's own phases when the caller measures its pass (stages.runtime.phases): overlapped work
+        self._clock = PhaseClock(device) if current_clock() is not None else None
 
     # ---- the caller's side ------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -177,9 +186,18 @@ class PrefetchStream(BatchStream):
         if self._started and self._thread.is_alive():
             self._thread.join(_STOP_JOIN_S)
 
+    def producer_phases(self) -> dict[str, float] | None:
+        if self._clock is None or self._thread.is_alive():
+            return None
+        return self._clock.totals()
+
     # ---- the producer's side ----------------------------------------------------------------------------------
     def _produce(self) -> None:
         torch.set_grad_enabled(self._grad)
+        with measuring(self._clock):
+            self._produce_measured()
+
+    def _produce_measured(self) -> None:
         try:
             if self._cuda:
                 torch.cuda.set_device(self._device_index)
@@ -217,7 +235,7 @@ class PrefetchStream(BatchStream):
 
     def _wait_asked(self, count: int) -> bool:
         """Wait until the caller has asked for ``count`` batches; False once it stops."""
-        with self._progress:
+        with phase("wait"), self._progress:
             while self._asked < count and not self._stopping:
                 self._progress.wait(_POLL_S)
             return not self._stopping

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -13,6 +13,7 @@ from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.sums import FieldSums
 from stages.train.rank.loop import EpochSums
+from storage.phases import PHASES
 from storage.report import percent
 
 
@@ -28,6 +29,24 @@ class _Totals(FieldSums):
     loss_sum: float
     seeds: int
     sampled_edges: int
+
+
+def _per_rank(splits: list[dict[str, float]]) -> list[dict[str, list[float]]]:
+    """Each of this rank's phase splits as {phase: [every rank's seconds]}: one SUM all-reduce of a vector in which
+    each rank fills its own slots (a collective). A split no rank measured (no prefetch) comes back empty."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    width = len(PHASES)
+    mine = [0.0] * (len(splits) * world * width)
+    for k, split in enumerate(splits):
+        for i, name in enumerate(PHASES):
+            mine[(k * world + rank) * width + i] = split.get(name, 0.0)
+    summed = all_reduce_f64(mine)
+    out = []
+    for k in range(len(splits)):
+        block = summed[k * world * width:(k + 1) * world * width]
+        by_phase = {name: [block[r * width + i] for r in range(world)] for i, name in enumerate(PHASES)}
+        out.append(by_phase if any(any(v) for v in by_phase.values()) else {})
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,10 @@ class EpochStats:
     cached_bytes: int
     local_bytes: int
     remote_bytes: int
+    # each rank's training pass split into phases (``storage.phases``): {phase: [seconds on rank 0, 1, ...]}; the
+    # model's thread (adds up to the rank's pass), and the prefetch producer's overlapped work ({} without prefetch)
+    phases_s: dict[str, list[float]] = field(default_factory=dict)
+    prefetch_phases_s: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def reduce(cls, epoch: int, sums: EpochSums, traffic: FeatureCounters, *,
@@ -71,13 +94,15 @@ class EpochStats:
         summed = all_reduce_f64([*totals.values(), *traffic.values(), *sums.metric_sums])
         total, rows = _Totals.from_values(summed[:n]), FeatureCounters.from_values(summed[n:n + m])
         epoch_s, eval_s = all_reduce_f64([sums.wall_s, eval_s], op=dist.ReduceOp.MAX)
+        phases, prefetch = _per_rank([sums.phases_s, sums.prefetch_phases_s])
         edges = total.sampled_edges
         return cls(epoch=epoch, loss=total.loss_sum / max(total.seeds, 1), train_metric=metric(summed[n + m:]),
                    val_metric=val_metric, lr=lr, epoch_s=epoch_s, eval_s=eval_s, train_items=total.seeds,
                    batches=sums.batches, sampled_edges=edges, sampled_edges_per_s=edges / max(epoch_s, 1e-9),
                    hit_rate=rows.cache_hits / max(rows.requested_rows, 1), requested_rows=rows.requested_rows,
                    cached_rows=rows.cache_hits, local_rows=rows.local_rows, remote_rows=rows.remote_rows,
-                   cached_bytes=rows.cached_bytes, local_bytes=rows.local_bytes, remote_bytes=rows.remote_bytes)
+                   cached_bytes=rows.cached_bytes, local_bytes=rows.local_bytes, remote_bytes=rows.remote_bytes,
+                   phases_s=phases, prefetch_phases_s=prefetch)
 
     def as_dict(self) -> dict[str, Any]:
         """The record of ``metrics.json``: JSON-ready, a metric over an empty split None."""

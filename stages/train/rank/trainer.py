@@ -23,6 +23,7 @@ import torch.distributed as dist
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
+from stages.runtime.phases import clock_kind
 from stages.runtime.typed_rows import TypedRows
 from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees
@@ -253,5 +254,6 @@ class Trainer:
                           "num_layers": params.num_layers, "whole_batch": self.whole_batch,
                           **self.task_def.summary_model(params),
                           "parameters": sum(p.numel() for p in self.model.parameters())},
-                "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend()}
+                "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
+                "phase_clock": clock_kind(self.device)}
 

@@ -113,7 +113,7 @@ def test_uneven_train_splits_run_equal_batch_counts(ranks_out, graph, name):
 
 @pytest.fixture
 def one_rank_group(tmp_path):
-    """A 1-rank gloo group in this process: the exchange code path without spawning."""
+    """A 1-rank gloo group in this process (one GPU's world, without spawning)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
@@ -121,14 +121,22 @@ def one_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
-def test_one_rank_is_exactly_the_single_sampler(one_rank_group, graph):
+def test_one_rank_is_exactly_the_single_sampler_without_a_collective(one_rank_group, graph, monkeypatch):
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a 1-rank sampler exchanges nothing")
+
+    monkeypatch.setattr("stages.runtime.dist_sampler.all_to_all", no_collective)
     csr = LocalCSR.from_numpy(*graph)
+    edge_attr = torch.randn(csr.indices.numel(), 3)
     dist_sampler = DistNeighborSampler(csr, [0, NUM_NODES], [10, 5], generator=torch.Generator().manual_seed(3))
     single = _single(graph, [10, 5], seed=3)
+    for sampler in (dist_sampler, single):   # the sampled edges' egids and rows travel too
+        sampler.with_edges, sampler.edge_attr = True, edge_attr
     for seed_gid in iter_equal_seed_batches(torch.arange(0, NUM_NODES, 4), 50,
                                             generator=torch.Generator().manual_seed(0)):
         a, b = dist_sampler.sample(seed_gid), single.sample(seed_gid)
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert torch.equal(a.e_id, b.e_id) and torch.equal(a.edge_attr, b.edge_attr)
     empty = dist_sampler.sample(torch.empty(0, dtype=torch.long))
     assert empty.num_sampled_nodes == [0, 0, 0] and tuple(empty.edge_index.shape) == (2, 0)
 

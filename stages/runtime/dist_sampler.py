@@ -22,9 +22,9 @@ these 4 collectives per hop instead of one set per edge type (28 per hop on ogbn
 
 Every rank issues exactly these collectives per hop (4, or 5-6 on every rank when the run needs edges), also with
 an empty frontier or an empty batch: collectives match by call order, so a rank that skipped one would hang the
-others (lockstep). Exchanges run on the CSR's
-device for nccl (CUDA) and on the CPU for gloo. Each owner draws from its own generator (seed it with
-``seed + rank``): a run is reproducible for a fixed world size, seeds and ranks' call order.
+others (lockstep). A world of one rank issues none: it samples its own CSR as ``NeighborSampler`` does.
+Exchanges run on the CSR's device for nccl (CUDA) and on the CPU for gloo. Each owner draws from its own
+generator (seed it with ``seed + rank``): a run is reproducible for a fixed world size, seeds and ranks' call order.
 """
 
 from __future__ import annotations
@@ -39,7 +39,15 @@ from torch import Tensor
 
 from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
 from stages.runtime.fanouts import Fanout
-from stages.runtime.sampler import HopEdges, LocalCSR, MultiHopSampler, repeat_positions, sample_typed_edges, shuffled
+from stages.runtime.sampler import (
+    HopEdges,
+    LocalCSR,
+    MultiHopSampler,
+    repeat_positions,
+    sample_own_hop,
+    sample_typed_edges,
+    shuffled,
+)
 
 
 def _split_totals(count: Tensor, split: list[int]) -> list[int]:
@@ -86,6 +94,11 @@ class DistNeighborSampler(MultiHopSampler):
 
     def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
         world = self.world_size
+        if world == 1:
+            # one rank owns every target: the exchanges below would each hand a tensor back to this rank, at the
+            # cost of a collective and a host sync for its splits (4-6 a hop; on one H100 the batch path syncs 64
+            # times a batch). The same draws in the same order: the same batches (tests/test_dist_sampler.py)
+            return sample_own_hop(self, self.csr, frontier_gid, fanout)
 
         def exchange(send: Tensor, send_split: list[int], recv_split: list[int]) -> Tensor:
             return all_to_all(send, send_split, recv_split, self.group, self._comm_device, self._wire_dtype)

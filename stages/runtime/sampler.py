@@ -350,12 +350,18 @@ class NeighborSampler(MultiHopSampler):
         self.csr = csr
 
     def _sample_hop(self, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
-        _, row_pos, edge_idx, edge_type = sample_typed_edges(self.csr, frontier_gid - self.csr.start_gid, fanout,
-                                                             replace=self.replace, generator=self.generator)
-        with_attr = self.with_edges and self.edge_attr is not None
-        return HopEdges(row_pos, self.csr.gids(edge_idx), edge_type,
-                        edge_idx + self.csr.start_egid if self.with_edges else None,
-                        self.edge_attr.index_select(0, edge_idx) if with_attr and self.edge_attr is not None else None)
+        return sample_own_hop(self, self.csr, frontier_gid, fanout)
+
+
+def sample_own_hop(sampler: MultiHopSampler, csr: LocalCSR, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
+    """One hop of ``sampler`` where ``csr`` holds the in-edges of every frontier gid: the whole graph, or the one
+    partition of a 1-rank ``DistNeighborSampler``. Draws from ``sampler.generator``."""
+    _, row_pos, edge_idx, edge_type = sample_typed_edges(csr, frontier_gid - csr.start_gid, fanout,
+                                                         replace=sampler.replace, generator=sampler.generator)
+    with_attr = sampler.with_edges and sampler.edge_attr is not None
+    return HopEdges(row_pos, csr.gids(edge_idx), edge_type, edge_idx + csr.start_egid if sampler.with_edges else None,
+                    sampler.edge_attr.index_select(0, edge_idx) if with_attr and sampler.edge_attr is not None
+                    else None)
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

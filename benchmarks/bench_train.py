@@ -188,8 +188,9 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
 def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
 
+    # prefetch 0: this benchmark times the synchronous path (bench_prefetch times the depths against it)
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
-                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank)
+                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank, prefetch=0)
     return run_ranks(__file__, args, manifests, params, args.parts,
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
                       "--profile", str(args.profile)])

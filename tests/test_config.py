@@ -39,7 +39,7 @@ SPECIAL: dict[tuple[str, str], Any] = {("download", "dataset"): "ogbn-arxiv", ("
                                        ("infer", "fanouts"): (10, 5),
                                        ("hotness", "edge_fanouts"): {"edge": (5, 3, 2)},
                                        ("train", "edge_fanouts"): {"edge": (5, 3, 2)}, ("train", "decoder"): "dot",
-                                       ("download", "link_edge_type"): "edge",
+                                       ("download", "link_edge_type"): "edge", ("train", "prefetch"): 2,
                                        **{(stage, "memory_budget_bytes"): 3 << 30
                                           for stage in ("download", "partition", "features", "hotness")},
                                        **{(stage, "executor"): "dask:3"

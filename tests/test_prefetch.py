@@ -72,6 +72,16 @@ def test_prefetch_trains_on_the_same_batches_bit_for_bit(one_torch_thread):
     assert not producers_alive(), "each pass's producer ends with the pass"
 
 
+def test_prefetch_by_default_is_one_on_a_lone_gpu_rank_only():
+    from stages.train.params import Params
+
+    auto = Params()
+    assert auto.prefetch is None
+    assert auto.prefetch_depth("cuda", 1) == 1, "measured 1.23x on one H100 (benchmarks/RESULTS.md)"
+    assert auto.prefetch_depth("cuda", 2) == 0 and auto.prefetch_depth("cpu", 1) == 0
+    assert Params(prefetch=0).prefetch_depth("cuda", 1) == 0 and Params(prefetch=2).prefetch_depth("cpu", 4) == 2
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetch_on_cuda_side_streams_gives_the_same_batches():

@@ -117,7 +117,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
         assert e["cached_bytes"] == e["cached_rows"] * row_bytes
     assert all(r["feature_store"] == "memory" and r["cache_rows"] > 0 for r in m["ranks"])
     assert [r["host_gather"] for r in m["ranks"]] == ["cpu", "cpu"]   # host_gather=auto on CPU ranks
-    assert m["phase_clock"] == "wall_clock"
+    assert m["phase_clock"] == "wall_clock" and m["prefetch"] == 0   # prefetch auto: 0 on CPU ranks
     for e in epochs:   # each rank's pass split into phases (tests/test_phases.py): every step of the path shows
         split = e["phases_s"]
         assert set(split) == set(PHASES) and all(len(v) == 2 for v in split.values())

@@ -19,7 +19,8 @@
   type), ``sharded_embedding`` (learnable rows of a featureless type, sharded by owner).
 - Link prediction: ``link_batch`` (positive pairs and their negatives as one node set), ``negatives`` (uniform
   negative draws and the real-edge check).
-- ``rank_process``: what every rank process does around its work (the train and infer workers share it).
+- ``rank_process``: what every rank process does around its work (the train and infer workers share it);
+  ``phases``: where a training pass's time goes (a per-thread clock of named phases: wall clock, or CUDA events).
 
 Not here: starting and stopping the ranks (``stages.jobs``), which runs in gnnpipe's own process.
 

@@ -110,12 +110,14 @@ class Params(StageParams):
                                                                            "half the available RAM; 0: read Zarr")
     threads_per_rank: int | None = runtime(None, ge=1, description="torch threads per rank; null: this node's "
                                                                    "CPUs / its ranks")
-    # off by default: on 2 shared cores the ranks' own threads fill every core and a producer has none to run on
-    # (2 ranks, hidden 16: 0.97-0.99x the synchronous speed, noise-level); with the model's time off the CPU (a GPU's,
-    # stood in for by a 250 ms sleep) depth 1 ran 1.29x (benchmarks/RESULTS.md "[7/7] Prefetch")
-    prefetch: int = runtime(0, ge=0, le=8, description="batches a producer thread samples and gathers ahead of the "
-                                                       "model (0: none; 1 where the model leaves a core free, e.g. "
-                                                       "on a GPU); the same batches and results either way")
+    # auto (null): 1 on a lone GPU rank, where it measured 1.23x at products scale on an H100 (23.1 -> 18.8 ms a
+    # batch, benchmarks/RESULTS.md "[4/5] One GPU"); 0 on CPU ranks: on 2 shared cores the ranks' own threads fill
+    # every core and a producer has none to run on (0.97-0.99x, "[7/7] Prefetch"); 0 on several GPU ranks too, not
+    # measured yet: beside NCCL the producer's exchanges travel through the host over gloo (producer_group)
+    prefetch: int | None = runtime(None, ge=0, le=8, description="batches a producer thread samples and gathers "
+                                                                  "ahead of the model (0: none; null: 1 on a lone "
+                                                                  "GPU rank, else 0); the same batches and results "
+                                                                  "either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
     # auto from the H200's gather table (stages.runtime.uva.choose_host_gather); the report names each rank's pick
     host_gather: HostGather = runtime("auto", description="CUDA ranks: copy gathers own host rows on the CPU into "
@@ -143,6 +145,12 @@ class Params(StageParams):
     @classmethod
     def _decoder_is_known(cls, value: str) -> str:
         return check_ref(value, DECODERS, "decoder")
+
+    def prefetch_depth(self, device_type: str, world_size: int) -> int:
+        """``prefetch``, or where it is null (auto) 1 on a lone CUDA rank and 0 otherwise (see the field)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return 1 if device_type == "cuda" and world_size == 1 else 0
 
     @property
     def resolved_loss(self) -> str:

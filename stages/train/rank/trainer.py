@@ -54,7 +54,8 @@ class Trainer:
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook
         self.local_world = data.world if local_world is None else local_world
-        if params.prefetch and dist.is_initialized() and data.group is None:
+        self.prefetch = params.prefetch_depth(data.device.type, data.world)
+        if self.prefetch and dist.is_initialized() and data.group is None:
             raise ValueError("prefetch needs the batches' collectives on a group of their own: open the RankData "
                              "with group=stages.train.rank.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
@@ -139,14 +140,14 @@ class Trainer:
         sums = train_epoch(self.ddp, self.optimizer, self.loader.train_batches(), self.loader.sample,
                            self.loader.gather_rows, self.task, num_real_batches=self.loader.num_real_train_batches,
                            device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch),
-                           after_step=self.loader.step_embeddings, prefetch=self.params.prefetch,
+                           after_step=self.loader.step_embeddings, prefetch=self.prefetch,
                            gather_after_step=bool(self.embeddings))
         return sums, self.data.features.reset_counters()
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""
         local = eval_sums(self.model, self.loader.eval_batches(split), self.loader.sample, self.loader.gather_rows,
-                          self.task, prefetch=self.params.prefetch, device=self.device)
+                          self.task, prefetch=self.prefetch, device=self.device)
         return all_reduce_f64(local)
 
     def test(self) -> list[float]:
@@ -255,5 +256,5 @@ class Trainer:
                           **self.task_def.summary_model(params),
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
-                "phase_clock": clock_kind(self.device)}
+                "phase_clock": clock_kind(self.device), "prefetch": self.prefetch}
 

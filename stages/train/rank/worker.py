@@ -61,7 +61,8 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
-    data = RankData.open(spec, rank, world, local_world, device, group=producer_group(params.prefetch))
+    data = RankData.open(spec, rank, world, local_world, device,
+                         group=producer_group(params.prefetch_depth(device.type, world)))
     trainer = Trainer(spec, params, data, local_rank=local_rank, local_world=local_world, batch_hook=fault_hook)
     metrics = trainer.fit()
     state = trainer.published_state()   # a collective: the embedding shards are gathered

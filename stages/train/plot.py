@@ -118,7 +118,7 @@ def phases_png(metrics: dict[str, Any]) -> bytes | None:
             bottom = [b + v for b, v in zip(bottom, values)]
         if hatch is None:
             for i, total in enumerate(bottom):
-                ax.annotate(f"{total:.2f} s", (i + shift, total), ha="center", va="bottom", fontsize=7)
+                ax.annotate(f"{total:.3g} s", (i + shift, total), ha="center", va="bottom", fontsize=7)
     handles, labels = ax.get_legend_handles_labels()
     handles, labels = handles[::-1], labels[::-1]   # top to bottom, as the segments are stacked
     if prefetch is not None:

@@ -63,7 +63,7 @@ def _rows(phases: Mapping[str, list[float]], totals: list[float], *, keep_zero: 
         if not keep_zero and not any(values):
             continue
         row: dict[str, Any] = {"phase": f"{PHASE_LABELS.get(name, name)} (`{name}`)"}
-        row.update({f"rank {r} s/epoch": round(v, 3) for r, v in enumerate(values)})
+        row.update({f"rank {r} s/epoch": v for r, v in enumerate(values)})   # 4 significant digits: a short epoch too
         row["share of the epoch"] = percent(_share(values, totals), 1)
         rows.append(row)
     return rows
@@ -77,7 +77,7 @@ def phases_section(t: TrainSummary) -> str:
         return ""
     totals = _rank_totals(main)
     rows = _rows(main, totals, keep_zero=True)
-    rows.append({"phase": "**training pass**", **{f"rank {r} s/epoch": round(v, 3) for r, v in enumerate(totals)},
+    rows.append({"phase": "**training pass**", **{f"rank {r} s/epoch": v for r, v in enumerate(totals)},
                  "share of the epoch": percent(1.0 if any(totals) else None, 1)})
     shares = {name: _share(values, totals) or 0.0 for name, values in main.items()}
     top = max(shares, key=lambda name: shares[name])

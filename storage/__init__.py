@@ -14,9 +14,10 @@ the format modules' ``write_*`` functions.
 - Errors: ``errors`` (user-facing one-line errors), ``write_errors`` (a refused write as one such line).
 - Formats, one module per artifact: ``schema`` (the typed graph model), ``graph`` (``graph.zarr``), ``partition``
   and ``partition_stream`` (``book.zarr`` + ``part-<p>.zarr``, in memory or chunk by chunk), ``features``,
-  ``hotness``, ``train`` (and its checkpoints), ``train_summary`` (its summary as a typed record), ``infer`` (the
-  ranks' outputs), ``infer_artifact`` (reading them), ``infer_export`` (the exports in orig-id order),
-  ``summaries`` (the other stages' summaries as typed records), ``tracking`` (a build's TensorBoard event file).
+  ``hotness``, ``train`` (and its checkpoints), ``train_summary`` (its summary as a typed record), ``phases`` (the
+  phases a training pass's time is split into, and their epoch means), ``infer`` (the ranks' outputs),
+  ``infer_artifact`` (reading them), ``infer_export`` (the exports in orig-id order), ``summaries`` (the other
+  stages' summaries as typed records), ``tracking`` (a build's TensorBoard event file).
 - Helpers: ``zarr_io`` (Zarr v3 with crc32c on every array), ``spill`` (memory-mapped ``.npy`` copies in scratch).
 """
 

@@ -17,7 +17,8 @@ Artifact ``train/<key>/``:
   either through ``storage.train_summary``); metrics are global (all ranks' sums, e.g. correct / total, OGB
   Evaluator ``acc``); per-epoch keys: ``stages.train.rank.stats.EpochStats``.
 - ``curves.png`` (loss and accuracy per epoch, the best epoch marked), ``hit_rate.png`` (feature-cache hit rate
-  per epoch).
+  per epoch), ``phases.png`` (where each rank's epoch time goes: its phases, ``storage.phases``; only where
+  ``metrics.json`` holds them: builds before the split have none).
 
 The job directory (``job_dir``), outside the content-addressed artifact because an artifact only exists once
 complete, while checkpoints must survive a killed run so that its next attempt resumes::
@@ -54,15 +55,19 @@ def split_model_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return {k: v for k, v in state.items() if not k.startswith(EMBEDDING_PREFIX)}, tables
 CURVES_PNG = "curves.png"
 HIT_RATE_PNG = "hit_rate.png"
+PHASES_PNG = "phases.png"
 
 
 def write_train_artifact(writer: StageWriter, model_bytes: bytes, metrics: dict[str, Any], curves_png: bytes,
-                         hit_rate_png: bytes) -> None:
-    """Write the train artifact's four files (``model_bytes``: a ``torch.save``d state_dict)."""
+                         hit_rate_png: bytes, phases_png: bytes | None = None) -> None:
+    """Write the train artifact's files (``model_bytes``: a ``torch.save``d state_dict); ``phases.png`` only when
+    given (metrics without phases have no figure)."""
     writer.write_bytes(MODEL, model_bytes)
     writer.write_json(METRICS, metrics)
     writer.write_bytes(CURVES_PNG, curves_png)
     writer.write_bytes(HIT_RATE_PNG, hit_rate_png)
+    if phases_png is not None:
+        writer.write_bytes(PHASES_PNG, phases_png)
 
 
 def write_result(result_dir: str | os.PathLike[str], model_state: dict[str, Any], metrics: dict[str, Any]) -> None:

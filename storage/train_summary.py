@@ -105,6 +105,11 @@ class TrainSummary:
     mean_epoch_s = _Fact(lambda v: 0.0 if v is None else float(v))
     mean_hit_rate = _Fact(lambda v: 0.0 if v is None else float(v))
     remote_bytes_per_epoch = _Fact(lambda v: 0.0 if v is None else float(v))
+    # where the time goes (``storage.phases``; ``stages.train.report.phase_summary``): empty before the split
+    phase_clock = _Fact(lambda v: None if v is None else str(v))   # "cuda_events" or "wall_clock"
+    phase_epochs = _Fact(lambda v: "" if v is None else str(v))    # which epochs the means are of, in words
+    phases_s = _Fact(lambda v: dict(v or {}))            # phase -> per rank mean seconds per epoch, model's thread
+    prefetch_phases_s = _Fact(lambda v: dict(v or {}))   # the same of the prefetch thread; empty without one
 
     def best_epoch_record(self) -> dict[str, Any]:
         """The stored record of the best (published) epoch; empty if absent."""

@@ -29,8 +29,9 @@ from stages.tracking.mlflow_runs import TRAIN_BUILD_TAG, log_infer, log_train
 from stages.train import stage as train
 from storage import ArtifactStore, InputError, Manifest
 from storage.infer_artifact import InferArtifact
+from storage.phases import PHASES
 from storage.tracking import event_file_name
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL
+from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, PHASES_PNG
 from tests._infer_pipeline import GRAPH
 from tests._train_pipeline import build_without_prefect
 from tests.conftest import GNNPIPE, REPO, cli_env
@@ -181,8 +182,10 @@ def test_train_event_file_holds_metrics_json(built: Built):
     for tag, value in final.items():
         [event] = acc.Scalars(tag)
         assert event.step == metrics["last_epoch"] and event.value == np.float32(value)
+    assert {f"train/phase_s/{name}" for name in PHASES} <= set(expected)   # the slowest rank's split
     # the figures, byte for byte
-    for tag, name in (("train/figures/curves", CURVES_PNG), ("train/figures/hit_rate", HIT_RATE_PNG)):
+    for tag, name in (("train/figures/curves", CURVES_PNG), ("train/figures/hit_rate", HIT_RATE_PNG),
+                      ("train/figures/phases", PHASES_PNG)):
         [image] = acc.Images(tag)
         assert image.encoded_image_string == built.store.read_bytes("train", manifest.key, name)
         assert image.width > 100 and image.height > 100
@@ -263,7 +266,7 @@ def test_mlflow_run_of_the_train_build(built: Built, tmp_path: Path):
     for tag, value in final_scalars(metrics).items():
         assert run.data.metrics[tag] == value
     names = {f.path for f in client.list_artifacts(run.info.run_id)}
-    assert {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG} <= names
+    assert {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG, PHASES_PNG} <= names
     local = client.download_artifacts(run.info.run_id, MODEL, str(tmp_path))
     assert Path(local).read_bytes() == built.store.read_bytes("train", manifest.key, MODEL)
 

@@ -33,7 +33,7 @@ from storage.graph import GraphArtifact
 from storage.manifest import stage_key
 from storage.phases import PHASES
 from storage.tracking import event_file_name
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, checkpoint_dir, list_checkpoints
+from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, PHASES_PNG, checkpoint_dir, list_checkpoints
 from storage.train_summary import TrainSummary
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
 
@@ -129,15 +129,20 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
 
 def test_artifact_files_model_and_report(reference):
     store, key = reference.store, reference.manifest.key
-    assert set(reference.manifest.files) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG, event_file_name("train", key)}
-    for png in (CURVES_PNG, HIT_RATE_PNG):
+    # phases.png and the report's section: the ranks measured the phases (tests/test_train_phases.py: the rest)
+    assert set(reference.manifest.files) == {MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG, PHASES_PNG,
+                                             event_file_name("train", key)}
+    for png in (CURVES_PNG, HIT_RATE_PNG, PHASES_PNG):
         assert store.read_bytes("train", key, png)[:8] == PNG
     model = build_model("sage", in_channels=16, hidden=32, out_channels=4, num_layers=2, dropout=0.3)
     model.load_state_dict(reference.state)   # sizes from metadata: 16 features, 4 classes
     report = train.report(reference.manifest)
     test = TrainSummary.from_json(reference.manifest.summary).test_metric
     assert f"test accuracy {100 * test:.2f} %" in report.headline
-    assert report.images == {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG}
+    assert report.images == {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG,
+                             "where the time goes": PHASES_PNG}
+    section = report.markdown.split("### Where the time goes")[1]
+    assert "| phase | rank 0 s/epoch | rank 1 s/epoch | share of the epoch |" in section and "wall clock" in section
     assert len(report.table) == 8 and "| epoch |" in report.markdown
     assert "host_gather" in report.markdown.split("### Ranks")[1]   # each rank's pick, in the ranks' table
     assert not checkpoint_dir(store, key).exists(), "checkpoints are removed once the artifact is published"

@@ -8,8 +8,9 @@
   set URI without it before any rank starts.
 
 One naming scheme for both: ``train/<field>`` per epoch (step = the 0-based epoch of ``metrics.json``) for every
-numeric field of ``metrics["epochs"]``, ``train/<figure>`` for the final figures (step = the last epoch), and the
-infer stage's flat ``scalars`` (``infer/...``) at step 0.
+numeric field of ``metrics["epochs"]`` and ``train/phase_s/<phase>`` for its phases (the slowest rank's),
+``train/<figure>`` for the final figures (step = the last epoch), and the infer stage's flat ``scalars``
+(``infer/...``) at step 0.
 """
 
 from __future__ import annotations
@@ -45,11 +46,16 @@ def is_number(value: Any) -> bool:
 
 
 def epoch_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, int, float]]:
-    """``(tag, step, value)`` of every numeric per-epoch field (a metric over an empty split, null, is skipped)."""
+    """``(tag, step, value)`` of every numeric per-epoch field (a metric over an empty split, null, is skipped), and
+    of each phase of the epoch's split (``storage.phases``; builds before it have none): ``train/phase_s/<phase>``,
+    the slowest rank's seconds, the one the others wait for at the epoch's collectives."""
     for record in metrics["epochs"]:
         for name, value in record.items():
             if name != "epoch" and is_number(value):
                 yield f"train/{name}", int(record["epoch"]), float(value)
+        for phase, per_rank in (record.get("phases_s") or {}).items():
+            if per_rank:
+                yield f"train/phase_s/{phase}", int(record["epoch"]), float(max(per_rank))
 
 
 def final_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -7,7 +7,8 @@ and copied into the artifact through the ``StageWriter``: the artifact root may 
 
 Train: per-epoch scalars (``stages.tracking.epoch_scalars``) with wall times spaced by the epochs' own durations, the
 final figures, the parameters and final figures in the HParams dashboard, the parameters and artifact keys as text,
-and the figures (``curves.png``, ``hit_rate.png``) as images. Infer: its ``scalars``, parameters and keys.
+and the figures (``curves.png``, ``hit_rate.png``, ``phases.png`` where the build has it) as images. Infer: its
+``scalars``, parameters and keys.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from stages.tracking import epoch_scalars, final_scalars, flat_params
 from storage import ArtifactStore, InputError, Manifest
 from storage.infer_artifact import InferArtifact
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL
+from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, PHASES_PNG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -179,7 +179,8 @@ def _log_train(client: MlflowClient, store: ArtifactStore, train: Manifest) -> s
         params = {name: str(value)[:_PARAM_CHARS] for name, value in flat_params(train.params).items()}
         _log_batch(client, run_id, metrics=per_epoch + final, params=params)
         with tempfile.TemporaryDirectory(prefix="gnnpipe-mlflow-") as tmp:
-            for name in (MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG):
+            optional = [name for name in (PHASES_PNG,) if name in train.files]   # none before the phase split
+            for name in (MODEL, METRICS, CURVES_PNG, HIT_RATE_PNG, *optional):
                 Path(tmp, name).write_bytes(store.read_bytes("train", train.key, name))
                 client.log_artifact(run_id, str(Path(tmp, name)))
         _terminate(client, run_id, "FINISHED")

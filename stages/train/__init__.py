@@ -4,7 +4,8 @@ A map of the rooms; each sub-package's own docstring names its modules.
 
 - The stage (what the pipeline runs, in the flow's process): ``stage`` (``Params``, ``run``, ``report``; it starts the
   ranks with ``stages.jobs.launcher``), ``params`` (its parameters, torch-free: the config check reads them on every
-  command), ``spec`` (what the stage hands the ranks), ``plot`` (the report's figures).
+  command), ``spec`` (what the stage hands the ranks), ``plot`` (the report's figures), ``report`` (the report's
+  "where the time goes": the phases' summary and section).
 - ``models``: the networks — the built-in SAGE/GCN/GAT, the relational and HGT models, the model contract, the one
   encoder builder the trainer and inference share, and plug-in models and losses by import path.
 - ``tasks``: the Task seam and its registry ``TASKS`` (node, link) — what the trainer, this stage, hotness and infer

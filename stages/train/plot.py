@@ -1,4 +1,5 @@
-"""The train report's figures: loss and accuracy per epoch, and the feature-cache hit rate per epoch."""
+"""The train report's figures: loss and accuracy per epoch, the feature-cache hit rate per epoch, and where each
+rank's epoch time goes (its phases, ``storage.phases``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on workers or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from storage.phases import PHASE_LABELS, PHASES, clock_label, epochs_label, mean_phases  # noqa: E402
 from storage.report import percent  # noqa: E402
 from storage.train_summary import TrainSummary, epoch_metric  # noqa: E402
 
@@ -77,4 +79,60 @@ def hit_rate_png(epochs: list[dict[str, Any]], policy: str) -> bytes:
     ax.legend(lines, labels, fontsize=8)
     ax.grid(True, alpha=0.3)
     ax.set_title("Feature cache per epoch")
+    return _png(fig)
+
+
+def _phase_colour(name: str) -> Any:
+    """A fixed colour per phase, the same in every run's figure (tab10 holds exactly the ten phases)."""
+    return plt.get_cmap("tab10")(PHASES.index(name)) if name in PHASES else "0.6"
+
+
+def phases_png(metrics: dict[str, Any]) -> bytes | None:
+    """Each rank's mean epoch split into its phases, a stacked bar per rank (``storage.phases.mean_phases``: the
+    first epoch left out as warm-up), and beside it, hatched, the prefetch thread's phases when it had any (work that
+    overlaps the model's thread, so it is not part of the epoch's sum); None when the metrics have no phases (a build
+    before the split)."""
+    epochs = metrics.get("epochs") or []
+    main = mean_phases(epochs)
+    if main is None:
+        return None
+    prefetch = mean_phases(epochs, "prefetch_phases_s")
+    if prefetch is not None and not any(v for values in prefetch.values() for v in values):
+        prefetch = None   # a prefetch thread that recorded nothing: no empty bars
+    ranks = max(len(values) for values in main.values())
+    names = [n for n in main if any(main[n]) or (prefetch is not None and any(prefetch.get(n, [])))]
+    width = 0.38 if prefetch is not None else 0.6
+    offset = width / 2 + 0.01 if prefetch is not None else 0.0
+    bars_per_rank = 2 if prefetch is not None else 1
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.4, 2.5 + 0.6 * ranks * bars_per_rank)), 4.6), dpi=110)
+    x = list(range(ranks))
+    for bars, shift, hatch in ((main, -offset, None), (prefetch, offset, "//")):
+        if bars is None:
+            continue
+        bottom = [0.0] * ranks
+        for name in names:
+            values = (bars.get(name, []) + [0.0] * ranks)[:ranks]
+            ax.bar([i + shift for i in x], values, width, bottom=bottom, color=_phase_colour(name), hatch=hatch,
+                   edgecolor="white" if hatch is None else "0.25", linewidth=0.5,
+                   label=PHASE_LABELS.get(name, name) if hatch is None else None)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        if hatch is None:
+            for i, total in enumerate(bottom):
+                ax.annotate(f"{total:.3g} s", (i + shift, total), ha="center", va="bottom", fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    handles, labels = handles[::-1], labels[::-1]   # top to bottom, as the segments are stacked
+    if prefetch is not None:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="white", edgecolor="0.25", hatch="//", label="prefetch thread (overlaps)"))
+        labels.append("prefetch thread (overlaps)")
+        ax.set_xticks(x, [f"rank {r}\nmodel | prefetch" for r in x], fontsize=8)
+    else:
+        ax.set_xticks(x, [f"rank {r}" for r in x])
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylabel("seconds per epoch")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)   # room for the totals above the bars
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(f"Where the time goes: {clock_label(metrics.get('phase_clock'))}, mean of {epochs_label(epochs)}",
+                 fontsize=9, loc="left")
     return _png(fig)

@@ -1,10 +1,10 @@
 """Train stage: DDP training of a GNN on the partitioned graph, one torchrun rank per partition.
 
 Contract: partition + features + hotness manifests + params → artifact ``train/<key>/`` with ``model.pt`` (the
-best-validation epoch's weights), ``metrics.json``, ``curves.png`` and ``hit_rate.png`` (format in
-``storage.train``). The job runs in a torchrun subprocess (``stages.jobs.launcher``); checkpoints live in
-``<artifacts>/.checkpoints/train-<key>/`` so that a killed or timed-out attempt resumes on the next one, and are
-removed once the artifact is published.
+best-validation epoch's weights), ``metrics.json``, ``curves.png``, ``hit_rate.png`` and ``phases.png`` (where the
+time goes, when the ranks measured it; format in ``storage.train``). The job runs in a torchrun subprocess
+(``stages.jobs.launcher``); checkpoints live in ``<artifacts>/.checkpoints/train-<key>/`` so that a killed or
+timed-out attempt resumes on the next one, and are removed once the artifact is published.
 
 Across machines (``cluster``, from ``gnnpipe train --nnodes/--rdzv`` or Slurm) every node runs with the same
 params: node 0 calls ``run`` and publishes the artifact, the others call ``join``; each launches its share of the
@@ -29,6 +29,7 @@ from stages.tracking.mlflow_runs import log_train
 from stages.train.models.plugin_code import plugin_files
 from stages.train.models.plugins import rank_pythonpath
 from stages.train.params import Params
+from stages.train.report import epoch_table, phase_summary, phases_section
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
 from stages.train.tasks import task_def
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -38,6 +39,7 @@ from storage.report import Report, markdown_table, percent
 from storage.train import (
     CURVES_PNG,
     HIT_RATE_PNG,
+    PHASES_PNG,
     job_dir,
     read_result,
     remove_partial_writes,
@@ -138,18 +140,10 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     built = False
 
     def body(writer: StageWriter) -> None:
-        from stages.tracking.events import write_train_events
-        from stages.train.plot import curves_png, hit_rate_png
-
         nonlocal built
         with measure() as cost:
             model_bytes, metrics = read_result(job.launch())
-            figures = {CURVES_PNG: curves_png(metrics),
-                       HIT_RATE_PNG: hit_rate_png(metrics["epochs"], metrics["cache_policy"])}
-            write_train_artifact(writer, model_bytes, metrics, figures[CURVES_PNG], figures[HIT_RATE_PNG])
-            write_train_events(writer, metrics, {"train/figures/curves": figures[CURVES_PNG],
-                                                 "train/figures/hit_rate": figures[HIT_RATE_PNG]})
-        writer.summary.update(_summary(metrics, job.num_partitions, job.cluster.nnodes))
+            write_build(writer, model_bytes, metrics, job.num_partitions, job.cluster.nnodes)
         writer.summary.update(cost)
         built = True
 
@@ -172,6 +166,23 @@ def join(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest],
     job.log(f"node {cluster.node_rank}: the job finished; node 0 publishes train/{job.key}")
 
 
+def write_build(writer: StageWriter, model_bytes: bytes, metrics: dict[str, Any], num_partitions: int,
+                nnodes: int) -> None:
+    """The artifact's files from the job's results (the model, the metrics, their figures), its TensorBoard events
+    and its summary."""
+    from stages.tracking.events import write_train_events
+    from stages.train.plot import curves_png, hit_rate_png, phases_png
+
+    figures = {CURVES_PNG: curves_png(metrics), HIT_RATE_PNG: hit_rate_png(metrics["epochs"], metrics["cache_policy"])}
+    phases = phases_png(metrics)   # None for metrics without phases
+    write_train_artifact(writer, model_bytes, metrics, figures[CURVES_PNG], figures[HIT_RATE_PNG], phases)
+    images = {"train/figures/curves": figures[CURVES_PNG], "train/figures/hit_rate": figures[HIT_RATE_PNG]}
+    if phases is not None:
+        images["train/figures/phases"] = phases
+    write_train_events(writer, metrics, images)
+    writer.summary.update(_summary(metrics, num_partitions, nnodes))
+
+
 def _remove_checkpoints(ckpt_dir: Path, cluster: Cluster) -> None:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     if cluster.multi_node:
@@ -183,7 +194,6 @@ def _remove_checkpoints(ckpt_dir: Path, cluster: Cluster) -> None:
 
 def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[str, Any]:
     epochs = metrics["epochs"]
-    table = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()} for e in epochs]
     n = max(len(epochs), 1)
     return {"metric_name": metrics["metric_name"], "test_metric": metrics["test_metric"],
             "test_metric_last": metrics["test_metric_last"], "best_val_metric": metrics["best_val_metric"],
@@ -198,7 +208,7 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
             "mean_epoch_s": sum(e["epoch_s"] for e in epochs) / n,
             "mean_hit_rate": sum(e["hit_rate"] for e in epochs) / n,
             "remote_bytes_per_epoch": sum(e["remote_bytes"] for e in epochs) / n,
-            "epochs": table}
+            "epochs": epoch_table(epochs), **phase_summary(metrics)}
 
 
 def _types_section(t: TrainSummary) -> str:
@@ -257,8 +267,11 @@ def report(manifest: Manifest) -> Report:
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "
           f"{r['patience']}. {published}; \"last epoch\" is the model after the last epoch trained.{resumed}\n\n"
           f"{_test_metrics(t)}### Per epoch\n\n{markdown_table(table)}\n\n"
-          f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(t)}")
-    return Report(headline, table, md, images={"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG})
+          f"### Ranks\n\n{markdown_table(ranks)}\n{_types_section(t)}{phases_section(t)}")
+    images = {"training curves": CURVES_PNG, "feature cache": HIT_RATE_PNG}
+    if PHASES_PNG in manifest.files:   # builds before the phase split have none
+        images["where the time goes"] = PHASES_PNG
+    return Report(headline, table, md, images=images)
 
 
 _EPOCH_FIGURES = ("lr", "epoch_s", "sampled_edges_per_s", "hit_rate", "cached_rows", "local_rows", "remote_rows",

@@ -10,11 +10,17 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+PRELOAD = ["torch", "torch.distributed", "torch_geometric", "numpy", "scipy.stats"]
+
 
 def spawn_ranks(target: Any, args: tuple, tmp: Path, world: int, timeout_s: float) -> list[Any]:
     """Run ``target(rank, init_file, out_dir, *args)`` on ``world`` ranks; each writes ``<rank>.pt`` (or
     ``<rank>.err``). A rank that fails stops the run at once instead of leaving its peers blocked in a collective."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # the server imports these once and forks each rank from itself: a spawned rank imported them anew (torch and
+    # torch_geometric, ~5 CPU-s a rank on this machine), ~40 ranks a suite run; the server has run no parallel
+    # region (no OpenMP or CUDA state to inherit), which is what makes forking it safe
+    ctx.set_forkserver_preload(PRELOAD)
     procs = [ctx.Process(target=target, args=(r, str(tmp / "init"), str(tmp), *args), daemon=True)
              for r in range(world)]
     for proc in procs:

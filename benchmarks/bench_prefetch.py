@@ -48,7 +48,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from stages.train.rank.prefetch import batch_stream, producer_group
     from stages.train.rank.rank_data import RankData
     from stages.train.rank.trainer import Trainer
-    from stages.train.rank.worker import pick_device
+    from stages.train.rank.worker import pick_device, rank_backend
     from stages.train.spec import TrainSpec
 
     spec = TrainSpec.load(args.spec)
@@ -56,7 +56,7 @@ def rank_main(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(params.threads_per_rank or 1)
     device = pick_device(params, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
+    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
     depths = [int(d) for d in args.depths.split(",")]
     data = RankData.open(spec, rank, world, world, device, group=producer_group(max(depths)))
     trainer = Trainer(spec, params.model_copy(update={"prefetch": max(depths)}), data)

@@ -86,7 +86,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from stages.train.rank.cache_policy import cache_gids
     from stages.train.rank.rank_data import RankData
     from stages.train.rank.trainer import Trainer
-    from stages.train.rank.worker import pick_device
+    from stages.train.rank.worker import pick_device, rank_backend
     from stages.train.spec import TrainSpec
     from storage import ArtifactStore
     from storage.hotness import HotnessArtifact
@@ -98,7 +98,7 @@ def rank_main(args: argparse.Namespace) -> None:
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(params.threads_per_rank or 1)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=600))
+    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
     data = RankData.open(spec, rank, world, local_world, device)
     if not isinstance(data.features, DistFeatures):
         raise SystemExit("bench_train compares cache policies on a homogeneous graph's feature store")
@@ -190,7 +190,8 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
 
     # prefetch 0: this benchmark times the synchronous path (bench_prefetch times the depths against it)
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
-                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank, prefetch=0)
+                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank, prefetch=0,
+                    ranks_per_gpu=args.ranks_per_gpu)
     return run_ranks(__file__, args, manifests, params, args.parts,
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
                       "--profile", str(args.profile)])
@@ -207,6 +208,8 @@ def main() -> None:
     ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
     ap.add_argument("--device", choices=get_args(Device), default="auto", help="the ranks' device")
     ap.add_argument("--host-gather", choices=get_args(HostGather), default="auto", help="CUDA: own host rows' path")
+    ap.add_argument("--ranks-per-gpu", type=int, default=1,
+                    help="CUDA: ranks sharing each GPU over gloo (e.g. --parts 2 --ranks-per-gpu 2 on one card)")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--profile", type=int, default=0,

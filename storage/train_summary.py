@@ -101,6 +101,8 @@ class TrainSummary:
     resumed_from_epoch = _Fact(lambda v: None if v is None else int(v))
     device = _Fact(lambda v: "cpu" if v is None else str(v))
     backend = _Fact(lambda v: "" if v is None else str(v))
+    prefetch = _Fact(lambda v: None if v is None else int(v))        # the depth the ranks used
+    ranks_per_gpu = _Fact(lambda v: None if v is None else int(v))   # GPU ranks: how many shared each card
     cache_policy = _Fact(lambda v: "" if v is None else str(v))
     mean_epoch_s = _Fact(lambda v: 0.0 if v is None else float(v))
     mean_hit_rate = _Fact(lambda v: 0.0 if v is None else float(v))

@@ -13,30 +13,50 @@ from stages.train import stage as train
 from storage import ArtifactStore
 from storage.train import METRICS
 from storage.train_summary import TrainSummary
-from tests._train_pipeline import build_upstream, train_params, train_upstream
+from tests._train_pipeline import GRAPH, build_upstream, train_params, train_upstream
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("cache_policy", ["hotness", "none"])
-def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_path, cache_policy: str):
+@pytest.mark.parametrize(("cache_policy", "cap"), [("hotness", None), ("hotness", 0.2), ("none", None)])
+def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_path, cache_policy: str,
+                                                                            cap: float | None):
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 1)
-    manifest = train.run(store, train_params(device="cuda", cache_policy=cache_policy), train_upstream(manifests),
-                         log=print)
+    params = train_params(device="cuda", cache_policy=cache_policy, device_cache_ratio=cap)
+    manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["backend"] == "nccl" and metrics["world_size"] == 1
     assert TrainSummary.from_json(manifest.summary).test_metric >= 0.8, manifest.summary
     epochs = metrics["epochs"]
     assert all(e["remote_rows"] == 0 for e in epochs)
-    if cache_policy == "hotness":   # a cached row is a row that did not cross the PCIe link
-        assert all(e["cached_rows"] > 0 and e["local_rows"] > 0 for e in epochs)
-        assert metrics["ranks"][0]["cache_rows"] > 0
-    else:
+    rank = metrics["ranks"][0]
+    if cache_policy == "none":
         assert all(e["cached_rows"] == 0 for e in epochs)
+    elif cap is None:   # the device's budget: a small graph's every row sits in device memory (cache_budget)
+        assert rank["cache_budget"].startswith("device: ") and rank["cache_rows"] == GRAPH["num_nodes"]
+        assert all(e["local_rows"] == 0 and e["hit_rate"] == 1.0 for e in epochs)
+    else:   # capped: a cached row is a row that did not cross the PCIe link, the rest did
+        assert rank["cache_budget"] == "device_cache_ratio 0.2" and 0 < rank["cache_rows"] < GRAPH["num_nodes"]
+        assert all(e["cached_rows"] > 0 and e["local_rows"] > 0 for e in epochs)
     # where the time goes, on the device's timeline (tests/test_phases.py): the model's work shows on every epoch
     assert metrics["phase_clock"] == "cuda_events"
     for e in epochs:
         split = e["phases_s"]
         assert sum(v[0] for v in split.values()) <= e["epoch_s"] * (1 + 1e-9)
-        assert split["forward_backward"][0] > 0 and split["sample"][0] > 0 and split["gather_local"][0] > 0
+        assert split["forward_backward"][0] > 0 and split["sample"][0] > 0
+        assert split["gather_local"][0] > 0 or e["local_rows"] == 0
+
+
+def test_two_partitions_share_one_gpu_over_gloo_and_train_to_the_cpu_ranks_result(tmp_path):
+    """The multi-rank GPU path on one card (ranks_per_gpu=2): remote rows exchanged between GPU ranks, distributed
+    sampling, a device cache per rank; tests/test_train.py's 2 CPU ranks reach test accuracy >= 0.75."""
+    store = ArtifactStore(tmp_path / "art")
+    manifests = build_upstream(store, 2)
+    manifest = train.run(store, train_params(device="cuda", ranks_per_gpu=2), train_upstream(manifests), log=print)
+    metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
+    assert metrics["backend"] == "gloo" and metrics["world_size"] == 2 and metrics["ranks_per_gpu"] == 2
+    assert metrics["device"].startswith("cuda")
+    assert TrainSummary.from_json(manifest.summary).test_metric >= 0.75, manifest.summary
+    assert all(e["remote_rows"] > 0 for e in metrics["epochs"]), "the ranks exchanged rows"
+    assert "2 ranks sharing each GPU" in train.report(manifest).markdown

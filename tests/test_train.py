@@ -276,6 +276,7 @@ def test_params_validation_and_key():
     assert train.Params(cache_policy="degree").key_params() != train.Params().key_params()
     assert not train.Params.runtime_fields() & set(train.Params().key_params())
     assert train.Params.runtime_fields() == {"timeout_s", "peer_timeout_s", "host_memory_budget_bytes",
-                                             "threads_per_rank", "device", "prefetch", "host_gather"}
+                                             "threads_per_rank", "device", "prefetch", "host_gather",
+                                             "device_cache_bytes", "device_cache_ratio", "ranks_per_gpu"}
     assert train.Params(fanouts="10,5").num_layers == 2   # the depth is the number of fanouts
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

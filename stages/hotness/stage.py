@@ -48,9 +48,15 @@ class Params(BudgetedParams):
                                       json_schema_extra={FORM: 'a JSON object {"edge type": [fanout per hop]}'})
     batch_size: int = Field(1024, ge=1, description="seeds per batch; the training one")
     epochs: int = Field(1, ge=1, description="epochs pre-sampled to count feature-row requests")
-    cache_budget_bytes: int | None = Field(None, ge=0, description="cache bytes per rank; takes precedence "
-                                                                   "over cache_ratio")
-    cache_ratio: float = Field(0.2, ge=0, description="cache rows per rank, as a fraction of its partition")
+    # the plan's size: what the report evaluates and a CPU rank caches; a GPU rank sizes its cache where it runs
+    # (train's device_cache_*, stages.train.rank.cache_budget), taking the ranking's first rows
+    cache_budget_bytes: int | None = Field(None, ge=0, description="the cache plan's bytes per rank (CPU ranks "
+                                                                   "cache the plan; GPU ranks fill their free "
+                                                                   "memory, train.device_cache_bytes caps them); "
+                                                                   "takes precedence over cache_ratio")
+    cache_ratio: float = Field(0.2, ge=0, description="the cache plan's rows per rank, as a fraction of its "
+                                                      "partition (CPU ranks cache the plan; GPU ranks fill their "
+                                                      "free memory, train.device_cache_ratio caps them)")
     seed: Seed = Field(0, description="pre-sampling seed")
     task: TaskName = Field("node", description="the training task: link pre-samples from positive edges and their "
                                                "negatives")

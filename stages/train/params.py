@@ -103,6 +103,16 @@ class Params(StageParams):
     seed: Seed = Field(0, description="weights, shuffling, sampling and dropout streams")
     cache_policy: CachePolicyName = Field("auto", description="which rows each rank caches on its device "
                                                               "(auto: hotness on GPU, hotness-remote on CPU)")
+    # the cache's size is decided where the rank runs (stages.train.rank.cache_budget): a GPU's free memory, so
+    # neither cap is in the key and another GPU does not rebuild the hotness plan. Not hotness's cache_ratio and
+    # cache_budget_bytes, which size the plan that the hotness report evaluates (a shared name would set both)
+    device_cache_bytes: int | None = runtime(None, ge=0, description="cap on each rank's device cache, in bytes; "
+                                                                     "null: no cap (a GPU rank caches what its free "
+                                                                     "memory leaves after the model and the largest "
+                                                                     "batch, a CPU rank the hotness plan's rows)")
+    device_cache_ratio: float | None = runtime(None, ge=0, description="cap on each rank's device cache, as a "
+                                                                       "fraction of its partition's feature bytes; "
+                                                                       "null: no cap")
     timeout_s: float = runtime(24 * 3600.0, gt=0, description="whole job; then every rank is stopped")
     peer_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective fails "
                                                              "the job")
@@ -119,6 +129,11 @@ class Params(StageParams):
                                                                   "GPU rank, else 0); the same batches and results "
                                                                   "either way")
     device: Device = runtime("auto", description="auto: one GPU per rank when there are enough, else CPU")
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected", seen on the H200); gloo moves CUDA tensors, so N
+    # ranks on one GPU run the multi-rank GPU path (remote rows, distributed sampling, per-rank caches) on one card
+    ranks_per_gpu: int = runtime(1, ge=1, le=8, description="ranks sharing each GPU, over gloo (NCCL refuses two "
+                                                            "ranks on one device): for tests and benchmarks of the "
+                                                            "multi-rank GPU path on one card; slower than NCCL")
     # auto from the H200's gather table (stages.runtime.uva.choose_host_gather); the report names each rank's pick
     host_gather: HostGather = runtime("auto", description="CUDA ranks: copy gathers own host rows on the CPU into "
                                                           "pinned memory and copies them over; uva lets the GPU read "

@@ -204,6 +204,8 @@ def _summary(metrics: dict[str, Any], num_partitions: int, nnodes: int) -> dict[
             "num_partitions": num_partitions, "world_size": metrics["world_size"], "nodes": nnodes,
             "model": metrics["model"],
             "cache_policy": metrics["cache_policy"], "device": metrics["device"], "backend": metrics["backend"],
+            # runtime choices a reader of the report should see (builds before them lack the keys)
+            "prefetch": metrics.get("prefetch"), "ranks_per_gpu": metrics.get("ranks_per_gpu"),
             "resumed_from_epoch": metrics["resumed_from_epoch"], "ranks": metrics["ranks"],
             "mean_epoch_s": sum(e["epoch_s"] for e in epochs) / n,
             "mean_hit_rate": sum(e["hit_rate"] for e in epochs) / n,
@@ -261,7 +263,9 @@ def report(manifest: Manifest) -> Report:
             if m["whole_batch"] else "")
     inputs = (f"{m['in_channels']} features" if isinstance(m["in_channels"], int) else
               "a typed input (per node type below)")
-    md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {t.device} ({t.backend}); "
+    sharing = f", {t.ranks_per_gpu} ranks sharing each GPU" if (t.ranks_per_gpu or 1) > 1 else ""
+    prefetch = f", prefetch {t.prefetch}" if t.prefetch is not None else ""
+    md = (f"## train `{manifest.key}`\n\n{headline}\n\nDevice {t.device} ({t.backend}{sharing}{prefetch}); "
           f"{m['parameters']:,} parameters, {inputs} → {_outputs(m)}.{path} "
           f"Task: {t.task['name']}, {t.task['evaluator']}, global over ranks. Recipe: loss {r['loss']}, Adam "
           f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, schedule {r['lr_schedule']}, patience "

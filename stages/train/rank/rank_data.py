@@ -27,7 +27,8 @@ from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
 from stages.train.params import Params
-from stages.train.rank.cache_policy import cache_gids, resolve_policy
+from stages.train.rank.cache_budget import cache_budget
+from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
 from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
 from storage import ArtifactStore, InputError
@@ -181,10 +182,13 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
                                  host_gather=params.host_gather)
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
-    cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)   # reads the plan
+    budget = cache_budget(params, device, own_feature_bytes=x_store.num_rows * x_store.row_bytes,
+                          in_features=x_store.num_features, num_nodes=int(partition.bounds()[-1]))
+    fit = None if budget.bytes is None else rows_within(budget.bytes // max(x_store.row_bytes, 1))
+    cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank, fit=fit)   # reads the plan
     cache = dist_features.build_cache(torch.from_numpy(cached_gid))
     setup = {"feature_store": x_store.kind, "host_gather": dist_features.host_gather_mode,
-             "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes,
+             "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes, "cache_budget": budget.why,
              "cache_build_s": round(time.perf_counter() - start, 3)}
     return RowSources(dist_features, x_store.num_features, None, policy, setup)
 

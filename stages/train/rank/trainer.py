@@ -256,5 +256,6 @@ class Trainer:
                           **self.task_def.summary_model(params),
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
-                "phase_clock": clock_kind(self.device), "prefetch": self.prefetch}
+                "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
+                "ranks_per_gpu": params.ranks_per_gpu if self.device.type == "cuda" else None}
 

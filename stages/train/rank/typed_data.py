@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -21,7 +22,8 @@ from stages.runtime.feature_store import fit_in_budget, host_budget, open_featur
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.params import Params
-from stages.train.rank.cache_policy import cache_gids, resolve_policy
+from stages.train.rank.cache_budget import CacheBudget, cache_budget
+from stages.train.rank.cache_policy import Fit, bytes_within, cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
@@ -50,10 +52,12 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
     index = TypeIndex(table, device)
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
-    cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank)).to(device)
+    x_of = {name: features.x(rank, name) for name in features.featured_types}
+    budget, fit = _typed_budget(params, device, x_of, partition)
+    cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank,
+                                             fit=fit)).to(device)
     cached_type, cached_tgid = index.locate(cached_gid)
     # the host budget is the rank's, for all its featured types together (each type had all of it before)
-    x_of = {name: features.x(rank, name) for name in features.featured_types}
     in_ram = fit_in_budget({name: x_nbytes(x) for name, x in x_of.items()},
                            host_budget(params.host_memory_budget_bytes, local_world))
     sources: dict[str, RowSource] = {}
@@ -80,9 +84,24 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
     typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)
     setup = {"feature_store": _joined(types, "feature_store"), "host_gather": _joined(types, "host_gather"),
              "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
-             "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()),
+             "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()), "cache_budget": budget.why,
              "cache_build_s": round(time.perf_counter() - start, 3), "types": types}
     return RowSources(typed_rows, 0, typed_in_channels(partition, features), policy, setup)
+
+
+def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any],
+                  partition: PartitionArtifact) -> tuple[CacheBudget, Fit | None]:
+    """The rank's cache budget over its featured types' rows (``cache_budget``), and the fit that walks the ranking
+    by each gid's own row width (0 for a type whose rows are learnt: no cache holds them)."""
+    schema, table = partition.schema, partition.range_table()
+    row_bytes = np.array([x_of[t.name].shape[1] * x_of[t.name].dtype.itemsize if t.name in x_of else 0
+                          for t in schema.node_types], dtype=np.int64)
+    budget = cache_budget(params, device, own_feature_bytes=sum(x_nbytes(x) for x in x_of.values()),
+                          in_features=max((int(x.shape[1]) for x in x_of.values()), default=params.hidden),
+                          num_nodes=int(table.bounds[-1]))
+    if budget.bytes is None:
+        return budget, None
+    return budget, bytes_within(budget.bytes, lambda gid: row_bytes[table.locate(gid)[1]])
 
 
 def _joined(types: dict[str, dict[str, Any]], key: str) -> str:

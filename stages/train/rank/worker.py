@@ -40,17 +40,29 @@ from storage.write_errors import write_failure
 
 
 def pick_device(params: Params, local_rank: int, local_world: int) -> torch.device:
-    """One GPU per rank when there are enough (NCCL refuses two ranks on one GPU), else the CPU."""
+    """One GPU per rank when there are enough (NCCL refuses two ranks on one GPU), or ``ranks_per_gpu`` ranks on each
+    (over gloo: ``rank_backend``), else the CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if params.device == "cpu" or (params.device == "auto" and gpus < local_world):
+    share = params.ranks_per_gpu
+    needed = -(-local_world // share)
+    if params.device == "cpu" or (params.device == "auto" and gpus < needed):
         if gpus and params.device == "auto":
             print(f"{gpus} GPU(s) for {local_world} ranks on this host: training on the CPU (NCCL needs one GPU "
                   f"per rank; set device=cuda to make this an error)", flush=True)
         return torch.device("cpu")
-    if gpus < local_world:
-        raise InputError(f"device=cuda needs one GPU per rank: {local_world} ranks, {gpus} GPUs on this host")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+    if gpus < needed:
+        fix = (f"; tests and benchmarks can share one over gloo: ranks_per_gpu={local_world}" if share == 1 else
+               f" at ranks_per_gpu={share}")
+        raise InputError(f"device=cuda needs {needed} GPU(s) for {local_world} ranks on this host, which has "
+                         f"{gpus}{fix}")
+    index = local_rank // share
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def rank_backend(params: Params, device: torch.device) -> str:
+    """NCCL for one rank per GPU, gloo on a CPU and for ranks sharing a GPU (it moves CUDA tensors; NCCL refuses)."""
+    return "nccl" if device.type == "cuda" and params.ranks_per_gpu == 1 else "gloo"
 
 
 def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: int) -> None:
@@ -58,8 +70,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=params.peer_timeout_s))
+    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device,
                          group=producer_group(params.prefetch_depth(device.type, world)))

@@ -1,0 +1,93 @@
+"""How many bytes a rank's device cache may hold, decided where the rank runs (issue [4/5] item 1).
+
+- A CUDA rank fills its device: the free device memory (read once the rank's CSR is on it), less a margin, less what
+  the model, its optimiser and the largest batch will need (``reserve_bytes``, an estimate stated below). On one H100
+  a products-sized graph's features (0.96 GB) then sit wholly in HBM, which took a products epoch from 36.5 to 25.7
+  ms a batch (benchmarks/RESULTS.md "[4/5] The GPU check on an H100"), with no flag.
+- A CPU rank keeps the hotness plan's size (``None``): its "device" cache sits in the RAM its store already uses.
+- ``device_cache_bytes`` and ``device_cache_ratio`` (train's, runtime) cap either, when set. (The hotness stage's
+  ``cache_ratio`` and ``cache_budget_bytes`` size its plan, which its report evaluates, and a CPU rank's cache.)
+
+The budget is runtime, not part of any key: another GPU changes the cache, not the hotness plan, whose ranking the
+cache takes its first rows from (``cache_policy.cache_gids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stages.train.params import Params
+
+# the share of free device memory the cache may take before the reserve: the rest absorbs the allocator's rounding
+# and fragmentation, which on a long run can hold several % of what was freed
+FREE_MARGIN = 0.9
+# CUDA context extras, cuBLAS/cuSPARSE workspaces and collective buffers: measured nowhere yet, set generously
+FIXED_RESERVE_BYTES = 1 << 30
+# float32 values kept per sampled node per layer while a batch trains: its activations, their gradients and one
+# temporary (the aggregation's); GAT-like models keep more per head, which the margin and fixed reserve cover
+VALUES_PER_NODE_LAYER = 3
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """``bytes``: the cache's budget, or None for the hotness plan's own size; ``why``: how it was decided (the
+    ranks' table in the train report)."""
+
+    bytes: int | None
+    why: str
+
+
+def largest_batch_nodes(params: Params, num_nodes: int) -> int:
+    """An upper bound on a batch's sampled nodes: the seeds times (1 + fanout) per hop (-1: the whole graph),
+    capped at the graph."""
+    nodes = total = params.batch_size
+    for fanout in params.fanouts:
+        nodes = num_nodes if fanout < 0 else nodes * fanout
+        total = min(num_nodes, total + nodes)
+    return min(total, num_nodes)
+
+
+def reserve_bytes(params: Params, *, in_features: int, num_nodes: int) -> int:
+    """What the model, Adam and the largest batch need beside the cache (an estimate, see the constants): 16 bytes
+    per weight (the weight, its gradient, Adam's two moments) and, per sampled node, its float32 input row and
+    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
+    width = max(in_features, params.hidden)
+    weights = params.num_layers * 2 * (width + 1) * params.hidden   # a self and a neighbour matrix per layer
+    per_node = 4 * (in_features + VALUES_PER_NODE_LAYER * params.hidden * params.num_layers)
+    return 16 * weights + largest_batch_nodes(params, num_nodes) * per_node + FIXED_RESERVE_BYTES
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """The device's free memory now (CUDA's own count: other processes' use included)."""
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int, in_features: int, num_nodes: int,
+                 free_bytes: Callable[[torch.device], int] = free_device_bytes) -> CacheBudget:
+    """This rank's cache budget on ``device``; ``own_feature_bytes``: its partition's stored rows (what
+    ``device_cache_ratio`` is a fraction of); ``free_bytes``: how the free device memory is read (tests pass
+    their own)."""
+    caps = []
+    if params.device_cache_bytes is not None:
+        caps.append((params.device_cache_bytes, f"device_cache_bytes {params.device_cache_bytes:,}"))
+    if params.device_cache_ratio is not None:
+        caps.append((int(params.device_cache_ratio * own_feature_bytes),
+                     f"device_cache_ratio {params.device_cache_ratio:g}"))
+    cap = min(caps) if caps else None
+    if device.type != "cuda":
+        return CacheBudget(None, "the hotness plan's size (CPU rank)") if cap is None else CacheBudget(*cap)
+    free = free_bytes(device)
+    reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes)
+    # ranks sharing the GPU (ranks_per_gpu) each take their share of what they see free; one that reads after
+    # another built its cache sees less and takes less: never more than the card holds
+    share = params.ranks_per_gpu
+    fill = max(0, int(FREE_MARGIN * free / share) - reserve)
+    shared = f" / {share} ranks" if share > 1 else ""
+    why = (f"device: {FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model "
+           f"and the largest batch")
+    if cap is not None and cap[0] < fill:
+        return CacheBudget(*cap)
+    return CacheBudget(fill, why)

@@ -107,6 +107,16 @@ def test_typed_figures_and_the_published_embeddings(two, rgcn):
                                                "paper": 16}
 
 
+def test_a_byte_cap_walks_the_ranking_by_each_types_row_bytes(art, two):
+    """device_cache_bytes on a typed graph (stages.train.rank.cache_budget): the ranking's gids are taken while
+    their rows (64 B a paper, 0 for a learnt type: no cache holds it) fit; a CPU rank honours the cap too."""
+    cap = 1000 * 16 * 4 + 10   # 1000 paper rows and a bit: the next row does not fit
+    _, metrics, _ = run(art, two, model="rgcn", epochs=1, device_cache_bytes=cap)
+    for r in metrics["ranks"]:
+        assert r["cache_budget"] == f"device_cache_bytes {cap:,}"
+        assert r["types"]["paper"]["cache_rows"] == 1000 and r["cache_bytes"] == 1000 * 64
+
+
 def test_a_partition_without_some_node_type_trains(art):
     """300 nodes: 2 institutions at most, so with 3 partitions one holds none (and maybe no field either)."""
     tiny = build_upstream(art, 3, {**GRAPH, "num_nodes": 300})

@@ -39,13 +39,14 @@ def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_
     else:   # capped: a cached row is a row that did not cross the PCIe link, the rest did
         assert rank["cache_budget"] == "device_cache_ratio 0.2" and 0 < rank["cache_rows"] < GRAPH["num_nodes"]
         assert all(e["cached_rows"] > 0 and e["local_rows"] > 0 for e in epochs)
-    # where the time goes, on the device's timeline (tests/test_phases.py): the model's work shows on every epoch
-    assert metrics["phase_clock"] == "cuda_events"
+    # where the time goes, on the device's timeline (tests/test_phases.py): the model's work shows on every epoch,
+    # the batches' preparation in the prefetch thread (a lone GPU rank prefetches one batch by default)
+    assert metrics["phase_clock"] == "cuda_events" and metrics["prefetch"] == 1
     for e in epochs:
-        split = e["phases_s"]
+        split, ahead = e["phases_s"], e["prefetch_phases_s"]
         assert sum(v[0] for v in split.values()) <= e["epoch_s"] * (1 + 1e-9)
-        assert split["forward_backward"][0] > 0 and split["sample"][0] > 0
-        assert split["gather_local"][0] > 0 or e["local_rows"] == 0
+        assert split["forward_backward"][0] > 0 and split["sample"][0] == 0 and ahead["sample"][0] > 0
+        assert ahead["gather_local"][0] > 0 or e["local_rows"] == 0
 
 
 def test_two_partitions_share_one_gpu_over_gloo_and_train_to_the_cpu_ranks_result(tmp_path):

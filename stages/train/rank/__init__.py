@@ -4,7 +4,8 @@
   threads, error record; it only wires the others together.
 - ``rank_data``: what the rank reads of the artifacts, its only reader (its partition, features and cache; at the
   end, the order of the published embedding tables); ``typed_data``: the same for a typed graph.
-- ``cache_policy``: which gids the rank caches on its device (policy; the mechanism is ``stages.runtime``).
+- ``cache_policy``: which gids the rank caches on its device (policy; the mechanism is ``stages.runtime``);
+  ``cache_budget``: how many bytes of them, decided where the rank runs (a GPU's free memory).
 - ``loader``: seeds → sampled batch → feature rows → labels, in lockstep; ``prefetch``: the next batch prepared
   while the model computes.
 - ``trainer``: task, model, DDP, optimiser and the run; ``loop``: the epoch and evaluation loops; ``recipe``:

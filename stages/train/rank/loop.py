@@ -131,7 +131,7 @@ def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torc
     if on_batch is not None:
         on_batch(b)
     y = ready.target
-    with phase("optimizer"):   # before the forward pass, which reads no gradient: one boundary fewer a batch
+    with phase("optimizer"):   # zeroed before the forward pass, which reads no gradient: the same results
         optimizer.zero_grad(set_to_none=True)
     with phase("forward_backward"):
         out = task.forward(model, ready.x, ready.batch, y)

@@ -48,17 +48,22 @@ def in_order(names: Iterable[str]) -> list[str]:
 
 
 def averaged_epochs(epochs: Sequence[Mapping[str, Any]], key: str = "phases_s") -> list[Mapping[str, Any]]:
-    """The epoch records ``mean_phases`` averages: those that hold a non-empty ``key``, less the first of them when
-    there are 2 or more (its warm-up: the CUDA context, the allocator's first allocations and the caches' filling
-    would be charged to the phases of that epoch alone)."""
-    found = [e for e in epochs if e.get(key)]
+    """The epoch records ``mean_phases`` averages: those whose ``key`` measured something (not absent, empty or all
+    zero: an older build, no prefetch thread), less the first of them when there are 2 or more (its warm-up: the
+    CUDA context, the allocator's first allocations and the caches' filling would be charged to the phases of that
+    epoch alone)."""
+    found = _measured(epochs, key)
     return found[1:] if len(found) >= 2 else found
+
+
+def _measured(epochs: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
+    return [e for e in epochs if any(v for values in (e.get(key) or {}).values() for v in values)]
 
 
 def mean_phases(epochs: Sequence[Mapping[str, Any]], key: str = "phases_s") -> dict[str, list[float]] | None:
     """Per phase, per rank: the mean seconds per epoch over the epochs that hold ``key`` (``phases_s``, or
     ``prefetch_phases_s``), the first of them left out when there are 2 or more (warm-up: CUDA context, allocator,
-    caches); None when no epoch holds it (an older build, or no prefetch thread).
+    caches); None when no epoch measured it (an older build, or no prefetch thread).
 
     Every phase of ``PHASES`` is in the result, in that order (0 where a record lacks it), then any phase name this
     code does not know, so that nothing measured is dropped; ranks: the longest list of any record."""
@@ -78,7 +83,7 @@ def mean_phases(epochs: Sequence[Mapping[str, Any]], key: str = "phases_s") -> d
 def epochs_label(epochs: Sequence[Mapping[str, Any]], key: str = "phases_s") -> str:
     """Which epochs ``mean_phases`` averaged, 1-based as the report shows epochs: ``"epochs 2-10 (epoch 1 left out:
     warm-up)"``, ``"epoch 1"``, ``""`` when none."""
-    found = [e for e in epochs if e.get(key)]
+    found = _measured(epochs, key)
     used = averaged_epochs(epochs, key)
     if not used:
         return ""

@@ -84,6 +84,8 @@ def test_one_epoch_is_its_own_mean():
 def test_missing_or_empty_splits_give_none():
     assert mean_phases(_epochs(3, phases=False)) is None and mean_phases([]) is None
     assert mean_phases(_epochs(3, prefetch=False), "prefetch_phases_s") is None   # {} without prefetch
+    zeros = [{"epoch": e, "prefetch_phases_s": {"sample": [0.0, 0.0]}} for e in range(3)]
+    assert mean_phases(zeros, "prefetch_phases_s") is None, "a thread that measured nothing: no bars, no table"
     assert epochs_label(_epochs(2, phases=False)) == ""
     # an epoch without the key (a record of an older build, resumed) is not averaged as zeros
     mixed = _epochs(3, phases=False)[:1] + _epochs(3)[1:]

@@ -96,9 +96,7 @@ def phases_png(metrics: dict[str, Any]) -> bytes | None:
     main = mean_phases(epochs)
     if main is None:
         return None
-    prefetch = mean_phases(epochs, "prefetch_phases_s")
-    if prefetch is not None and not any(v for values in prefetch.values() for v in values):
-        prefetch = None   # a prefetch thread that recorded nothing: no empty bars
+    prefetch = mean_phases(epochs, "prefetch_phases_s")   # None: no prefetch thread measured anything
     ranks = max(len(values) for values in main.values())
     names = [n for n in main if any(main[n]) or (prefetch is not None and any(prefetch.get(n, [])))]
     width = 0.38 if prefetch is not None else 0.6

@@ -36,7 +36,7 @@ def phase_summary(metrics: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"phase_clock": metrics.get("phase_clock"), "phase_epochs": epochs_label(epochs),
                            "phases_s": _rounded(main)}
     prefetch = mean_phases(epochs, "prefetch_phases_s")
-    if prefetch is not None and any(v for values in prefetch.values() for v in values):
+    if prefetch is not None:
         out["prefetch_phases_s"] = _rounded(prefetch)
     return out
 

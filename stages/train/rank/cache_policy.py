@@ -65,8 +65,9 @@ def cache_gids(policy: str, *, partition: PartitionArtifact, hotness: HotnessArt
             return plan.plan_gid.astype(np.int64, copy=False)
         fit = rows_within(int(plan.plan_gid.shape[0]))
     if policy == "hotness":
-        if fit(ranked) < ranked.shape[0]:
-            return ranked[:fit(ranked)]
+        fitting = fit(ranked)   # a byte fit is a cumulative sum over the whole ranking: once
+        if fitting < ranked.shape[0]:
+            return ranked[:fitting]
         ranking = full_ranking(ranked, partition.in_degree())
         return ranking[:fit(ranking)]
     if policy == "hotness-remote":

@@ -37,19 +37,21 @@ from _train_bench import build_upstream, run_ranks
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages.choices import CACHE_POLICIES, Device, HostGather  # noqa: E402 - after the repo is on sys.path
+from stages.choices import CACHE_POLICIES, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
+RUNTIME = "runtime"   # the cache the train stage builds itself
 
-def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args) -> dict:
-    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches."""
+
+def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args, prefetch: int = 0) -> dict:
+    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches (``prefetch`` ahead)."""
     from stages.train.rank.loop import train_epoch
 
     batches = iter(seed_batches)
     train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, task,
-                num_real_batches=args.warmup, device=device)
+                num_real_batches=args.warmup, device=device, prefetch=prefetch)
     sums = train_epoch(model, optimizer, itertools.islice(batches, args.max_batches), sample, gather, task,
-                       num_real_batches=args.max_batches, device=device)
+                       num_real_batches=args.max_batches, device=device, prefetch=prefetch)
     if sums.batches == 0:
         raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
                          f"--batch-size")
@@ -67,7 +69,8 @@ def _profile(trainer, loader, seeds, device, args) -> dict:
 
     def run() -> tuple[float, int]:
         sums = train_epoch(trainer.ddp, trainer.optimizer, itertools.islice(seeds, args.profile), loader.sample,
-                           loader.gather_rows, trainer.task, num_real_batches=args.profile, device=device)
+                           loader.gather_rows, trainer.task, num_real_batches=args.profile, device=device,
+                           prefetch=trainer.prefetch)
         return sums.wall_s, sums.batches
     return profile_batches(run, cuda=device.type == "cuda")
 
@@ -84,6 +87,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from stages.runtime.dist_sampler import equal_batch_count
     from stages.train.params import Params
     from stages.train.rank.cache_policy import cache_gids
+    from stages.train.rank.prefetch import producer_group
     from stages.train.rank.rank_data import RankData
     from stages.train.rank.trainer import Trainer
     from stages.train.rank.worker import pick_device, rank_backend
@@ -98,8 +102,10 @@ def rank_main(args: argparse.Namespace) -> None:
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(params.threads_per_rank or 1)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
-    data = RankData.open(spec, rank, world, local_world, device)
+    data = RankData.open(spec, rank, world, local_world, device,
+                         group=producer_group(params.prefetch_depth(device.type, world)))
     if not isinstance(data.features, DistFeatures):
         raise SystemExit("bench_train compares cache policies on a homogeneous graph's feature store")
     features = data.features
@@ -110,14 +116,16 @@ def rank_main(args: argparse.Namespace) -> None:
     hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
     batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), params.batch_size)
     results = {}
-    for policy in CACHE_POLICIES:
-        gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)
-        cache = features.build_cache(torch.from_numpy(gid))
+    for policy in args.policies.split(","):
+        # "runtime": the cache RankData built, as the train stage does (on a GPU: sized by the device's free memory
+        # and the caps); the others: that policy's plan (stages.train.rank.cache_policy), rebuilt here
+        cache = features.cache if policy == RUNTIME else features.build_cache(
+            torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank)))
         trainer.rng.seed_epoch(0)
         seeds = loader.train_batches()
         data.features.reset_counters()
         timing = _time_batches(trainer.ddp, trainer.optimizer, seeds, loader.sample, loader.gather_rows,
-                               trainer.task, device, args)
+                               trainer.task, device, args, prefetch=trainer.prefetch)
         c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
         sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"],
                              c.local_bytes], dtype=torch.float64)
@@ -136,10 +144,12 @@ def rank_main(args: argparse.Namespace) -> None:
                                                            / 2**20, 1),
                            "sampled_edges_per_s": round(edges / wall.item()),   # timed batches, all ranks
                            "phases_ms_per_batch": timing["phases_ms_per_batch"]}   # rank 0's
-        if policy == "hotness" and args.profile:   # one rank (main checks)
+        if policy == args.policies.split(",")[0] and args.profile:   # one rank (main checks)
             results[policy]["profile"] = _profile(trainer, loader, seeds, device, args)
     if rank == 0:
-        out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device), "policies": results}
+        out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
+               "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
+               "cache_budget": data.setup.get("cache_budget"), "policies": results}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
     dist.barrier()
     sys.stdout.flush()
@@ -188,10 +198,11 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
 def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
 
-    # prefetch 0: this benchmark times the synchronous path (bench_prefetch times the depths against it)
+    # prefetch: the train stage's default unless --prefetch (bench_prefetch times the depths against each other)
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
-                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank, prefetch=0,
-                    ranks_per_gpu=args.ranks_per_gpu)
+                    batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank,
+                    prefetch=args.prefetch, ranks_per_gpu=args.ranks_per_gpu, precision=args.precision,
+                    device_cache_ratio=args.device_cache_ratio)
     return run_ranks(__file__, args, manifests, params, args.parts,
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
                       "--profile", str(args.profile)])
@@ -210,10 +221,18 @@ def main() -> None:
     ap.add_argument("--host-gather", choices=get_args(HostGather), default="auto", help="CUDA: own host rows' path")
     ap.add_argument("--ranks-per-gpu", type=int, default=1,
                     help="CUDA: ranks sharing each GPU over gloo (e.g. --parts 2 --ranks-per-gpu 2 on one card)")
+    ap.add_argument("--policies", default=",".join((RUNTIME, *CACHE_POLICIES)),
+                    help=f"caches to time, in order: {RUNTIME} (the train stage's own) and plans of "
+                         f"{', '.join(CACHE_POLICIES)}")
+    ap.add_argument("--device-cache-ratio", type=float, default=None, help=f"cap on the {RUNTIME} cache (rows)")
+    ap.add_argument("--prefetch", type=int, default=None, help="batches prepared ahead (default: the stage's auto)")
+    ap.add_argument("--precision", choices=get_args(Precision), default="float32", help="the model's products")
+    ap.add_argument("--matmul-precision", choices=("highest", "high", "medium"), default="highest",
+                    help="torch.set_float32_matmul_precision in the ranks (high: TF32 GEMMs)")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--profile", type=int, default=0,
-                    help="one rank: profile this many more batches of the hotness policy (torch.profiler summary)")
+                    help="one rank: profile this many more batches of the first policy (torch.profiler summary)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
     ap.add_argument("--threads-per-rank", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--timeout-s", type=float, default=6 * 3600)
@@ -225,6 +244,13 @@ def main() -> None:
     if args.rank_worker:
         rank_main(args)
         return
+    policies = args.policies.split(",")
+    if unknown := [p for p in policies if p not in (RUNTIME, *CACHE_POLICIES)]:
+        ap.error(f"unknown policy {unknown[0]!r}: choose from {RUNTIME}, {', '.join(CACHE_POLICIES)}")
+    if RUNTIME in policies[1:]:
+        ap.error(f"{RUNTIME} must come first: the other policies replace the cache the ranks built")
+    if not args.skip_single and "hotness" not in policies:
+        ap.error("the single-process baseline is compared with the hotness policy: add it or pass --skip-single")
     if args.profile and args.parts != 1:
         ap.error("--profile needs --parts 1: a profiled DDP rank would wait on peers that run no such batches")
     start = time.perf_counter()

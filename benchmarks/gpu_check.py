@@ -15,10 +15,11 @@ exits 0. On a GPU machine (no network needed) it:
    - ``gather``: zero-copy (UVA) vs gather-then-copy vs HBM rows (``bench_gpu_gather.py``, issue [7/7] item 4);
    - ``sampler``: sampled edges/s of our sampler on the GPU at products scale (``bench_sampler.py``; goal ≥ 40 M/s
      on an H100, GLT publishes 32 M/s on an A100);
-   - ``train``: a products-scale training epoch on 1 GPU with each cache policy, hit rate and host→device bytes, for
-     each stored feature dtype of ``--dtypes`` (``bench_train.py --parts 1``, ``host_gather=auto``); the first of
-     them profiled (``--profile 10``), again with ``host_gather=copy``, and again with every row cached
-     (``--cache-ratio 1.0``);
+   - ``train``: a products-scale training epoch on 1 GPU with the train stage's defaults (the device cache sized
+     by the free memory, ``host_gather`` and ``prefetch`` auto) for each stored feature dtype of ``--dtypes``
+     (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype profiled (``--profile 10``),
+     again with the cache capped at 0.2 of the rows and ``host_gather=copy``, and capped at 0.2 beside the plans
+     of that size of each cache policy;
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0, 1, 2 (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures.
 
@@ -181,14 +182,17 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     train = [(f"train-{dtype}", [py, f"{bench}/bench_train.py", *graph, "--features", str(s["features"]),
                                  "--classes", str(s["classes"]), "--parts", "1", "--device", device, "--skip-single",
                                  "--max-batches", str(s["max_batches"]), "--feature-dtype", dtype,
-                                 "--root", str(work / f"artifacts-{args.scale}")])
+                                 "--root", str(work / f"artifacts-{args.scale}"), "--policies", "runtime"])
              for dtype in args.dtypes.split(",")]
     first = args.dtypes.split(",")[0]
-    # the first dtype, profiled (issue [4/5] item 3), then with the other host path than auto's (item 2), then
-    # with every row in the device cache (item 1's goal: a plan of all rows)
-    train[0] = (train[0][0], [*train[0][1], "--profile", "10"])
-    train.append((f"train-{first}-copy", [*train[0][1][:-2], "--host-gather", "copy"]))
-    train.append((f"train-{first}-all", [*train[0][1], "--cache-ratio", "1.0"]))
+    # each dtype with the train stage's defaults (the device cache sized by the free memory, prefetch auto); the
+    # first profiled (issue [4/5] item 3), then with host_gather=copy (item 2's other path; the rows that miss a
+    # cache capped at 0.2 of them), then capped at 0.2 beside that size's plans (hotness, degree, none)
+    plain = train[0][1]
+    train[0] = (train[0][0], [*plain, "--profile", "10"])
+    cap = ["--device-cache-ratio", "0.2"]
+    train.append((f"train-{first}-copy", [*plain, *cap, "--host-gather", "copy"]))
+    train.append((f"train-{first}-cap0.2", [*plain[:-1], ",".join(("runtime", "hotness", "degree", "none")), *cap]))
     return {
         "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
                  "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "

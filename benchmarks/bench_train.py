@@ -57,7 +57,10 @@ def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, 
                          f"--batch-size")
     return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges,
             # this rank's split of the timed batches (stages.runtime.phases: CUDA events on a GPU), per batch
-            "phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3) for k, v in sums.phases_s.items()}}
+            "phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3) for k, v in sums.phases_s.items()},
+            # the prefetch thread's (sampling and gathering ahead; empty without prefetch)
+            "prefetch_phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3)
+                                             for k, v in sums.prefetch_phases_s.items() if v}}
 
 
 def _profile(trainer, loader, seeds, device, args) -> dict:
@@ -143,7 +146,8 @@ def rank_main(args: argparse.Namespace) -> None:
                            "uncached_MiB_per_epoch": round((local_bytes + remote_bytes) / counted * batches_per_epoch
                                                            / 2**20, 1),
                            "sampled_edges_per_s": round(edges / wall.item()),   # timed batches, all ranks
-                           "phases_ms_per_batch": timing["phases_ms_per_batch"]}   # rank 0's
+                           "phases_ms_per_batch": timing["phases_ms_per_batch"],   # rank 0's
+                           "prefetch_phases_ms_per_batch": timing["prefetch_phases_ms_per_batch"]}
         if policy == args.policies.split(",")[0] and args.profile:   # one rank (main checks)
             results[policy]["profile"] = _profile(trainer, loader, seeds, device, args)
     if rank == 0:

@@ -51,10 +51,13 @@ def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_
 
 def test_two_partitions_share_one_gpu_over_gloo_and_train_to_the_cpu_ranks_result(tmp_path):
     """The multi-rank GPU path on one card (ranks_per_gpu=2): remote rows exchanged between GPU ranks, distributed
-    sampling, a device cache per rank; tests/test_train.py's 2 CPU ranks reach test accuracy >= 0.75."""
+    sampling, a device cache per rank; tests/test_train.py's 2 CPU ranks reach test accuracy >= 0.75. Uncapped,
+    each rank's budget holds every row of this small graph, its peer's too, and no row would cross (seen on an
+    H200): the cap keeps the exchange in the test."""
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 2)
-    manifest = train.run(store, train_params(device="cuda", ranks_per_gpu=2), train_upstream(manifests), log=print)
+    params = train_params(device="cuda", ranks_per_gpu=2, device_cache_ratio=0.2)
+    manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["backend"] == "gloo" and metrics["world_size"] == 2 and metrics["ranks_per_gpu"] == 2
     assert metrics["device"].startswith("cuda")

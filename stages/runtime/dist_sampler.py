@@ -43,11 +43,11 @@ from stages.runtime.sampler import (
     HopEdges,
     LocalCSR,
     MultiHopSampler,
-    repeat_positions,
     sample_own_hop,
     sample_typed_edges,
     shuffled,
 )
+from stages.runtime.segments import repeat_positions
 
 
 def _split_totals(count: Tensor, split: list[int]) -> list[int]:

@@ -19,8 +19,9 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
   Measured alternatives (1 thread, rows of degree ~100-1000): random keys for every candidate + a segmented sort
   (top-k per row) was 20-1000x slower, because it materialises and sorts all neighbours of every row; a
   [rows, k] layout or one tensor per pick was up to 1.5x slower than the [k, rows] layout used here.
-- a row's output slots become edge positions in ``indices`` with running sums (``_expand_rows``) instead of
-  ``repeat_interleave``, which is a slow serial kernel on CPU; gathers use ``index_select`` (4-7x faster than
+- a row's output slots become edge positions in ``indices`` (``stages.runtime.segments.expand_rows``: running sums
+  on a CPU, where ``repeat_interleave`` is a slow serial kernel; ``repeat_interleave`` of a known size on a GPU,
+  where the running sums' ``nonzero`` would stop the host); gathers use ``index_select`` (4-7x faster than
   advanced indexing on CPU).
 """
 
@@ -37,11 +38,12 @@ from torch_geometric.data import Data
 from stages.runtime.csr import LocalCSR
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
+from stages.runtime.segments import expand_rows, repeat_positions, stable_order
 from stages.runtime.weighted import sample_weighted_edges
 
-__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches", "repeat_positions",
+__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches",
            "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts", "sample_typed",
-           "sample_typed_edges", "shuffled", "stable_order"]
+           "sample_typed_edges", "shuffled"]
 
 
 def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
@@ -52,18 +54,18 @@ def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
 def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
     """[k, rows] offsets in ``[0, deg)``, a uniform k-subset per row (all ``deg > k``), by Floyd's algorithm.
 
-    Laid out [k, rows] so that each step reads and writes contiguous rows of the matrix; the membership test
-    compares against the j picks so far, one vectorised op per step.
+    Step j draws in ``[0, deg - k + j]`` and takes that step's upper end instead when the draw repeats an earlier
+    pick. Every step's draw is made up front (one product over the [k, rows] matrix, the same values as one step at
+    a time), so the sequential part is 3 ops a step (compare, any, select): on a GPU each op is a kernel launch, and
+    the steps were 10 ops each, 300 of a products batch's 470 sampling launches at fanouts [15, 10, 5]. Laid out
+    [k, rows] so that each step reads and writes contiguous rows of the matrix.
     """
     rand = torch.rand((k, deg.numel()), dtype=torch.float64, device=deg.device, generator=generator)
-    offset = torch.empty((k, deg.numel()), dtype=torch.long, device=deg.device)
-    for j in range(k):
-        hi = deg - (k - j)                                   # step j draws in [0, hi]
-        draw = _uniform_below(hi + 1, rand[j])
-        if j:
-            taken = (offset[:j] == draw).any(0)
-            draw = torch.where(taken, hi, draw)              # hi was not drawable before this step: always new
-        offset[j] = draw
+    hi = deg - torch.arange(k, 0, -1, device=deg.device).unsqueeze(1)   # [k, rows]: step j's upper end
+    offset = _uniform_below(hi + 1, rand)                    # each step's draw; step j >= 1 may repeat a pick
+    for j in range(1, k):
+        taken = (offset[:j] == offset[j]).any(0)
+        torch.where(taken, hi[j], offset[j], out=offset[j])   # hi[j] was not drawable before step j: always new
     return offset
 
 
@@ -108,20 +110,21 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
         count = torch.where(deg > 0, fanout, 0)
     else:
         count = deg.clamp(max=fanout)
-    total = int(count.sum())                                 # one host sync: output sizes depend on it
+    big = deg > fanout if fanout != -1 and not replace else None   # the rows Floyd's draws subset
+    # one host sync: the output sizes (the edges, and the rows to subset) depend on the draws' counts
+    total, num_big = (int(count.sum()), 0) if big is None else torch.stack([count.sum(), big.sum()]).tolist()
     if replace and fanout != -1:
         row_pos = repeat_positions(count, total)
         offset = _uniform_below(deg.index_select(0, row_pos),
                                 torch.rand(total, dtype=torch.float64, device=device, generator=generator))
         return count, row_pos, row_start.index_select(0, row_pos) + offset
-    row_pos, edge_idx = _expand_rows(count, row_start, total)
-    if fanout != -1:
-        big_row_pos = torch.nonzero(deg > fanout).squeeze(1)
-        if big_row_pos.numel():
-            offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
-            out_ptr = torch.cumsum(count, 0) - count             # each row's first output slot
-            slot_pos = out_ptr.index_select(0, big_row_pos) + torch.arange(fanout, device=device).unsqueeze(1)
-            edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
+    row_pos, edge_idx = expand_rows(count, row_start, total)
+    if big is not None and num_big:
+        big_row_pos = torch.nonzero_static(big, size=num_big).squeeze(1)   # its size known: no second sync
+        offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
+        out_ptr = torch.cumsum(count, 0) - count             # each row's first output slot
+        slot_pos = out_ptr.index_select(0, big_row_pos) + torch.arange(fanout, device=device).unsqueeze(1)
+        edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
     return count, row_pos, edge_idx
 
 
@@ -186,54 +189,10 @@ def _sample_per_edge_type(csr_local: LocalCSR, target_lid: Tensor, fanout: tuple
         empty = target_lid.new_empty(0)
         return count, empty, empty, empty
     key = torch.cat(keys)
-    order = stable_order(key)
+    order = stable_order(key, target_lid.numel() * num_types)
     key = key.index_select(0, order)
     return (count, torch.div(key, num_types, rounding_mode="floor"), torch.cat(nbrs).index_select(0, order),
             torch.remainder(key, num_types))
-
-
-def stable_order(key_pos: Tensor) -> Tensor:
-    """The stable sorting permutation of non-negative positions. As int32 on CPU: 0.8 ms for the 168 k entries of
-    a products batch's layer 1, where int64 keys took 25 ms (torch picks a radix sort for the narrower keys)."""
-    if key_pos.numel() and int(key_pos.max()) < 2**31:
-        key_pos = key_pos.to(torch.int32)
-    return torch.sort(key_pos, stable=True).indices
-
-
-def _row_starts(count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Non-empty rows, their counts and their first output slots (exclusive running sum)."""
-    nonempty_row_pos = torch.nonzero(count).squeeze(1)
-    nonempty_count = count.index_select(0, nonempty_row_pos)
-    return nonempty_row_pos, nonempty_count, torch.cumsum(nonempty_count, 0) - nonempty_count
-
-
-def repeat_positions(count: Tensor, total: int) -> Tensor:
-    """``repeat_interleave(arange(len(count)), count)`` (``total = count.sum()``), ~30x faster on CPU.
-
-    A running sum of per-slot steps that are 0 except at a non-empty row's first slot, where they jump to that
-    row: CPU ``repeat_interleave`` is a slow serial kernel.
-    """
-    nonempty_row_pos, _, start_slot_pos = _row_starts(count)
-    step = torch.zeros(total, dtype=torch.long, device=count.device)
-    step.scatter_(0, start_slot_pos, torch.diff(nonempty_row_pos, prepend=nonempty_row_pos.new_zeros(1)))
-    return torch.cumsum(step, 0)
-
-
-def _expand_rows(count: Tensor, row_start: Tensor, total: int) -> tuple[Tensor, Tensor]:
-    """For ``count[r]`` slots per row: each slot's row and its ``edge_idx = row_start[r] + rank within row``.
-
-    The second is the same running sum as in ``repeat_positions``, with steps of 1 inside a row and a jump
-    from the previous non-empty row's last edge to the row's ``row_start`` at its first slot.
-    """
-    nonempty_row_pos, nonempty_count, start_slot_pos = _row_starts(count)
-    device = count.device
-    row_step = torch.zeros(total, dtype=torch.long, device=device)
-    row_step.scatter_(0, start_slot_pos, torch.diff(nonempty_row_pos, prepend=nonempty_row_pos.new_zeros(1)))
-    ne_row_start = row_start.index_select(0, nonempty_row_pos)
-    ne_row_last = ne_row_start + nonempty_count - 1
-    edge_step = torch.ones(total, dtype=torch.long, device=device)
-    edge_step.scatter_(0, start_slot_pos, torch.cat([ne_row_start[:1], ne_row_start[1:] - ne_row_last[:-1]]))
-    return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
 
 
 @dataclass
@@ -284,9 +243,10 @@ class MultiHopSampler(ABC):
         ``edge_attr``, ``edge_attr`` [E, D] (the sampled edges' rows).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
-        if seed_gid.numel() and (int(seed_gid.min()) < 0 or int(seed_gid.max()) >= self.num_nodes):
-            raise ValueError(f"seed gids must lie in [0, {self.num_nodes}); got "
-                             f"[{int(seed_gid.min())}, {int(seed_gid.max())}]")
+        if seed_gid.numel():
+            lo, hi = torch.stack(torch.aminmax(seed_gid)).tolist()   # one host sync for both ends
+            if lo < 0 or hi >= self.num_nodes:
+                raise ValueError(f"seed gids must lie in [0, {self.num_nodes}); got [{lo}, {hi}]")
         nodes = self._node_map
         nodes.start(seed_gid)
         batch_size = seed_gid.numel()

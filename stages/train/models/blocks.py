@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.runtime.sampler import repeat_positions, stable_order
+from stages.runtime.segments import bin_counts, repeat_positions, stable_order
 
 __all__ = ["BatchGraph", "Block", "SparseAdj", "make_blocks", "relu_dropout", "spmm", "spmm_with_root", "stable_order"]
 
@@ -49,8 +49,8 @@ class SparseAdj:
     def transposed(self) -> Tensor:
         """``[num_src, num_dst]`` CSR of the transpose, for the backward pass."""
         row_pos = repeat_positions(torch.diff(self.crow), self.col.numel())
-        order = stable_order(self.col)
-        count = torch.bincount(self.col, minlength=self.num_src)
+        order = stable_order(self.col, self.num_src)
+        count = bin_counts(self.col, self.num_src)
         crow_t = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
         return _csr(crow_t, row_pos.index_select(0, order), self.values.index_select(0, order),
                     (self.num_src, self.num_dst))
@@ -132,11 +132,11 @@ class BatchGraph:
         # type), which keeps them grouped by target
         key_pos = dst_pos if edge_type is None else dst_pos * num_edge_types + edge_type
         if key_pos.numel() > 1 and not bool((key_pos[1:] >= key_pos[:-1]).all()):
-            order = stable_order(key_pos)
+            order = stable_order(key_pos, num_targets * num_edge_types)
             src_pos, dst_pos = src_pos.index_select(0, order), dst_pos.index_select(0, order)
             key_pos = key_pos.index_select(0, order)
         self.col, self.row = src_pos, dst_pos                 # CSR entries: source position, target position
-        self.count = torch.bincount(dst_pos, minlength=num_targets)   # sampled in-edges per target
+        self.count = bin_counts(dst_pos, num_targets)   # sampled in-edges per target
         self.crow = torch.cat([self.count.new_zeros(1), torch.cumsum(self.count, 0)])
         self.num_nodes, self.num_targets, self.true_deg = num_nodes, num_targets, deg
         self.dst_start = dst_start
@@ -151,7 +151,7 @@ class BatchGraph:
     def relation_csr(self) -> tuple[Tensor, Tensor]:
         """``(crow, values)`` over (target, edge type) rows ``dst * R + e``: each entry's ``1 / count`` of its
         row, the mean over a target's sampled in-neighbours of one edge type (R-GCN). Entries as ``col``."""
-        count = torch.bincount(self._key_pos, minlength=self.num_targets * self.num_edge_types)
+        count = bin_counts(self._key_pos, self.num_targets * self.num_edge_types)
         crow = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
         return crow, count.clamp(min=1).to(torch.float32).reciprocal().index_select(0, self._key_pos)
 
@@ -176,7 +176,7 @@ class BatchGraph:
         t, ds = self.num_targets, self.dst_start
         not_loop = self.col != self.row + ds
         row, col = self.row[not_loop], self.col[not_loop]
-        count = torch.bincount(row, minlength=t)
+        count = bin_counts(row, t)
         # only the entries' degrees: the sources may be a whole layer matrix (stages.infer.halo), 100x a chunk
         if self.true_deg is None:   # the subgraph's: in-edges + 1 for a target, 1 for any other source
             deg_t = count.to(torch.float32) + 1
@@ -287,13 +287,11 @@ def make_blocks(batch: Data, num_layers: int) -> list[Block]:
                        num_edge_types=int(getattr(batch, "num_relations", 1)),
                        node_type=getattr(batch, "node_type", None),
                        edge_attr=None if edge_attr is None else edge_attr[:edges[num_layers]])
-    blocks = []
-    for layer in range(num_layers):
-        k = num_layers - layer                      # this layer's messages come from within k hops
-        blocks.append(Block(num_src=nodes[k + 1], num_dst=nodes[k], num_edges=edges[k], graph=graph))
-        if int(graph.crow[nodes[k]]) != edges[k]:
-            raise ValueError("batch layout: hop k's edges must point into hop k-1's new nodes")
-    return blocks
+    # hop k's edges end where the targets within k-1 hops do: one read of the device for every hop
+    if torch.stack([graph.crow[nodes[k]] for k in range(1, num_layers + 1)]).tolist() != edges[1:num_layers + 1]:
+        raise ValueError("batch layout: hop k's edges must point into hop k-1's new nodes")
+    return [Block(num_src=nodes[k + 1], num_dst=nodes[k], num_edges=edges[k], graph=graph)
+            for k in range(num_layers, 0, -1)]   # layer l's messages come from within k = num_layers - l hops
 
 
 def _keep_mask(h: Tensor, p: float) -> Tensor:

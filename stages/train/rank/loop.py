@@ -21,6 +21,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from stages.runtime.phases import PhaseClock, measuring, phase
+from stages.runtime.sums import RunningSums
 from stages.train.rank.prefetch import batch_stream
 from stages.train.tasks import Task
 
@@ -101,6 +102,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     """
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
+    running = RunningSums(1 + len(task.sum_names))   # the loss sum, then the task's: read once, at the end
     clock = PhaseClock(device)
     start = time.perf_counter()
     with measuring(clock):
@@ -113,8 +115,9 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
                     ready = next(batches, None)
                 if ready is None:
                     break
-                _train_step(b, ready, model, optimizer, task, sums, on_batch=on_batch, check_loss=check_loss,
-                            after_step=after_step, real=b < num_real_batches)
+                _train_step(b, ready, model, optimizer, task, sums, running, on_batch=on_batch,
+                            check_loss=check_loss, after_step=after_step, real=b < num_real_batches)
+    sums.loss_sum, *sums.metric_sums = running.values()
     _sync(device)
     sums.wall_s = time.perf_counter() - start
     sums.phases_s = clock.totals()
@@ -125,7 +128,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
 
 
 def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Task,
-                sums: EpochSums, *, on_batch: OnBatch | None, check_loss: CheckLoss | None,
+                sums: EpochSums, running: RunningSums, *, on_batch: OnBatch | None, check_loss: CheckLoss | None,
                 after_step: Callable[[], None] | None, real: bool) -> None:
     """One batch's model work, the step and the sums (``real``: a batch whose loss and metric count)."""
     if on_batch is not None:
@@ -145,10 +148,10 @@ def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torc
             after_step()
     sums.batches += 1
     sums.sampled_edges += int(ready.batch.edge_index.shape[1])
-    if real:
-        sums.loss_sum += float(loss.detach()) * task.size(y)
-        sums.metric_sums = [s + t for s, t in zip(sums.metric_sums, task.metric_sums(out, y))]
-        sums.seeds += task.size(y)
+    if real:   # on the device, no synchronisation: the float64 loss times the count is what float() * n was
+        size = task.size(y)
+        running.add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
+        sums.seeds += size
 
 
 @torch.no_grad()
@@ -158,7 +161,7 @@ def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sa
     and gather (those are collectives in the distributed runtime) but skip the model, which has no collective
     outside DDP's backward. ``prefetch`` as in ``train_epoch``; ``device``: the model's (default CPU)."""
     model.eval()
-    sums = [0.0] * len(task.sum_names)
+    sums = RunningSums(len(task.sum_names))
     # task.batch is a collective for some tasks (filtered negatives): every batch is prepared, empty ones too
     stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=False), depth=prefetch,
                           device=device or torch.device("cpu"))
@@ -167,5 +170,5 @@ def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sa
             if task.size(ready.target) == 0:
                 continue
             out = task.forward(model, ready.x, ready.batch, ready.target)
-            sums = [s + t for s, t in zip(sums, task.metric_sums(out, ready.target))]
-    return sums
+            sums.add(task.metric_sums(out, ready.target))
+    return sums.values()

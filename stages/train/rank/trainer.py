@@ -87,7 +87,10 @@ class Trainer:
                   f"each batch runs whole, every layer over every sampled node", flush=True)
         self.ddp = torch.nn.parallel.DistributedDataParallel(
             self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
-        self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=params.lr, weight_decay=params.weight_decay)
+        # fused on a GPU: one kernel a step for all the weights, where the default's per-op kernels are ~10 more
+        # launches a batch on a launch-bound path (benchmarks/RESULTS.md, [4/5])
+        self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=params.lr, weight_decay=params.weight_decay,
+                                          fused=self.device.type == "cuda")
         self.scheduler = make_scheduler(self.optimizer, params)
         self.best = BestModel(params.patience)
         self.history: list[dict[str, Any]] = []   # EpochStats.as_dict() of every completed epoch

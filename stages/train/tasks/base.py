@@ -64,8 +64,9 @@ class Task(Protocol):
         """The mean loss of the batch, 0-d; an empty batch gives 0 that still reaches every parameter (DDP)."""
         ...
 
-    def metric_sums(self, out: Any, target: Any) -> list[float]:
-        """Sums over the batch that add up across batches and ranks (``sum_names``)."""
+    def metric_sums(self, out: Any, target: Any) -> Sequence[float | Tensor]:
+        """Sums over the batch that add up across batches and ranks (``sum_names``): numbers, or 0-dim tensors
+        left on the output's device, which the loop adds there and reads once a pass (``RunningSums``)."""
         ...
 
     def metric(self, sums: Sequence[float]) -> float:

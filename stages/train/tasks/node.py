@@ -20,7 +20,12 @@ def ogb_accuracy_counts(input_dict: dict[str, Tensor]) -> tuple[int, int]:
     y_true, y_pred = input_dict["y_true"], input_dict["y_pred"]
     if y_true.shape != y_pred.shape or y_true.dim() != 2:
         raise ValueError(f"y_true {tuple(y_true.shape)} and y_pred {tuple(y_pred.shape)} must both be [n, 1]")
-    return int((y_true == y_pred).sum()), int(y_true.shape[0])
+    return int(_correct(y_true, y_pred)), int(y_true.shape[0])
+
+
+def _correct(y_true: Tensor, y_pred: Tensor) -> Tensor:
+    """The correct predictions, counted on the labels' device."""
+    return (y_true == y_pred).sum()
 
 
 class NodeClassification:
@@ -60,9 +65,10 @@ class NodeClassification:
             return out.sum() * 0.0
         return checked_loss(self.loss_fn(out, y), self.loss_name)
 
-    def metric_sums(self, out: Tensor, y: Tensor) -> list[float]:
-        correct, total = ogb_accuracy_counts({"y_true": y[:, None], "y_pred": out.detach().argmax(1)[:, None]})
-        return [float(correct), float(total)]
+    def metric_sums(self, out: Tensor, y: Tensor) -> list[float | Tensor]:
+        """The correct predictions as a count on the device (the loop reads it once an epoch: no host
+        synchronisation a batch), and the total; what ``ogb_accuracy_counts`` counts."""
+        return [_correct(y, out.detach().argmax(1)), float(y.numel())]
 
     def metric(self, sums: Sequence[float]) -> float:
         correct, total = sums

@@ -148,6 +148,20 @@ def test_one_rank_without_process_group(built):
     c = features.reset_counters()
     assert (c.cache_hits, c.local_rows, c.remote_rows, c.requested_rows) == (2, 3, 0, 5)
     assert c.hit_rate == pytest.approx(0.4) and features.counters.requested_rows == 0
+    features.build_cache(torch.tensor([5, 2999]))   # every miss of n_id cached now: no fetch from the store
+    assert np.array_equal(features.gather(n_id).numpy(), x_of_gid[n_id.numpy()])
+    assert (features.reset_counters().cache_hits, features.counters.local_rows) == (3, 0)
+
+
+def test_one_rank_with_every_row_cached_gathers_by_gid(built):
+    """The device budget's aim on one GPU: every row cached, the gid its slot (no lookup, no store)."""
+    features, x_of_gid = _one_rank_features(built, "cpu")
+    features.build_cache(torch.randperm(features.num_nodes))
+    features._fill = lambda *_: pytest.fail("read the store")   # type: ignore[method-assign]
+    n_id = torch.tensor([2999, 0, 5, 5, 1234])
+    assert np.array_equal(features.gather(n_id).numpy(), x_of_gid[n_id.numpy()])
+    c = features.reset_counters()
+    assert (c.cache_hits, c.local_rows, c.remote_rows, c.requested_rows) == (5, 0, 0, 5)
 
 
 @pytest.mark.cuda
@@ -159,3 +173,7 @@ def test_gather_on_cuda(built):
         n_id = torch.randint(0, 3000, (5000,))
         rows = features.gather(n_id)
         assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_of_gid[n_id.numpy()])
+    features.build_cache(torch.arange(3000))   # every row in device memory: gathered by gid
+    rows = features.gather(n_id)
+    assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_of_gid[n_id.numpy()])
+    assert features.reset_counters().local_rows == 0

@@ -81,8 +81,9 @@ class DistFeatures:
             raise ValueError(f"rank {self.rank} owns {int(self.bounds_gid[self.rank + 1]) - self.lo} gids but its "
                              f"feature store has {store.num_rows} rows")
         self._comm_device = comm_device(group) if self.distributed else torch.device("cpu")
+        self.num_nodes = int(self.bounds_gid[-1])   # of the whole graph
         # gids travel as int32 when they fit: half the bytes of int64 (as in the sampler)
-        self._wire_dtype = torch.int32 if int(self.bounds_gid[-1]) < 2**31 else torch.long
+        self._wire_dtype = torch.int32 if self.num_nodes < 2**31 else torch.long
         self.cache = cache or FeatureCache.empty(store.num_features, store.dtype, self.device)
         self.codec = store.codec.to(self.device)   # per-column scale/offset where rows are decoded
         self.counters = FeatureCounters()
@@ -118,22 +119,38 @@ class DistFeatures:
     def gather(self, n_id: Tensor) -> Tensor:
         """Rows of ``n_id`` (gids, any owner, may repeat) in order, as ``[len, F]`` on the device. Collective."""
         n_id = n_id.to(device=self.device, dtype=torch.long)
-        out = torch.empty((n_id.numel(), self.num_features), dtype=self.store.dtype, device=self.device)
-        with phase("gather_cache"):
-            hit, slot = self.cache.lookup(n_id)
-            hit_pos = torch.nonzero(hit).squeeze(1)
-            out.index_copy_(0, hit_pos, self.cache.rows.index_select(0, slot.index_select(0, hit_pos)))
-            miss_pos = torch.nonzero(~hit).squeeze(1)
-        local, remote = self._fill(n_id.index_select(0, miss_pos), miss_pos, out)
+        n = n_id.numel()
+        if self.world_size == 1 and self.cache.num_rows == self.num_nodes:
+            # every row cached (the device budget's aim on one GPU: [4/5] item 1) and no peer to serve: the gid is
+            # the cache slot, one gather with no lookup and no host synchronisation
+            with phase("gather_cache"):
+                out = self.cache.rows.index_select(0, n_id)
+            hits, local, remote = n, 0, 0
+        else:
+            hits, local, remote, out = self._gather_cached_and_stored(n_id)
         c = self.counters
-        c.requested_rows += int(n_id.numel())
-        c.cache_hits += int(hit_pos.numel())
+        c.requested_rows += n
+        c.cache_hits += hits
         c.local_rows += local
         c.remote_rows += remote
-        c.cached_bytes += int(hit_pos.numel()) * self.store.row_bytes
+        c.cached_bytes += hits * self.store.row_bytes
         c.local_bytes += local * self.store.row_bytes
         c.remote_bytes += remote * self.store.row_bytes
         return out
+
+    def _gather_cached_and_stored(self, n_id: Tensor) -> tuple[int, int, int, Tensor]:
+        """``gather``'s rows from the cache, the own store and the owners: (hits, own rows, remote rows, rows)."""
+        n = n_id.numel()
+        out = torch.empty((n, self.num_features), dtype=self.store.dtype, device=self.device)
+        with phase("gather_cache"):
+            hit, slot = self.cache.lookup(n_id)
+            hit_pos = torch.nonzero(hit).squeeze(1)   # the one host synchronisation: the misses are the rest
+            out.index_copy_(0, hit_pos, self.cache.rows.index_select(0, slot.index_select(0, hit_pos)))
+            miss_pos = torch.nonzero_static(~hit, size=n - hit_pos.numel()).squeeze(1)
+        if miss_pos.numel() == 0 and self.world_size == 1:   # nothing to fetch, and no peer waits on an exchange
+            return n, 0, 0, out
+        local, remote = self._fill(n_id.index_select(0, miss_pos), miss_pos, out)
+        return hit_pos.numel(), local, remote, out
 
     def decode(self, rows: Tensor) -> Tensor:
         """Rows in the storage dtype (from ``gather``, ``fetch_rows`` or the store) -> float32, on their device."""

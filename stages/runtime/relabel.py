@@ -57,13 +57,17 @@ class NodeMap(ABC):
 
 
 class DenseNodeMap(NodeMap):
+    """The table holds each gid's batch position (``_SENTINEL``: not in this batch), plus one spare entry past the
+    last gid that ``add`` sends the known candidates' writes to."""
+
     def __init__(self, num_nodes: int, device: torch.device | str = "cpu") -> None:
-        self.table = torch.full((num_nodes,), _SENTINEL, dtype=torch.int32, device=device)
+        self.num_nodes = num_nodes
+        self.table = torch.full((num_nodes + 1,), _SENTINEL, dtype=torch.int32, device=device)
         self._touched_gid: list[Tensor] = []
 
     def start(self, seed_gid: Tensor) -> None:
-        for gid in self._touched_gid:                     # reset only what the previous batch wrote
-            self.table.index_fill_(0, gid, _SENTINEL)
+        if self._touched_gid:                             # reset only what the previous batch wrote
+            self.table.index_fill_(0, torch.cat(self._touched_gid), _SENTINEL)
         self._touched_gid = [seed_gid]
         num_seeds = seed_gid.numel()
         seed_pos = torch.arange(num_seeds, dtype=torch.int32, device=seed_gid.device)
@@ -74,20 +78,23 @@ class DenseNodeMap(NodeMap):
         self.num_known = num_seeds
 
     def add(self, cand_gid: Tensor) -> tuple[Tensor, Tensor]:
+        """Over all the candidates, with one host synchronisation (the count of new gids): on a GPU, compacting
+        the unknown candidates first cost a second one (``nonzero``) a hop."""
         # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
         table = self.table
         cand_pos = table.index_select(0, cand_gid)
-        new_cand_idx = torch.nonzero(cand_pos == _SENTINEL).squeeze(1)   # into cand_gid; ascending = discovery order
-        new_cand_gid = cand_gid.index_select(0, new_cand_idx)
-        new_cand_idx32 = new_cand_idx.to(torch.int32)
+        is_new = cand_pos == _SENTINEL
+        cand_idx = torch.arange(cand_gid.numel(), dtype=torch.int32, device=cand_gid.device)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
-        # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one)
-        table.scatter_reduce_(0, new_cand_gid, new_cand_idx32, reduce="amin")
-        new_gid = new_cand_gid.masked_select(table.index_select(0, new_cand_gid) == new_cand_idx32)
+        # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); the
+        # known candidates write to the spare entry instead of their positions
+        table.scatter_reduce_(0, torch.where(is_new, cand_gid, self.num_nodes), cand_idx, reduce="amin")
+        is_first = is_new & (table.index_select(0, cand_gid) == cand_idx)
+        new_gid = cand_gid.masked_select(is_first)        # ascending candidate index = discovery order
         num_new = new_gid.numel()
         table.scatter_(0, new_gid, torch.arange(self.num_known, self.num_known + num_new, dtype=torch.int32,
                                                 device=cand_gid.device))
-        cand_pos.scatter_(0, new_cand_idx, table.index_select(0, new_cand_gid))
+        cand_pos = torch.where(is_new, table.index_select(0, cand_gid), cand_pos)
         self.num_known += num_new
         self._touched_gid.append(new_gid)
         return cand_pos, new_gid          # int32: the caller widens it while writing edge_index

@@ -208,8 +208,10 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
                     prefetch=args.prefetch, ranks_per_gpu=args.ranks_per_gpu, precision=args.precision,
                     device_cache_ratio=args.device_cache_ratio)
     return run_ranks(__file__, args, manifests, params, args.parts,
+                     # what the rank worker reads from its own argv (the rest travels in the params)
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
-                      "--profile", str(args.profile)])
+                      "--profile", str(args.profile), "--policies", args.policies,
+                      "--matmul-precision", args.matmul_precision])
 
 
 def main() -> None:

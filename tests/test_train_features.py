@@ -174,6 +174,7 @@ def test_gather_on_cuda(built):
         rows = features.gather(n_id)
         assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_of_gid[n_id.numpy()])
     features.build_cache(torch.arange(3000))   # every row in device memory: gathered by gid
+    features.reset_counters()
     rows = features.gather(n_id)
     assert rows.device.type == "cuda" and np.array_equal(rows.cpu().numpy(), x_of_gid[n_id.numpy()])
     assert features.reset_counters().local_rows == 0

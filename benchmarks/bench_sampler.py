@@ -148,7 +148,10 @@ def run_single(args: argparse.Namespace, indptr: np.ndarray, indices: np.ndarray
     from stages.runtime.sampler import LocalCSR, NeighborSampler
 
     torch.set_num_threads(threads)
-    csr = LocalCSR.from_numpy(indptr, indices, 0, args.device)
+    csr = LocalCSR.from_numpy(indptr, indices, 0)
+    # the CSR in device memory, or pinned in host memory and read by the GPU in place (the train stage's
+    # graph_placement, issue [4/5] item 7)
+    csr = csr.pinned_on(torch.device(args.device)) if args.graph_placement == "uva" else csr.to_device(args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     sampler = NeighborSampler(csr, args.fanouts, replace=args.replace, generator=gen, node_map=args.node_map)
     need = (args.batches + args.warmup) * args.batch_size
@@ -261,6 +264,8 @@ def main() -> None:
     parser.add_argument("--threads-per-rank", type=int, default=None, help="dist mode; default threads // 2")
     parser.add_argument("--mode", choices=["single", "dist"], default="single")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--graph-placement", choices=["device", "uva"], default="device",
+                        help="single mode on cuda: the CSR in device memory, or pinned host memory read in place")
     parser.add_argument("--replace", action="store_true")
     parser.add_argument("--edge-features", type=int, default=0, help="dist mode: batches also carry e_id and this "
                         "many float32 edge features a sampled edge (0: neither)")
@@ -277,8 +282,11 @@ def main() -> None:
     result = {"mode": args.mode, "device": args.device, "nodes": int(indptr.shape[0] - 1),
               "edges": int(indices.shape[0]), "fanouts": args.fanouts, "batch_size": args.batch_size,
               "batches": args.batches, "replace": args.replace, "node_map": args.node_map,
+              "graph_placement": args.graph_placement,
               "edge_features": args.edge_features, "edge_path": args.edge_path,
               "load_s": round(time.perf_counter() - start, 1)}
+    if args.graph_placement == "uva" and (args.mode, args.device) != ("single", "cuda"):
+        parser.error("--graph-placement uva reads a pinned CSR from a GPU: it needs --mode single --device cuda")
     if args.mode == "single":
         result.update(threads=args.threads, **run_single(args, indptr, indices, args.threads))
     else:

@@ -14,7 +14,8 @@ exits 0. On a GPU machine (no network needed) it:
    - ``tests``: every test marked ``cuda`` (``pytest -m cuda`` over the files that hold one; junit XML beside);
    - ``gather``: zero-copy (UVA) vs gather-then-copy vs HBM rows (``bench_gpu_gather.py``, issue [7/7] item 4);
    - ``sampler``: sampled edges/s of our sampler on the GPU at products scale (``bench_sampler.py``; goal ≥ 40 M/s
-     on an H100, GLT publishes 32 M/s on an A100);
+     on an H100, GLT publishes 32 M/s on an A100), with the CSR in device memory, then pinned in host memory and
+     read in place (``--graph-placement uva``);
    - ``train``: a products-scale training epoch on 1 GPU with the train stage's defaults (the device cache sized
      by the free memory, ``host_gather`` and ``prefetch`` auto) for each stored feature dtype of ``--dtypes``
      (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype profiled (``--profile 10``),
@@ -202,8 +203,11 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                              f"--junitxml={out / 'tests.xml'}", *cuda_test_files()])],
         "gather": [("gather", [py, f"{bench}/bench_gpu_gather.py", "--rows", str(s["gather_rows"]), "--batch-rows",
                                str(s["batch_rows"]), *(["--allow-cpu"] if args.allow_cpu else [])])],
-        "sampler": [("sampler", [py, f"{bench}/bench_sampler.py", *graph, "--device", device, "--batches", "30",
-                                 "--graph", str(work / f"sampler-{args.scale}.npz")])],
+        # the CSR in device memory, then pinned and read in place (issue [4/5] item 7)
+        "sampler": [(name, [py, f"{bench}/bench_sampler.py", *graph, "--device", device, "--batches", "30",
+                            "--graph", str(work / f"sampler-{args.scale}.npz"), "--graph-placement", placement])
+                    for name, placement in (("sampler", "device"), ("sampler-uva", "uva"))
+                    if placement == "device" or not args.allow_cpu],
         "train": train,
         "prefetch": [("prefetch", [py, f"{bench}/bench_prefetch.py", *graph, "--features", str(s["features"]),
                                    "--classes", str(s["classes"]), "--ranks", "1", "--device", device,

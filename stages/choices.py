@@ -36,6 +36,9 @@ Precision = Literal["float32", "bfloat16"]
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 HostGather = Literal["auto", "copy", "uva"]   # how a CUDA rank's own host rows reach it (stages.runtime.uva)
+# where a CUDA rank's CSR lives: device memory, or pinned host memory the GPU samples in place
+# (stages.train.rank.cache_budget.graph_placement)
+GraphPlacement = Literal["auto", "device", "uva"]
 
 DATASETS: tuple[str, ...] = get_args(Dataset)
 # OGB's node-property datasets (ogb's NodePropPredDataset: stages/download/ogb_source.py)

@@ -15,6 +15,7 @@ from stages.train.rank.cache_budget import (
     FIXED_RESERVE_BYTES,
     FREE_MARGIN,
     cache_budget,
+    graph_placement,
     largest_batch_nodes,
     reserve_bytes,
 )
@@ -101,3 +102,39 @@ def test_a_budget_takes_the_rankings_first_rows_and_all_of_them_at_most(artifact
     assert remote.shape == (5,) and np.all((remote < lo) | (remote >= hi))
     by_degree = cache_gids("degree", partition=partition, hotness=hotness, rank=0, fit=rows_within(7))
     assert np.array_equal(by_degree, degree_order(in_degree)[:7])
+
+
+def test_the_csr_goes_to_the_device_when_it_fits_its_budget_else_to_pinned_memory():
+    """Issue [4/5] item 7: placed before the cache, against the same budget; a CPU rank keeps it in RAM and a
+    choice by name is kept. (tests/test_gpu_paths.py samples a pinned CSR on a GPU.)"""
+    params = Params(hidden=256, fanouts=(15, 10, 5), batch_size=1024)
+    shape = {"in_features": 100, "num_nodes": 2_400_000}
+    reserve = reserve_bytes(params, **shape)
+    free = 80 * GiB
+    fill = int(FREE_MARGIN * free) - reserve
+
+    def place(csr_bytes: int, p: Params = params, device: torch.device = GPU):
+        return graph_placement(p, device, csr_bytes=csr_bytes, free_bytes=lambda _: free, **shape)
+
+    assert place(fill).mode == "device" and "fits the device budget" in place(fill).why
+    assert place(fill + 1).mode == "uva" and "sampled through UVA" in place(fill + 1).why
+    assert place(10 * GiB).why.startswith("auto: 10.00 GiB of CSR fits the device budget (0.9 × 80.0 GiB free")
+    assert place(fill + 1, device=CPU).mode == "cpu"
+    for choice in ("device", "uva"):   # kept whatever the budget says
+        assert place(fill + 1, params.model_copy(update={"graph_placement": choice})).mode == choice
+    shared = params.model_copy(update={"ranks_per_gpu": 2})   # each of two ranks on the card: half the free memory
+    assert place(fill // 2, shared).mode == "uva" and "/ 2 ranks" in place(fill // 2, shared).why
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no CUDA device is")
+def test_a_pinned_csr_asked_for_without_a_gpu_fails_in_one_line():
+    from stages.runtime.csr import LocalCSR
+    from stages.train.rank.rank_data import place_csr
+    from storage.errors import InputError
+
+    csr = LocalCSR.from_numpy(np.array([0, 1, 2]), np.array([1, 0]))
+    assert csr.nbytes == 3 * 8 + 2 * 8
+    with pytest.raises(InputError, match="^graph_placement=uva: a CSR sampled in place needs a CUDA device"):
+        place_csr(csr, Params(graph_placement="uva"), GPU, in_features=4, num_nodes=2)
+    same, placed = place_csr(csr, Params(), CPU, in_features=4, num_nodes=2)
+    assert placed.mode == "cpu" and torch.equal(same.indices, csr.indices)

@@ -39,6 +39,24 @@ def test_edge_ids_and_rows_from_a_csr_in_device_memory():
     assert torch.equal(batch.edge_attr, row)
 
 
+@pytest.mark.parametrize("indices_dtype", [np.int64, np.int32])
+def test_a_csr_in_pinned_host_memory_samples_as_the_one_in_device_memory(indices_dtype):
+    """Issue [4/5] item 7: the device reads the pinned CSR in place (UVA); the same seeds and generator give the
+    same batches as the CSR copied into device memory, and the pinned one holds no device memory."""
+    indptr, indices = power_law_graph()
+    host = LocalCSR.from_numpy(indptr, indices.astype(indices_dtype))
+    before = torch.cuda.memory_allocated()
+    pinned = host.pinned_on(torch.device("cuda"))
+    assert torch.cuda.memory_allocated() == before and pinned.device.type == "cuda"
+    assert pinned.indices.dtype == host.indices.dtype and torch.equal(pinned.indptr.cpu(), host.indptr)
+    batches = []
+    for csr in (host.to_device("cuda"), pinned):
+        smp = NeighborSampler(csr, [15, 10, 5], generator=torch.Generator(device="cuda").manual_seed(3))
+        batches.append([smp.sample(torch.arange(k, 4000, 37, device="cuda")) for k in range(3)])
+    for in_hbm, in_place in zip(*batches):
+        assert torch.equal(in_hbm.n_id, in_place.n_id) and torch.equal(in_hbm.edge_index, in_place.edge_index)
+
+
 @pytest.mark.parametrize("replace", [True, False])
 def test_weighted_draws_on_the_gpu_follow_the_weights(replace: bool):
     weight = torch.tensor([1.0, 0.0, 2.0, 3.0, 4.0])

@@ -18,15 +18,18 @@ from tests._train_pipeline import GRAPH, build_upstream, train_params, train_ups
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize(("cache_policy", "cap"), [("hotness", None), ("hotness", 0.2), ("none", None)])
+@pytest.mark.parametrize(("cache_policy", "cap", "graph"), [("hotness", None, "auto"), ("hotness", 0.2, "uva"),
+                                                            ("none", None, "auto")])
 def test_one_gpu_trains_to_the_cpu_accuracy_with_the_cache_in_device_memory(tmp_path, cache_policy: str,
-                                                                            cap: float | None):
+                                                                            cap: float | None, graph: str):
+    """``graph``: the CSR in device memory (auto: this small graph fits) or pinned and sampled in place (uva)."""
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 1)
-    params = train_params(device="cuda", cache_policy=cache_policy, device_cache_ratio=cap)
+    params = train_params(device="cuda", cache_policy=cache_policy, device_cache_ratio=cap, graph_placement=graph)
     manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["backend"] == "nccl" and metrics["world_size"] == 1
+    assert metrics["ranks"][0]["graph"] == ("device" if graph == "auto" else "uva")
     assert TrainSummary.from_json(manifest.summary).test_metric >= 0.8, manifest.summary
     epochs = metrics["epochs"]
     assert all(e["remote_rows"] == 0 for e in epochs)

@@ -117,6 +117,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
         assert e["cached_bytes"] == e["cached_rows"] * row_bytes
     assert all(r["feature_store"] == "memory" and r["cache_rows"] > 0 for r in m["ranks"])
     assert [r["host_gather"] for r in m["ranks"]] == ["cpu", "cpu"]   # host_gather=auto on CPU ranks
+    assert [r["graph"] for r in m["ranks"]] == ["cpu", "cpu"]   # graph_placement=auto: a CPU rank's CSR in RAM
     assert m["phase_clock"] == "wall_clock" and m["prefetch"] == 0   # prefetch auto: 0 on CPU ranks
     for e in epochs:   # each rank's pass split into phases (tests/test_phases.py): every step of the path shows
         split = e["phases_s"]
@@ -277,6 +278,7 @@ def test_params_validation_and_key():
     assert not train.Params.runtime_fields() & set(train.Params().key_params())
     assert train.Params.runtime_fields() == {"timeout_s", "peer_timeout_s", "host_memory_budget_bytes",
                                              "threads_per_rank", "device", "prefetch", "host_gather",
-                                             "device_cache_bytes", "device_cache_ratio", "ranks_per_gpu"}
+                                             "device_cache_bytes", "device_cache_ratio", "ranks_per_gpu",
+                                             "graph_placement"}
     assert train.Params(fanouts="10,5").num_layers == 2   # the depth is the number of fanouts
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

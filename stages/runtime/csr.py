@@ -8,12 +8,15 @@ ID spaces: ``gid`` global, ``lid = gid - start_gid`` local; ``elid`` a position 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from stages.runtime.uva import UvaUnavailableError, device_view
 from stages.runtime.weighted import weight_running_sum
 from storage.partition import PartCSR
 
@@ -67,6 +70,33 @@ class LocalCSR:
     def from_part(cls, part: PartCSR, device: torch.device | str = "cpu", start_egid: int = 0) -> LocalCSR:
         """``start_egid``: ``PartitionArtifact.edge_bounds()[part.part]`` (needed for batches with ``e_id``)."""
         return cls.from_numpy(part.indptr, part.indices, part.start_gid, device, part.num_edge_types, start_egid)
+
+    def to_device(self, device: torch.device | str) -> LocalCSR:
+        """This CSR with every tensor copied to ``device``."""
+        return self._mapped(lambda t: t.to(device))
+
+    def pinned_on(self, device: torch.device) -> LocalCSR:
+        """This CSR (on the CPU) in page-locked host memory, its tensors device views of it (``stages.runtime.uva``):
+        a CUDA device samples it in place over PCIe, no device memory held. Raises ``UvaUnavailableError`` where
+        the device cannot (no CUDA, or the driver refuses the mapping)."""
+        if self.device.type != "cpu":
+            raise ValueError(f"pinned_on pins a CSR in host memory; this one is on {self.device}")
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():   # pin_memory itself needs a CUDA driver
+            raise UvaUnavailableError(f"a CSR sampled in place needs a CUDA device, not {device}")
+        return self._mapped(lambda t: device_view(t.pin_memory(), device))
+
+    @property
+    def nbytes(self) -> int:
+        """What its tensors hold, in bytes (what a device would hold of it)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {f.name: v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), Tensor)}
+
+    def _mapped(self, move: Callable[[Tensor], Tensor]) -> LocalCSR:
+        moved: dict[str, Any] = {name: move(t) for name, t in self._tensors().items()}
+        return dataclasses.replace(self, **moved)
 
     def gids(self, edge_idx: Tensor) -> Tensor:
         """int64: the source gids of the edges at ``edge_idx`` (elids), whatever ``indices``' dtype; widening only

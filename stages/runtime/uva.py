@@ -59,37 +59,48 @@ class UvaUnavailableError(RuntimeError):
 
 
 class _HostPointer:
-    """A host buffer of ``nbytes`` bytes at ``ptr``, presented to ``torch.as_tensor`` as device-readable memory."""
+    """A host buffer of ``nbytes`` bytes at ``ptr``, presented to ``torch.as_tensor`` as device-readable memory;
+    ``owner`` (the host tensor) lives as long as this object, which the device view holds."""
 
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+    def __init__(self, owner: Tensor, nbytes: int) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (owner.data_ptr(), False),
                                          "version": 3, "strides": None}
+
+
+def device_view(host: Tensor, device: torch.device) -> Tensor:
+    """A CUDA tensor of ``host``'s shape and dtype over ``host``'s own memory (pinned, contiguous): what the device
+    reads of it crosses PCIe, nothing is copied. The view keeps ``host`` alive."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise UvaUnavailableError(f"zero-copy reads need a CUDA device, not {device}")
+    if not host.is_pinned():
+        raise UvaUnavailableError("zero-copy reads need page-locked (pinned) host memory")
+    if not host.is_contiguous():
+        raise UvaUnavailableError("zero-copy reads need a contiguous host tensor")
+    if device.index is None:   # "cuda" alone: the current device, by index, to compare the view's with
+        device = torch.device("cuda", torch.cuda.current_device())
+    if host.numel() == 0:   # no memory to view
+        return host.new_empty(host.shape, device=device)
+    try:
+        flat = torch.as_tensor(_HostPointer(host, host.numel() * host.element_size()), device=device)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise UvaUnavailableError(f"the CUDA driver refused a device view of the pinned memory ({err})") from err
+    # as_tensor copies instead of viewing when it places the pointer on another device: that would be a silent
+    # copy of the whole tensor into device memory, not a zero-copy view
+    if flat.device != device or flat.data_ptr() != host.data_ptr():
+        raise UvaUnavailableError(f"the pinned memory maps to {flat.device}, not {device}: no in-place view")
+    # bytes, reinterpreted in the host dtype: any dtype (bfloat16, float8) without a typestr of its own
+    return flat.view(host.dtype).view(host.shape)
 
 
 class UvaRows:
     """Rows of a pinned host tensor ``[N, F]``, gathered by the device: ``gather(lid)`` with lids on the device."""
 
     def __init__(self, host: Tensor, device: torch.device) -> None:
-        if device.type != "cuda" or not torch.cuda.is_available():
-            raise UvaUnavailableError(f"zero-copy gathers need a CUDA device, not {device}")
-        if not host.is_pinned():
-            raise UvaUnavailableError("zero-copy gathers need page-locked (pinned) host rows")
-        if host.dim() != 2 or not host.is_contiguous():
-            raise UvaUnavailableError("zero-copy gathers need contiguous [rows, columns] host rows")
-        self.host = host   # keeps the memory alive as long as the view
-        if device.index is None:   # "cuda" alone: the current device, by index, to compare the view's with
-            device = torch.device("cuda", torch.cuda.current_device())
-        row_bytes = host.shape[1] * host.element_size()
-        try:
-            flat = torch.as_tensor(_HostPointer(host.data_ptr(), host.numel() * host.element_size()), device=device)
-        except (RuntimeError, TypeError, ValueError) as err:
-            raise UvaUnavailableError(f"the CUDA driver refused a device view of the pinned rows ({err})") from err
-        # as_tensor copies instead of viewing when it places the pointer on another device: that would be a silent
-        # copy of the whole store into device memory, not a zero-copy view
-        if flat.device != device or flat.data_ptr() != host.data_ptr():
-            raise UvaUnavailableError(f"the pinned rows map to {flat.device}, not {device}: no in-place view")
-        # bytes, reinterpreted in the rows' dtype: any storage dtype (bfloat16, float8) without a typestr of its own
-        self.rows = flat.view(host.shape[0], row_bytes).view(host.dtype)
+        if host.dim() != 2:
+            raise UvaUnavailableError("zero-copy gathers need [rows, columns] host rows")
+        self.host = host
+        self.rows = device_view(host, device)
 
     def gather(self, lid: Tensor) -> Tensor:
         """``[len(lid), F]`` rows of ``lid`` (int64 on the device), read by the device from host memory."""

@@ -12,6 +12,7 @@ from stages.choices import (
     MODEL_CHOICES,
     CachePolicyName,
     Device,
+    GraphPlacement,
     HostGather,
     LrSchedule,
     Precision,
@@ -139,6 +140,14 @@ class Params(StageParams):
                                                           "pinned memory and copies them over; uva lets the GPU read "
                                                           "the pinned rows in place (zero-copy); auto: uva for 2- "
                                                           "and 4-byte elements in RAM, else copy")
+
+    # auto by the device budget (stages.train.rank.cache_budget.graph_placement); the report names each rank's pick
+    graph_placement: GraphPlacement = runtime("auto", description="CUDA ranks: where the rank's graph (its CSR) "
+                                                                  "lives: device memory; uva: pinned host memory "
+                                                                  "that the GPU samples in place; auto: the device "
+                                                                  "when it fits the budget of free device memory "
+                                                                  "less the model's and the largest batch's "
+                                                                  "reserve, else uva")
 
     @property
     def num_layers(self) -> int:

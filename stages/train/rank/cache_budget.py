@@ -1,4 +1,5 @@
-"""How many bytes a rank's device cache may hold, decided where the rank runs (issue [4/5] item 1).
+"""How many bytes a rank's device cache may hold, and where its graph lives, decided where the rank runs (issue
+[4/5] items 1 and 7).
 
 - A CUDA rank fills its device: the free device memory (read once the rank's CSR is on it), less a margin, less what
   the model, its optimiser and the largest batch will need (``reserve_bytes``, an estimate stated below). On one H100
@@ -7,6 +8,8 @@
 - A CPU rank keeps the hotness plan's size (``None``): its "device" cache sits in the RAM its store already uses.
 - ``device_cache_bytes`` and ``device_cache_ratio`` (train's, runtime) cap either, when set. (The hotness stage's
   ``cache_ratio`` and ``cache_budget_bytes`` size its plan, which its report evaluates, and a CPU rank's cache.)
+- The CSR is placed first (``graph_placement``): in device memory when it fits the same budget, else in pinned host
+  memory that the GPU samples through UVA; the cache's budget is then read with the CSR already on the device.
 
 The budget is runtime, not part of any key: another GPU changes the cache, not the hotness plan, whose ranking the
 cache takes its first rows from (``cache_policy.cache_gids``).
@@ -79,15 +82,49 @@ def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int
     cap = min(caps) if caps else None
     if device.type != "cuda":
         return CacheBudget(None, "the hotness plan's size (CPU rank)") if cap is None else CacheBudget(*cap)
+    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, free_bytes=free_bytes)
+    if cap is not None and cap[0] < fill:
+        return CacheBudget(*cap)
+    return CacheBudget(fill, f"device: {why}")
+
+
+def device_budget(params: Params, device: torch.device, *, in_features: int, num_nodes: int,
+                  free_bytes: Callable[[torch.device], int] = free_device_bytes) -> tuple[int, str]:
+    """What this CUDA rank may still place on its device, and the arithmetic as a phrase: the margin's share of
+    the free memory, less the reserve for the model and the largest batch."""
     free = free_bytes(device)
     reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes)
     # ranks sharing the GPU (ranks_per_gpu) each take their share of what they see free; one that reads after
     # another built its cache sees less and takes less: never more than the card holds
     share = params.ranks_per_gpu
-    fill = max(0, int(FREE_MARGIN * free / share) - reserve)
     shared = f" / {share} ranks" if share > 1 else ""
-    why = (f"device: {FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model "
-           f"and the largest batch")
-    if cap is not None and cap[0] < fill:
-        return CacheBudget(*cap)
-    return CacheBudget(fill, why)
+    return (max(0, int(FREE_MARGIN * free / share) - reserve),
+            f"{FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model and "
+            f"the largest batch")
+
+
+@dataclass(frozen=True)
+class GraphPlacementChoice:
+    """``mode``: ``cpu`` (a CPU rank), ``device`` (the CSR in device memory) or ``uva`` (in pinned host memory,
+    sampled by the device in place); ``why``: how it was decided (the ranks' table)."""
+
+    mode: str
+    why: str
+
+
+def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_features: int, num_nodes: int,
+                    free_bytes: Callable[[torch.device], int] = free_device_bytes) -> GraphPlacementChoice:
+    """Where this rank's CSR (``csr_bytes``) lives (issue [4/5] item 7). It is placed before the cache, which then
+    fills what is left: the CSR goes to the device when it fits the device budget, since every sampled edge reads
+    it, and otherwise stays in pinned host memory that the GPU reads in place (GLT's ZERO_COPY graph mode), with
+    the whole budget left to the features."""
+    if device.type != "cuda":
+        return GraphPlacementChoice("cpu", "a CPU rank samples its CSR in RAM")
+    if params.graph_placement != "auto":
+        return GraphPlacementChoice(params.graph_placement, "set by graph_placement")
+    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, free_bytes=free_bytes)
+    size = f"{csr_bytes / 2**30:.2f} GiB of CSR"
+    if csr_bytes <= fill:
+        return GraphPlacementChoice("device", f"auto: {size} fits the device budget ({why})")
+    return GraphPlacementChoice("uva", f"auto: {size} exceeds the device budget ({why}): pinned host memory, "
+                                       f"sampled through UVA")

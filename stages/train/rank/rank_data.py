@@ -26,8 +26,9 @@ from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
+from stages.runtime.uva import UvaUnavailableError
 from stages.train.params import Params
-from stages.train.rank.cache_budget import cache_budget
+from stages.train.rank.cache_budget import GraphPlacementChoice, cache_budget, graph_placement
 from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
 from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
@@ -139,10 +140,12 @@ class RankData:
         check_world_size(world, int(bounds.shape[0]) - 1)
         lo = int(bounds[rank])
         edge_bounds = partition.edge_bounds()
-        csr = LocalCSR.from_part(partition.csr(rank, native=True), device, start_egid=int(edge_bounds[rank]))
+        csr = LocalCSR.from_part(partition.csr(rank, native=True), "cpu", start_egid=int(edge_bounds[rank]))
         edges = EdgeData.open(partition, rank)
         if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
+        widest = max((features.num_features_of(t) for t in features.featured_types), default=0)
+        csr, placed = place_csr(csr, params, device, in_features=widest, num_nodes=int(bounds[-1]))
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         try:
@@ -150,7 +153,8 @@ class RankData:
                              local_world=local_world, device=device, group=group)
         except HostGatherError as err:   # the runtime's ValueError for a user's setting: one line (storage/errors.py)
             raise InputError(str(err)) from None
-        setup = {"rank": rank, **rows.setup, **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
+        setup = {"rank": rank, "graph": placed.mode, "graph_placement": placed.why, **rows.setup,
+                 **{f"{s}_nodes": int(part.split_lids[s].shape[0]) for s in SPLITS}}
         return cls(rank=rank, world=world, device=device, bounds=bounds, csr=csr, features=rows.rows,
                    degrees=degree_path(csr, bounds, device, group), y_of_lid=torch.from_numpy(part.y).to(device),
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
@@ -158,6 +162,21 @@ class RankData:
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
                    schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
                    edges=edges, group=group, partition=partition)
+
+
+def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_features: int,
+              num_nodes: int) -> tuple[LocalCSR, GraphPlacementChoice]:
+    """``csr`` (on the CPU) where ``graph_placement`` puts it: the device's memory, or pinned host memory the device
+    samples in place (where UVA is unavailable, an auto choice falls back to device memory, saying so)."""
+    placed = graph_placement(params, device, csr_bytes=csr.nbytes, in_features=in_features, num_nodes=num_nodes)
+    if placed.mode != "uva":
+        return csr.to_device(device), placed
+    try:
+        return csr.pinned_on(device), placed
+    except UvaUnavailableError as err:
+        if params.graph_placement == "uva":
+            raise InputError(f"graph_placement=uva: {err}; set graph_placement=device or auto") from None
+        return csr.to_device(device), GraphPlacementChoice("device", f"{placed.why}, but UVA is unavailable ({err})")
 
 
 def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:

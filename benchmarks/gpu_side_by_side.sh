@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A products-scale 1-GPU epoch (the train stage's defaults) of this tree beside an older one, on the same machine and
+# artifacts, then the CUDA tests of the files named. Made for one `run` of the device tool:
+#
+#   git archive <old-rev> -o old_tree.tar           # here, beforehand (old_tree.tar is in .git/info/exclude)
+#   make gpu-wheels                                  # the GPU machine's missing wheels into .whl/
+#   run: bash benchmarks/gpu_side_by_side.sh [tests/test_x.py ...]     carry: .whl, old_tree.tar
+#
+# Results go to $OUT/side_by_side.tgz: new.json (profiled: --profile 10), old.json, tests.log, times.txt.
+# benchmarks/RESULTS.md "[4/5] One H200, before and after" ran it (as gpu_run.sh) at 92e8d44 against d545000.
+set -u
+export PYTHONUNBUFFERED=1
+R=$PWD; G=/tmp/side_by_side; SITE=/tmp/site; OLD=/tmp/old
+mkdir -p "$G" "$SITE" "$OLD"
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl > "$G/pip.log" 2>&1
+tar xf old_tree.tar -C "$OLD"
+ART=$R/benchmarks/work/gpu/artifacts-products
+B=(benchmarks/bench_train.py --nodes 2400000 --avg-degree 50 --features 100 --classes 47 --parts 1 --device cuda
+   --skip-single --max-batches 30 --feature-dtype float32 --root "$ART" --policies runtime)
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$G/smi.txt"
+echo "new start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
+PYTHONPATH=$SITE:$R timeout 170 python3 "${B[@]}" --profile 10 > "$G/new.json" 2> "$G/new.err"
+echo "old start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
+(cd "$OLD" && PYTHONPATH=$SITE:$OLD timeout 60 python3 "${B[@]}" > "$G/old.json" 2> "$G/old.err")
+if [ $# -gt 0 ]; then
+    echo "tests start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
+    PYTHONPATH=$SITE:$R timeout 120 python3 -m pytest -q -rA -m cuda -p no:cacheprovider "$@" > "$G/tests.log" 2>&1
+fi
+echo "end $(( $(date +%s) - t0 )) load $(cat /proc/loadavg)" >> "$G/times.txt"
+tar czf "$OUT/side_by_side.tgz" -C /tmp side_by_side
+cat "$G/times.txt"; tail -n 3 "$G/tests.log" 2>/dev/null

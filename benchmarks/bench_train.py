@@ -153,7 +153,8 @@ def rank_main(args: argparse.Namespace) -> None:
     if rank == 0:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
                "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
-               "cache_budget": data.setup.get("cache_budget"), "policies": results}
+               "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
+               "graph_placement": data.setup.get("graph_placement"), "policies": results}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
     dist.barrier()
     sys.stdout.flush()

@@ -17,3 +17,14 @@ def test_running_sums_add_host_numbers_and_device_tensors_apart():
     assert RunningSums(2).values() == [0.0, 0.0]
     with pytest.raises(ValueError, match="2 sums where 3"):
         sums.add([1.0, 2.0])
+
+
+def test_a_tensor_refilled_in_place_is_added_as_it_was_and_shapes_and_devices_are_read_alike():
+    sums, buffer = RunningSums(1), torch.zeros((), dtype=torch.float64)
+    for v in (3.0, 4.0):   # a task that reuses one buffer for every batch's sum
+        buffer.fill_(v)
+        sums.add([buffer])
+    assert sums.values() == [7.0]
+    shaped = RunningSums(2)
+    shaped.add([torch.tensor([2]), torch.tensor(1.5)])   # a [1]-shaped count beside a 0-dim sum
+    assert shaped.values() == [2.0, 1.5]

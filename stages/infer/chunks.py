@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from stages.runtime.collectives import max_over_ranks
-from stages.runtime.sampler import LocalCSR, repeat_positions, sample_typed_edges
+from stages.runtime.sampler import LocalCSR, sample_typed_edges
+from stages.runtime.segments import repeat_positions
 
 SAMPLE_BLOCK = 1024   # lids per sampling block: one generator each, chunks of sampled inference start at one
 

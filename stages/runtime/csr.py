@@ -78,7 +78,10 @@ class LocalCSR:
     def pinned_on(self, device: torch.device) -> LocalCSR:
         """This CSR (on the CPU) in page-locked host memory, its tensors device views of it (``stages.runtime.uva``):
         a CUDA device samples it in place over PCIe, no device memory held. Raises ``UvaUnavailableError`` where
-        the device cannot (no CUDA, or the driver refuses the mapping)."""
+        the device cannot (no CUDA, or the driver refuses the mapping). The copy into page-locked memory goes
+        through torch's pinned allocator, which rounds each block up to a power of two (as the feature rows'
+        pinning does): up to twice a tensor's bytes of host RAM; registering the memory in place
+        (``cudaHostRegister``) would avoid it."""
         if self.device.type != "cpu":
             raise ValueError(f"pinned_on pins a CSR in host memory; this one is on {self.device}")
         device = torch.device(device)

@@ -54,8 +54,8 @@ class RunningSums:
         if len(values) != len(self._host):
             raise ValueError(f"{len(values)} sums where {len(self._host)} were declared")
         for i, v in enumerate(values):
-            if isinstance(v, Tensor):
-                v = v.detach().to(torch.float64)
+            if isinstance(v, Tensor):   # a copy: the task may refill its tensor in place for the next batch
+                v = v.detach().reshape(()).to(torch.float64, copy=True)
                 self._device[i] = v if self._device[i] is None else self._device[i] + v
             else:
                 self._host[i] += float(v)
@@ -65,6 +65,7 @@ class RunningSums:
         on_device = [(i, t) for i, t in enumerate(self._device) if t is not None]
         out = list(self._host)
         if on_device:
-            for (i, _), v in zip(on_device, torch.stack([t for _, t in on_device]).tolist()):
+            where = on_device[0][1].device   # a task's sums on two devices are read through the first's
+            for (i, _), v in zip(on_device, torch.stack([t.to(where) for _, t in on_device]).tolist()):
                 out[i] += v
         return out

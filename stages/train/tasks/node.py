@@ -68,7 +68,10 @@ class NodeClassification:
     def metric_sums(self, out: Tensor, y: Tensor) -> list[float | Tensor]:
         """The correct predictions as a count on the device (the loop reads it once an epoch: no host
         synchronisation a batch), and the total; what ``ogb_accuracy_counts`` counts."""
-        return [_correct(y, out.detach().argmax(1)), float(y.numel())]
+        pred = out.detach().argmax(1)
+        if y.shape != pred.shape:   # a [n, 1] label would broadcast into an [n, n] count
+            raise ValueError(f"labels {tuple(y.shape)} must be one per seed, as the predictions {tuple(pred.shape)}")
+        return [_correct(y, pred), float(y.numel())]
 
     def metric(self, sums: Sequence[float]) -> float:
         correct, total = sums

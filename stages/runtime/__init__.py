@@ -5,16 +5,18 @@
   same with edge-weighted draws; ``csr``: a partition's CSR as tensors on one device.
 - ``dist_sampler``: the same multi-hop sampler across partitions held by different ranks, with ``all_to_all_single``
   exchanges in lockstep (no RPC), plus equal per-rank batch counts.
-- ``relabel``: gid -> batch-local position maps (first-occurrence order) used by both samplers.
+- ``relabel``: gid -> batch-local position maps (first-occurrence order) used by both samplers; ``segments``: the
+  index helpers over counted rows that the samplers and the model's blocks share, a CPU way and a GPU way without
+  host synchronisations.
 - ``fanouts``: fanout validation without torch imports (config checks).
 - ``seeds``: the named random streams of hotness and train, one seed per (seed, rank, epoch, stream); torch-free.
 - ``feature_store``: a rank's own ``x`` rows by lid, in (pinned) RAM or read chunk-wise from Zarr past a budget;
   ``feature_codec``: stored rows → the float32 rows the model computes on; ``uva``: zero-copy GPU reads of pinned
-  host rows.
+  host memory (feature rows, a CSR).
 - ``feature_cache``: the device cache of a fixed set of gids (mechanism; the policy lives in ``stages.train``).
 - ``dist_features``: a batch's rows by gid: cache, then own store, then remote owners via ``all_to_all_single``.
 - ``collectives``: the group's device, the one all-reduce and the variable-split all-to-all both exchanges use;
-  ``sums``: records of counts and sums that add field by field.
+  ``sums``: records of counts and sums that add field by field, and per-batch sums kept on their device.
 - Typed graphs: ``typed_batch`` (a typed batch as PyG's ``HeteroData``), ``typed_rows`` (its input rows per node
   type), ``sharded_embedding`` (learnable rows of a featureless type, sharded by owner).
 - Link prediction: ``link_batch`` (positive pairs and their negatives as one node set), ``negatives`` (uniform

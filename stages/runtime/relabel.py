@@ -90,7 +90,7 @@ class DenseNodeMap(NodeMap):
         cand_idx = torch.arange(cand_gid.numel(), dtype=torch.int32, device=cand_gid.device)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
         # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); the
-        # known candidates write to the spare entry instead of their positions
+        # known candidates write to the spare entries instead of their positions
         spare = cand_idx.bitwise_and(_SPARE - 1) + self.num_nodes
         table.scatter_reduce_(0, torch.where(is_new, cand_gid, spare), cand_idx, reduce="amin")
         is_first = is_new & (table.index_select(0, cand_gid) == cand_idx)

@@ -129,6 +129,12 @@ def main() -> None:
             terminal.start_line()
             typer.echo(interrupts.message(exc, interrupts.interrupted_stage(exc)), err=True)
             sys.exit(exc.exit_code)
+        except Exception as err:   # an interruption that a library wrapped in an error of its own, or a real error
+            if (stopped := interrupts.interruption(err)) is None:
+                raise
+            terminal.start_line()
+            typer.echo(interrupts.message(stopped, interrupts.interrupted_stage(stopped)), err=True)
+            sys.exit(stopped.exit_code)
 
 
 if __name__ == "__main__":

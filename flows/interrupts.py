@@ -105,6 +105,29 @@ def install() -> None:
         _State.wakeup_fd = read_fd
 
 
+def interruption(exc: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` that ``exc`` stands for, or None when no signal ended the run.
+
+    Our handler raises wherever the main thread is, and code that calls back into Python from a C extension may
+    turn what the callback raised into an error of its own: the CI saw the Interrupted come back as pydantic's
+    ``PydanticSerializationError: ... Interrupted: SIGINT received`` (the signal landed while Prefect serialised
+    its context) and the terminal got a traceback instead of the one line. Once the handler has raised, any error
+    that ends the run is that interruption (chained to it, so that ``interrupted_stage`` still finds the stage).
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, Interrupted):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    if _State.handled is None:
+        return None
+    stand_in = Interrupted(_State.handled)
+    stand_in.__context__ = exc
+    return stand_in
+
+
 def _frames(tb: TracebackType | None) -> list[FrameType]:
     out = []
     while tb is not None:

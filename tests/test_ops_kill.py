@@ -70,7 +70,7 @@ def test_sigkill_at_every_stage_then_the_same_command_finishes(prefect_server: s
         if killed:
             _assert_took_over(run, *killed[-1])
         killed.append((stage, run.proc.pid, _flow_run(run)))
-        _, alive = psutil.wait_procs(children, timeout=30)   # torchrun and the ranks follow their parent
+        _, alive = psutil.wait_procs(children, timeout=30)   # the agent and the ranks follow their parent
         assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
     final = Run(args, api_url=prefect_server)
     assert final.proc.wait(timeout=600) == 0, "".join(final.lines)[-3000:]

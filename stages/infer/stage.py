@@ -161,7 +161,7 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
             log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run the ranks to the end (they write their parts into ``writer``'s directory); every rank's figures."""
     from stages.jobs.cluster import rank_threads
-    from stages.jobs.launcher import launch, torchrun_command
+    from stages.jobs.launcher import launch
     from stages.train.models.plugins import rank_pythonpath
 
     num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions
@@ -180,7 +180,7 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
         env = {"OMP_NUM_THREADS": str(rank_threads(params.threads_per_rank, num_partitions)),
                "PYTHONPATH": rank_pythonpath()}
         launch(spec_file, num_partitions, result_dir=str(results), log=log, timeout_s=params.timeout_s, env=env,
-               command=torchrun_command(spec_file, num_partitions, module="stages.infer.worker"), job=INFERENCE)
+               module="stages.infer.worker", job=INFERENCE)
         ranks: list[dict[str, Any]] = json.loads(Path(ranks_path(results)).read_text())
     finally:
         shutil.rmtree(job, ignore_errors=True)

@@ -22,7 +22,7 @@ from stages.infer.params import Params
 from stages.infer.rank import infer_rank
 from stages.infer.spec import InferSpec
 from stages.jobs.cluster import rank_threads
-from stages.runtime.rank_process import rank_env, run_rank
+from stages.runtime.rank_process import init_method, rank_env, run_rank
 from storage import GnnpipeError
 from storage.infer import ranks_path
 from storage.train import atomic_write_bytes
@@ -33,7 +33,7 @@ def infer(spec: InferSpec, rank: int, world: int, local_world: int) -> None:
     """Run global rank ``rank`` of the job to the end: its outputs written, rank 0's ``ranks.json`` too."""
     params = Params(**spec.params)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=params.peer_timeout_s))
+    dist.init_process_group("gloo", init_method=init_method(), timeout=timedelta(seconds=params.peer_timeout_s))
     record = infer_rank(spec, rank, world, local_world)
     records: list[Any] = [None] * world
     dist.all_gather_object(records, record)

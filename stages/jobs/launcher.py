@@ -1,9 +1,11 @@
-"""Start the ranks with torchrun in a subprocess of its own session, stream their logs, and never leave one behind.
+"""Start the ranks under an agent in a subprocess of its own session, stream their logs, and never leave one behind.
 
-``python -m torch.distributed.run --standalone --nproc_per_node=P --max-restarts=0 -m stages.train.rank.worker --spec
-JOB.json`` runs in a new session (``start_new_session=True``): torchrun and every rank share one process group, so
-on a timeout, an interrupt (KeyboardInterrupt, a cancelled Prefect task) or an error the whole group gets SIGTERM,
-a grace period, then SIGKILL. torchrun's monitor notices a dead rank within ``--monitor-interval`` and stops the
+The agent is ``local_agent`` on one host (``python -I -S local_agent.py P GRACE -- python -m stages.train.rank.worker
+--spec JOB.json``: it starts the P ranks itself, 2.3 s a job sooner than torchrun) and torchrun across hosts
+(``python -m torch.distributed.run --nnodes=N ... --rdzv_backend=c10d ...``, whose rendezvous joins them). It runs in
+a new session (``start_new_session=True``): the agent and every rank share one process group, so on a timeout, an
+interrupt (KeyboardInterrupt, a cancelled Prefect task) or an error the whole group gets SIGTERM, a grace period,
+then SIGKILL. The agent notices a dead rank (local: within 50 ms, torchrun: ``--monitor-interval``) and stops the
 others; ranks blocked in a collective with a vanished peer also fail by themselves (gloo sees the closed
 connection, and every collective has a timeout).
 
@@ -12,7 +14,8 @@ outside the main thread, where Python cannot turn it into an exception), the job
 close and stops the group the same way (``lifeline.py``: it depends on the process dying, not on which of its
 threads started the job, as Linux's parent-death signal did).
 
-Lines are handed to ``log`` as they come: ranks prefix their own (``[rank r]``), anything else is torchrun's.
+Lines are handed to ``log`` as they come: ranks prefix their own (``[rank r]``), anything else is the agent's
+(``[agent]`` or ``[torchrun]``); the agent's failure summary says which rank failed first.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import psutil
 
+from stages.jobs import local_agent
 from stages.jobs.cluster import Cluster
 from stages.jobs.errors import TRAINING, JobKind
 from stages.jobs.lifeline import supervised
@@ -51,6 +55,10 @@ _PEER_CLOSED = re.compile(r"Connection closed by peer (\S+?)\.? ")   # gloo's wo
 _DEATH_SIGNAL = re.compile(r"Received (?:Signals\.)?(\w+) death signal|SignalException: Process \d+ got signal: "
                            r"(?:Signals\.)?(\w+)")
 _RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")   # a rank's user error (worker.main prints it)
+# local_agent's words: "rank 1 exited with code -9 (pid 123), the first failure", "received SIGTERM, stopping the ranks"
+_AGENT_FAILED = re.compile(r"^rank (\d+) exited with code (-?\d+) \(pid \d+\)(" + local_agent.FIRST_FAILURE + ")?$")
+_AGENT_SIGNAL = re.compile(r"^received (SIG\w+), stopping the ranks$")
+TORCHRUN, LOCAL_AGENT = "torchrun", "agent"   # how the log and the errors name the agent
 
 
 def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
@@ -59,6 +67,26 @@ def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = 
     placement = (cluster or Cluster()).torchrun_args(world_size)
     return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5",
             "-m", module, "--spec", spec_path]
+
+
+@dataclass(frozen=True)
+class JobCommand:
+    """This node's command line for a job, and the name of the agent it runs (``TORCHRUN`` or ``LOCAL_AGENT``)."""
+
+    argv: list[str]
+    agent: str
+
+
+def job_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
+                module: str = "stages.train.rank.worker", python: str = sys.executable,
+                grace_s: float = GRACE_S) -> JobCommand:
+    """``local_agent`` for a single-host job, torchrun for this node's share of a multi-node one."""
+    cluster = cluster or Cluster()
+    if cluster.multi_node:
+        return JobCommand(torchrun_command(spec_path, world_size, cluster, module=module, python=python), TORCHRUN)
+    rank_argv = [python, "-m", module, "--spec", spec_path]
+    return JobCommand(local_agent.command(rank_argv, cluster.nproc_per_node(world_size), grace_s, python),
+                      LOCAL_AGENT)
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -96,7 +124,7 @@ def terminate_group(pgid: int, grace_s: float = GRACE_S) -> list[int]:
 
 @dataclass(frozen=True)
 class RankFailure:
-    """One entry of torchrun's failure summary."""
+    """One entry of the agent's failure summary."""
 
     rank: int
     exitcode: int | None
@@ -106,13 +134,13 @@ class RankFailure:
 class _Reader(threading.Thread):
     """Reads the job's merged stdout/stderr line by line: logs each line and remembers failure clues."""
 
-    def __init__(self, stream: object, log: Callable[[str], None], tail: int = 40) -> None:
-        super().__init__(name="torchrun-log", daemon=True)
-        self.stream, self.log = stream, log
+    def __init__(self, stream: object, log: Callable[[str], None], agent: str = TORCHRUN, tail: int = 40) -> None:
+        super().__init__(name="job-log", daemon=True)
+        self.stream, self.log, self.agent = stream, log, agent
         self.tail: deque[str] = deque(maxlen=tail)
         self.failed: list[RankFailure] = []
         self.rendezvous_timeout = False   # torchrun gave up waiting for the other nodes
-        self.death_signal: str | None = None   # the signal torchrun said it received ("SIGTERM")
+        self.death_signal: str | None = None   # the signal the agent said it received ("SIGTERM")
         self.said: dict[int, str] = {}         # rank -> its "error: ..." line (when its error file is missing)
 
     def run(self) -> None:
@@ -121,10 +149,16 @@ class _Reader(threading.Thread):
         for raw in self.stream:  # type: ignore[attr-defined]
             line = raw.rstrip("\n")
             self.tail.append(line)
-            self.log(line if _RANK_PREFIX.match(line) else f"[torchrun] {line}")
+            self.log(line if _RANK_PREFIX.match(line) else f"[{self.agent}] {line}")
             if _RANK_PREFIX.match(line):
                 if m := _RANK_ERROR.match(line):
                     self.said.setdefault(int(m.group(1)), m.group(2))
+                continue
+            if m := _AGENT_FAILED.match(line):
+                self.failed.append(RankFailure(int(m.group(1)), int(m.group(2)), bool(m.group(3))))
+                continue
+            if self.death_signal is None and (m := _AGENT_SIGNAL.match(line)):
+                self.death_signal = m.group(1)
                 continue
             if "RendezvousTimeoutError" in line:
                 self.rendezvous_timeout = True
@@ -160,22 +194,25 @@ def _describe_exit(code: int | None) -> str:
 
 
 def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, object]],
-                    returncode: int, death_signal: str | None = None, job: JobKind = TRAINING) -> GnnpipeError:
+                    returncode: int, death_signal: str | None = None, job: JobKind = TRAINING,
+                    agent: str = TORCHRUN) -> GnnpipeError:
     """One line naming the rank that caused the failure.
 
     A rank that died without writing an error record (a signal, ``os._exit``) is the cause, unless all it got was
-    the SIGTERM with which torchrun stops the survivors; its peers' errors (lost connections) are consequences.
-    torchrun's root cause comes first. A signal that torchrun itself received (``death_signal``), or died of (a
+    the SIGTERM with which the agent stops the survivors; its peers' errors (lost connections) are consequences.
+    The agent's root cause comes first. A signal that the agent itself received (``death_signal``), or died of (a
     negative ``returncode``), came from outside the job: that is the cause, whatever the ranks said afterwards.
     A rank's user error is an ``InputError`` whatever the job; the others are ``job.error``, naming ``job``.
     """
+    named = "the job's agent" if agent == LOCAL_AGENT else agent
+
     def kept(advice: str) -> str:   # the resume advice, for a job that has checkpoints to resume from
         return advice if job.checkpoints else ""
 
     if death_signal is None and returncode < 0:
         death_signal = signal_name(-returncode)
     if death_signal is not None:
-        return job.error(f"{job.name} was stopped by a signal: torchrun received {death_signal} from outside "
+        return job.error(f"{job.name} was stopped by a signal: {named} received {death_signal} from outside "
                          f"gnnpipe (a scheduler, `kill`, the OOM killer) and its ranks were stopped"
                          f"{kept('; the checkpoints were kept: rerun to resume')}")
     ordered = sorted(failed, key=lambda f: (not f.root_cause, f.exitcode == -signal.SIGTERM))
@@ -198,7 +235,7 @@ def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, o
     if abrupt:
         return job.error(f"{job.name} failed: rank {abrupt[0].rank} {_describe_exit(abrupt[0].exitcode)} "
                          f"(see the log above)")
-    return job.error(f"{job.name} failed: torchrun exited with code {returncode} before naming a rank "
+    return job.error(f"{job.name} failed: {named} exited with code {returncode} before naming a rank "
                      f"(see the log above)")
 
 
@@ -217,13 +254,17 @@ def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, objec
 
 def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[str], None], timeout_s: float,
            env: dict[str, str] | None = None, grace_s: float = GRACE_S, command: list[str] | None = None,
-           cluster: Cluster | None = None, job: JobKind = TRAINING) -> None:
+           cluster: Cluster | None = None, job: JobKind = TRAINING,
+           module: str = "stages.train.rank.worker") -> None:
     """Run this node's part of the job to completion or raise a one-line :class:`GnnpipeError`; its process group
-    is gone either way. ``job`` names the job in the errors (``job.error``, or ``InputError`` for a user's).
+    is gone either way. ``job`` names the job in the errors (``job.error``, or ``InputError`` for a user's);
+    ``module`` is the ranks' program (``python -m module --spec spec_path``).
 
-    ``command`` replaces the torchrun command line (tests of the teardown use a stand-in).
+    ``command`` replaces the agent's command line (tests of the teardown use a torchrun stand-in).
     """
-    argv = command or torchrun_command(spec_path, world_size, cluster)
+    chosen = JobCommand(command, TORCHRUN) if command else job_command(spec_path, world_size, cluster,
+                                                                         module=module, grace_s=grace_s)
+    argv = chosen.argv
     cmd, lifeline = supervised(argv, grace_s)   # stopped even if this process is SIGKILLed
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
@@ -231,7 +272,7 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
                             errors="replace", cwd=str(REPO), env=child_env, start_new_session=True,
                             pass_fds=lifeline)
     log(f"[launcher] pid {proc.pid} (process group {proc.pid}): {shlex.join(argv)}")
-    reader = _Reader(proc.stdout, log)
+    reader = _Reader(proc.stdout, log, chosen.agent)
     reader.start()
     deadline = time.monotonic() + timeout_s
     timed_out = False
@@ -260,4 +301,4 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
         errors = read_errors(result_dir)
         for rank, message in reader.said.items():   # its error file could not be written (e.g. a full disk)
             errors.setdefault(rank, {"rank": rank, "type": "GnnpipeError", "user_error": True, "message": message})
-        raise failure_message(reader.failed, errors, proc.returncode, reader.death_signal, job)
+        raise failure_message(reader.failed, errors, proc.returncode, reader.death_signal, job, chosen.agent)

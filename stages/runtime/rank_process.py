@@ -21,7 +21,9 @@ from typing import Any, ClassVar, TextIO, TypeVar
 from storage import GnnpipeError, InputError
 from storage.train import atomic_write_bytes, error_path
 
-__all__ = ["JobSpec", "LinePrefixer", "RankEnv", "rank_env", "run_rank", "write_error"]
+__all__ = ["JobSpec", "LinePrefixer", "RankEnv", "init_method", "rank_env", "run_rank", "write_error"]
+
+INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # set by stages.jobs.local_agent (which imports nothing of ours)
 
 
 _Spec = TypeVar("_Spec", bound="JobSpec")
@@ -77,6 +79,12 @@ class RankEnv:
 
 def rank_env() -> RankEnv:
     return RankEnv(os.environ)
+
+
+def init_method() -> str | None:
+    """How this rank joins its process group: the single-host agent's file store (``file://...?rank=&world_size=``,
+    ``stages.jobs.local_agent``), or None for torchrun's ``env://`` (``MASTER_ADDR``/``MASTER_PORT``)."""
+    return os.environ.get(INIT_METHOD_ENV) or None
 
 
 def write_error(spec_path: str, rank: int, err: BaseException) -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from stages.jobs.cluster import rank_threads
-from stages.runtime.rank_process import rank_env, run_rank
+from stages.runtime.rank_process import init_method, rank_env, run_rank
 from stages.train.params import Params
 from stages.train.rank.faults import fault_hook
 from stages.train.rank.guard import PeerStoppedError
@@ -70,7 +70,8 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=params.peer_timeout_s))
+    dist.init_process_group(rank_backend(params, device), init_method=init_method(),
+                            timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device,
                          group=producer_group(params.prefetch_depth(device.type, world)))

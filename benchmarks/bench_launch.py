@@ -1,5 +1,6 @@
-"""What starting a job's ranks costs before they compute: torchrun (the launcher's way, ``stages.jobs.launcher``)
-against the same ranks started directly with the env vars torchrun would give them (issue [3/5]: the suite's time).
+"""What starting a job's ranks costs before they compute: torchrun (the launcher's way across hosts), gnnpipe's
+single-host agent (``stages.jobs.local_agent``, the launcher's way on one host) and the same ranks started directly
+with the env vars torchrun would give them, the floor (issue [3/5]: the suite's time).
 
 Each job is ``--ranks`` processes that import torch, join a gloo group, pass one barrier and leave: the floor every
 train and infer job pays. Wall and CPU seconds (children's user + system) per job, median of ``--rounds``,
@@ -22,9 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository, for stages.jobs
+
 RANK = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo"); dist.barrier(); dist.destroy_process_group()
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method=os.environ.get("GNNPIPE_INIT_METHOD"))   # the agent's file store, else env://
+dist.barrier(); dist.destroy_process_group()
 """
 
 
@@ -44,6 +48,12 @@ def torchrun_job(script: str, ranks: int) -> None:
                     "--max-restarts=0", script], check=True, capture_output=True)
 
 
+def agent_job(script: str, ranks: int) -> None:
+    from stages.jobs import local_agent
+
+    subprocess.run(local_agent.command([sys.executable, script], ranks, 10.0), check=True, capture_output=True)
+
+
 def direct_job(script: str, ranks: int) -> None:
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks),
                 LOCAL_WORLD_SIZE=str(ranks))
@@ -58,7 +68,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    ways = {"torchrun": torchrun_job, "direct": direct_job}
+    ways = {"torchrun": torchrun_job, "agent": agent_job, "direct": direct_job}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
         script = str(Path(tmp, "rank.py"))

@@ -6,7 +6,9 @@ from the stages' manifests: each rank's inference wall time and peak RSS (kernel
 bytes, the job's wall time (torchrun start and the orig-order export included); and the train stage's validation
 pass (``eval_s`` of its last epoch: sampled neighbourhoods, the slowest rank) scaled to 10 % of the nodes, the
 issue's yardstick ("exact inference of all nodes in less time than the sampled evaluation of 10 % of them").
-Prints one JSON line per run and a markdown table.
+Prints one JSON line per run and a markdown table. ``--devices cuda,cpu`` runs exact inference on each device in
+turn (issue [4/5] item 4: one GPU against the CPU), with each layer's placement and the largest difference of the
+probabilities from the first device's.
 
 Products scale (do not run on a busy box)::
 
@@ -50,15 +52,22 @@ def build_to_train(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return run_stages(values, on_built=said)
 
 
-def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None, args: argparse.Namespace
-               ) -> dict[str, Any]:
-    from stages.infer import stage as infer
+def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None, args: argparse.Namespace,
+               device: str = "auto") -> dict[str, Any]:
+    import numpy as np
 
-    params = infer.Params(fanouts=fanouts, chunk_edges=args.chunk_edges, threads_per_rank=args.threads)
+    from stages.infer import stage as infer
+    from storage.infer_artifact import InferArtifact
+
+    params = infer.Params(fanouts=fanouts, chunk_edges=args.chunk_edges, threads_per_rank=args.threads,
+                          device=device)
     manifest = infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, force=True,
                          log=(print if args.verbose else lambda line: None))
     s = InferSummary.from_json(manifest.summary)
+    prob = np.asarray(InferArtifact(store, manifest).node_array("prob")[:])
     return {"mode": s.mode, "fanouts": s.fanouts, "nodes": s.num_nodes, "parts": s.num_partitions,
+            "device": [r.get("device") for r in s.ranks], "placement": [r.get("placement") for r in s.ranks],
+            "_prob": prob,
             "job_wall_s": s.wall_s, "rank_wall_s": max(r["wall_s"] for r in s.ranks),
             "layer_s": [r["layer_s"] for r in s.ranks],
             "peak_rss_GiB": [round(r["peak_rss_mib"] / 1024, 2) for r in s.ranks],
@@ -77,6 +86,7 @@ def main() -> None:
     ap.add_argument("--chunk-edges", type=int, default=1 << 18)
     ap.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: CPUs / ranks)")
     ap.add_argument("--sampled", default=None, help="also run sampled inference with these fanouts")
+    ap.add_argument("--devices", default="auto", help="exact inference on each of these in turn (auto, cpu, cuda)")
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
     ap.add_argument("--verbose", action="store_true", help="stream the ranks' log lines")
     args = ap.parse_args()
@@ -90,16 +100,20 @@ def main() -> None:
     baseline = {"train_sampled_valid_pass_s": last["eval_s"], "valid_nodes": valid_nodes,
                 "sampled_eval_of_10pct_nodes_s": round(eval_10pct_s, 2), "train_test_acc": test}
     print(json.dumps(baseline), flush=True)
-    runs = [infer_once(store, manifests, None, args)]
+    runs = [infer_once(store, manifests, None, args, device) for device in args.devices.split(",")]
+    for run in runs[1:]:   # the same model on the same rows: the devices agree to float32 rounding
+        run["max_abs_diff_prob_vs_first"] = float(abs(run["_prob"] - runs[0]["_prob"]).max())
     if args.sampled:
         runs.append(infer_once(store, manifests, [int(f) for f in args.sampled.split(",")], args))
     for run in runs:
+        del run["_prob"]
         run["faster_than_sampled_eval_of_10pct"] = run["rank_wall_s"] < eval_10pct_s
         print(json.dumps(run), flush=True)
     print("\n| inference | nodes | parts | rank wall s | job wall s | peak RSS GiB/rank | remote GiB | test acc |"
           "\n|---|---|---|---|---|---|---|---|")
     for run in runs:
-        how = "exact" if run["mode"] == "exact" else f"sampled {','.join(map(str, run['fanouts']))}"
+        how = (f"exact ({run['device'][0]})" if run["mode"] == "exact" else
+               f"sampled {','.join(map(str, run['fanouts']))}")
         print(f"| {how} | {run['nodes']:,} | {run['parts']} | {run['rank_wall_s']:.1f} | {run['job_wall_s']:.1f} | "
               f"{max(run['peak_rss_GiB']):.2f} | {run['remote_GiB']:.3f} | {100 * (run['acc']['test'] or 0):.2f} % |")
     print(f"| train stage: sampled valid pass x 10 % / valid | {int(0.1 * args.nodes):,} | {args.parts} | "

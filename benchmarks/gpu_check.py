@@ -50,10 +50,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = REPO / "benchmarks" / "work" / "gpu-site"
-STEPS = ("env", "tests", "gather", "sampler", "train", "prefetch")
+STEPS = ("env", "tests", "gather", "sampler", "train", "prefetch", "infer")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
 NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
-         "train": ("zarr", "pydantic", "pymetis"), "prefetch": ("zarr", "pydantic", "pymetis")}
+         "train": ("zarr", "pydantic", "pymetis"), "prefetch": ("zarr", "pydantic", "pymetis"),
+         "infer": ("zarr", "pydantic", "pymetis", "pyarrow")}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
           "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,
@@ -214,6 +215,12 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                                    "--hidden", "256", "--depths", "0,1", "--rounds", "2",
                                    "--max-batches", str(s["max_batches"]),
                                    "--root", str(work / f"artifacts-{args.scale}")])],
+        # exact inference of every node on one GPU, then on the CPU: the time (item 4: <= 10 s at products scale)
+        # and the largest difference of the probabilities (<= 1e-5); the stages up to train are cached in --root
+        "infer": [("infer", [py, f"{bench}/bench_infer.py", *graph, "--features", str(s["features"]),
+                             "--classes", str(s["classes"]), "--parts", "1", "--epochs", "1",
+                             "--devices", "cuda,cpu" if not args.allow_cpu else "cpu",
+                             "--root", str(work / f"artifacts-{args.scale}")])],
     }
 
 

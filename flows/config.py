@@ -55,7 +55,9 @@ SHARED: dict[str, tuple[str, ...]] = {"seed": ("download", "hotness", "train"), 
                                       "host_memory_budget_bytes": ("train", "infer"),
                                       # a peer silent this long inside a collective fails the job (train's was
                                       # collective_timeout_s; the flat name was infer's alone, so it still reaches it)
-                                      "peer_timeout_s": ("train", "infer")}
+                                      "peer_timeout_s": ("train", "infer"),
+                                      # where the ranks compute: a user who says cpu means both jobs
+                                      "device": ("train", "infer")}
 # a short name two stages declare, given to the stage a user means by it (infer's runtime settings have train's
 # names: ``infer.timeout_s``, ``infer_timeout_s``)
 ALIASES: dict[str, tuple[str, str]] = {"epochs": ("train", "epochs"), "timeout_s": ("train", "timeout_s"),

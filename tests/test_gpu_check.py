@@ -46,7 +46,7 @@ def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: unknown step 'warp'; choose from env, tests, gather, "
-                                                "sampler, train, prefetch"]
+                                                "sampler, train, prefetch, infer"]
 
 
 def test_uva_needs_cuda_and_pinned_rows():

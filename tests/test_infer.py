@@ -15,6 +15,7 @@ import torch
 from flows.config import ORDER, make_config, stage_keys
 from stages.infer import stage as infer
 from stages.infer.chunks import chunk_edges_of, plan_chunks
+from stages.infer.halo import Halo
 from stages.infer.layerwise import Inference
 from stages.infer.params import Params
 from stages.jobs.launcher import RankFailure, failure_message, launch
@@ -134,6 +135,7 @@ def test_exact_inference_on_two_partitions_equals_the_whole_graph_sage(sage2: Ca
     s = sage2.manifest.summary
     assert s["mode"] == "exact" and s["path"] == "layer-wise (layer matrices and halo)" and s["num_partitions"] == 2
     assert all(r["chunks"] > 1 and r["remote_mib"] > 0 and r["peak_rss_mib"] > 0 for r in s["ranks"])
+    assert all(r["device"] == "cpu" and r["placement"] == "host,host" for r in s["ranks"])   # 2 layers, in place
 
 
 @pytest.mark.slow
@@ -297,6 +299,45 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
     torch.testing.assert_close(again, ref, rtol=1e-5, atol=ATOL)
 
 
+@pytest.mark.parametrize("kind, fanouts", [("sage", None), ("gcn", None), ("sage", (3, 2, 2)), ("gcn", (4, 1, 2))])
+def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrices_do(kind: str, fanouts: Any):
+    """A CUDA rank's two placements (``Inference._placement``), run on the CPU: the whole matrix on the device
+    (a budget it fits) or each chunk's rows gathered (a budget it does not): the same logits and hidden rows as the
+    steps reading the host matrix in place. tests/test_gpu_infer.py runs them on a GPU."""
+    indptr, indices, _ = _random_graph()
+    torch.manual_seed(1)
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
+    runs = {budget: _run_one_process(model, 3, x, indptr, indices, chunk_edges=300, fanouts=fanouts,
+                                     device_budget=budget) for budget in (None, 1 << 30, 0)}
+    (host, host_hidden, engine) = runs[None]
+    assert [s.placement for s in engine.stats] == ["host"] * 3
+    for budget, placement in ((1 << 30, "device"), (0, "chunks")):
+        out, hidden, engine = runs[budget]
+        assert [s.placement for s in engine.stats] == [placement] * 3
+        torch.testing.assert_close(out, host, rtol=1e-6, atol=1e-6)
+        for layer in (0, 1):
+            torch.testing.assert_close(hidden[layer], host_hidden[layer], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="needs a device_budget"):
+        Inference(model, 3, LocalCSR.from_numpy(indptr, indices), np.array([0, x.shape[0]]), None, 300,
+                  device=torch.device("cuda"))
+
+
+def test_a_layer_matrix_goes_to_the_device_only_when_it_fits_beside_the_outputs_and_a_chunk():
+    indptr, indices, _ = _random_graph()
+    n = indptr.shape[0] - 1
+    model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
+    engine = Inference(model, 2, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), None, 300)
+    halo = Halo.of(engine.csr)
+    matrix = torch.zeros(halo.rows, 8)
+    # the matrix, the layer's outputs (16 columns) and a chunk's temporaries: 300 x ((8 + 16) x 3 x 4 + 48) bytes
+    needed = halo.rows * 8 * 4 + n * 16 * 4 + 300 * ((8 + 16) * 3 * 4 + 48)
+    engine.device_budget = needed
+    assert engine._placement(model, 0, matrix, halo) == "device"
+    engine.device_budget = needed - 1
+    assert engine._placement(model, 0, matrix, halo) == "chunks"
+
+
 @pytest.mark.parametrize("gather, fanouts", [(False, None), (True, None), (False, (3, 2)), (True, (3, 2))])
 def test_an_int32_csr_infers_what_an_int64_one_does(gather: bool, fanouts: tuple[int, ...] | None):
     """Ranks hold their part's indices as stored (int32 below 2^31 nodes, ``PartitionArtifact.csr(native=True)``):
@@ -352,7 +393,7 @@ def test_a_padding_chunk_is_empty_in_sampled_inference_too():
 
 
 def test_params_key_and_config_routes():
-    assert Params(chunk_edges=5, timeout_s=1, peer_timeout_s=1, threads_per_rank=3).key_params() == \
+    assert Params(chunk_edges=5, timeout_s=1, peer_timeout_s=1, threads_per_rank=3, device="cpu").key_params() == \
         Params().key_params() == {"fanouts": None, "embeddings": "last"}
     assert Params(fanouts="10,5", seed=3).key_params() == {"fanouts": [10, 5], "embeddings": "last", "seed": 3}
     with pytest.raises(InputError, match="invalid parameter fanouts='10,0'"):
@@ -362,6 +403,9 @@ def test_params_key_and_config_routes():
     cfg = make_config({"fanouts": "7,7", "infer.fanouts": "3,3", "infer_embeddings": "all", "chunk_rows": 4096})
     assert cfg.train.fanouts == (7, 7) and cfg.infer.fanouts == (3, 3) and cfg.infer.embeddings == "all"
     assert cfg.features.chunk_rows == 4096 and make_config(timeout_s=5).train.timeout_s == 5   # short names kept
+    on_cpu = make_config(device="cpu")   # one word for both jobs; infer's alone by its own name
+    assert on_cpu.train.device == on_cpu.infer.device == "cpu"
+    assert make_config({"infer.device": "cuda"}).infer.device == "cuda" and make_config().train.device == "auto"
     keys = stage_keys(cfg)
     assert keys["infer"] != stage_keys(make_config({"fanouts": "7,7"}))["infer"]
 

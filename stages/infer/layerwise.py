@@ -128,6 +128,7 @@ class LayerStats:
     source_rows: int = 0      # rows fetched for the chunks' blocks (targets included)
     remote_rows: int = 0      # of which other ranks' rows
     remote_bytes: int = 0
+    placement: str = "host"   # where the layer's steps read their rows (``Inference._placement``)
 
 
 @dataclass
@@ -149,10 +150,18 @@ class Inference:
     # are all its owner's, so every layer reads them locally
     edge_attr: Tensor | None = None
     space: MatrixSpace = field(default_factory=MatrixSpace)   # RAM or memory-mapped layer matrices
+    # where the layer steps run (the model is there); the matrices and the exchange stay in host memory
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # bytes the matrices path may place on ``device`` (a CUDA rank: the free memory's margin); None: the steps read
+    # the host matrix itself (a CPU rank). Tests set it on the CPU to run both placements there.
+    device_budget: int | None = None
     stats: list[LayerStats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        if self.device.type != "cpu" and self.device_budget is None:
+            raise ValueError(f"inference on {self.device} needs a device_budget (the host matrices cannot be read "
+                             f"there in place)")
         if self.fanouts is not None and len(self.fanouts) != self.num_layers:
             raise ValueError(f"{len(self.fanouts)} fanouts for a {self.num_layers}-layer model")
         self.observed_layers: list[int] = []   # the hidden layers handed to on_hidden
@@ -210,7 +219,8 @@ class Inference:
                            on_hidden: LayerDone) -> Tensor:
         model: Any = self.model
         halo = Halo.of(self.csr)
-        deg = extended_degrees(self.degrees, halo) if self.degrees is not None else None
+        # one float a matrix row: small beside the matrix, so it goes to the device whole
+        deg = extended_degrees(self.degrees, halo).to(self.device) if self.degrees is not None else None
         features = open_features()   # only here: x is released once layer 0's matrix holds its rows
         start = time.perf_counter()
         # x in RAM counts against the rank's budget until the matrix has copied it; x kept in Zarr (past the
@@ -240,28 +250,72 @@ class Inference:
         """Rows per halo piece: ``chunk_edges``, and at most ``HALO_PIECE_BYTES`` of rows."""
         return max(1, min(self.chunk_edges, HALO_PIECE_BYTES // max(row_bytes, 1)))
 
+    def _placement(self, model: Any, layer: int, matrix: Tensor, halo: Halo) -> str:
+        """Where layer ``layer``'s steps read their rows: ``host`` (the host matrix itself: a CPU rank), ``device``
+        (the whole matrix copied to the device once, the outputs gathered there and copied back once) when the
+        matrix, the outputs and a chunk's temporaries fit ``device_budget``, else ``chunks`` (each chunk's rows
+        gathered on the host and copied over)."""
+        if self.device_budget is None:
+            return "host"
+        width_in, width_out = matrix.shape[1], layer_width(model, layer)
+        # a chunk: its aggregated and output rows (3 values a column: the product, the linear map, a temporary)
+        # and its CSR (~48 B an edge: BatchGraph's row pointers, columns, values, the sort)
+        temporaries = self.chunk_edges * ((width_in + width_out) * 3 * matrix.element_size() + 48)
+        needed = matrix.numel() * matrix.element_size() + halo.n * width_out * matrix.element_size() + temporaries
+        return "device" if needed <= self.device_budget else "chunks"
+
     def _matrix_layer(self, model: Any, layer: int, matrix: Tensor, halo: Halo, deg: Tensor | None,
                       stats: LayerStats) -> Tensor:
         """Layer ``layer`` of every own node from ``matrix`` (own rows, then the halo's): the next layer's matrix,
         its halo rows still to fetch (none for the last layer). No collective."""
         last = layer == self.num_layers - 1
         rows = halo.n if last else halo.rows
+        stats.placement = self._placement(model, layer, matrix, halo)
+        whole = (matrix if stats.placement == "host" else      # None: chunk by chunk
+                 matrix.to(self.device) if stats.placement == "device" else None)
         out: Tensor | None = None
+        staged: Tensor | None = None   # the outputs where they are computed, before they reach ``out``
         for a, b in self.chunks:
             (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
-            edge_index = torch.stack([halo.columns(nbr_gid), row_pos.to(torch.long)])
-            graph = BatchGraph(edge_index, halo.rows, b - a, deg, dst_start=a, edge_type=edge_type,
-                               num_edge_types=self.csr.num_edge_types, edge_attr=edge_attr)
-            block = Block(num_src=halo.rows, num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
-            h = layer_step(model, layer, matrix, block, last)
+            src_pos, chunk_deg, dst_start = halo.columns(nbr_gid), deg, a
+            if whole is None:
+                src_rows, src_pos, chunk_deg = self._chunk_rows(matrix, src_pos, a, b, deg)
+                dst_start = 0
+            else:
+                src_rows = whole
+            edge_index = torch.stack([src_pos, row_pos.to(torch.long)]).to(self.device)
+            graph = BatchGraph(edge_index, src_rows.shape[0], b - a, chunk_deg, dst_start=dst_start,
+                               edge_type=self._on_device(edge_type), num_edge_types=self.csr.num_edge_types,
+                               edge_attr=self._on_device(edge_attr))
+            block = Block(num_src=src_rows.shape[0], num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
+            h = layer_step(model, layer, src_rows, block, last)
             if out is None:
                 out = self.space.empty(rows, h.shape[1], h.dtype)
-            out[a:b] = h
+                staged = out if stats.placement != "device" else torch.empty((halo.n, h.shape[1]), dtype=h.dtype,
+                                                                             device=self.device)
+            assert staged is not None
+            staged[a:b] = h
             stats.chunks += 1
             stats.edges += int(nbr_gid.numel())
         if out is None:   # a rank without nodes: it still joins the peers' halo exchanges, rows of the same dtype
-            out = self.space.empty(rows, layer_width(model, layer), matrix.dtype)
+            return self.space.empty(rows, layer_width(model, layer), matrix.dtype)
+        if staged is not out:
+            assert staged is not None
+            out[:halo.n].copy_(staged)   # one copy back a layer; the halo rows come from the peers
         return out
+
+    def _chunk_rows(self, matrix: Tensor, src_pos: Tensor, a: int, b: int, deg: Tensor | None
+                    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A chunk's sources when the matrix stays on the host: the targets' rows ``[a, b)`` then the chunk's
+        distinct other source rows, copied to the device; the edges' source positions among them; their degrees."""
+        others = torch.unique(src_pos)   # sorted matrix rows
+        sub = torch.cat([torch.arange(a, b, dtype=torch.long), others])
+        local_pos = (b - a) + torch.searchsorted(others, src_pos)
+        rows = matrix.index_select(0, sub).to(self.device)
+        return rows, local_pos, None if deg is None else deg.index_select(0, sub.to(deg.device))
+
+    def _on_device(self, t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(self.device)
     # ---- the layer-wise path with a per-chunk gather of the sources' rows (any block model) ------------------------
     def _run_layerwise(self, features: DistFeatures, keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
         model: Any = self.model
@@ -286,12 +340,13 @@ class Inference:
             a, b = self._chunk(c)
             (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
             n_id, edge_index = chunk_sources(lo + a, b - a, row_pos, nbr_gid)
-            rows = source.decode(source.fetch_rows(n_id))                # collective
+            rows = source.decode(source.fetch_rows(n_id)).to(self.device)                  # collective
             deg = self.degrees.fetch_rows(n_id).view(-1) if self.degrees is not None else None   # collective
-            graph = BatchGraph(edge_index, n_id.numel(), b - a, deg, edge_type=edge_type,
-                               num_edge_types=self.csr.num_edge_types,
-                               node_type=None if self.node_type_of is None else self.node_type_of(n_id),
-                               edge_attr=edge_attr)
+            graph = BatchGraph(edge_index.to(self.device), n_id.numel(), b - a, self._on_device(deg),
+                               edge_type=self._on_device(edge_type), num_edge_types=self.csr.num_edge_types,
+                               node_type=None if self.node_type_of is None else self._on_device(
+                                   self.node_type_of(n_id)),
+                               edge_attr=self._on_device(edge_attr))
             block = Block(num_src=n_id.numel(), num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
             h = layer_step(model, layer, rows, block, last)
             if out is None:
@@ -304,6 +359,7 @@ class Inference:
             stats.remote_rows += remote
             stats.remote_bytes += remote * row_bytes
         assert out is not None   # num_chunks >= 1
+        stats.placement = "host" if self.device.type == "cpu" else "chunks"
         stats.seconds = round(time.perf_counter() - start, 3)
         self.stats.append(stats)
         return out
@@ -328,7 +384,7 @@ class Inference:
             return pre
 
         handles = [convs[layer + 1].register_forward_pre_hook(hook(layer)) for layer in hooked] if convs else []
-        stats = LayerStats(-1)
+        stats = LayerStats(-1, placement="host" if self.device.type == "cpu" else "chunks")
         start = time.perf_counter()
         lo, n = self.csr.start_gid, self.csr.num_nodes
         logits: Tensor | None = None
@@ -341,7 +397,8 @@ class Inference:
                     set_types(batch, self.node_type_of(batch.n_id), self.csr.num_edge_types)
                 if attach and self.degrees is not None:
                     with_degrees(batch, self.degrees)                                    # collective
-                x = features.decode(features.fetch_rows(batch.n_id))              # collective
+                x = features.decode(features.fetch_rows(batch.n_id)).to(self.device)   # collective
+                batch = batch.to(self.device)
                 targets[0] = b - a
                 captured.clear()
                 out = seed_logits(model, x, batch)

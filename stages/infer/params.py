@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from stages.choices import Device
 from stages.params import ExecutorParams, Seed, runtime
 from stages.runtime.fanouts import validate_fanouts
 from stages.train.params import Params as TrainParams
@@ -52,6 +53,17 @@ class Params(ExecutorParams):
                                                    "RAM per rank; null: half the available RAM shared by the "
                                                    "host's ranks; 0: none (x read from Zarr, the layer matrices "
                                                    "memory-mapped files in the job's scratch directory)")
+
+    # the layer steps on a GPU (issue [4/5] item 4); the matrices' source of truth and the halo exchange stay in host
+    # memory (gloo), bounded by host_memory_budget_bytes as on a CPU rank
+    device: Device = runtime("auto", description="where the layer steps run: auto: one GPU per rank when there are "
+                                                 "enough, else CPU; the layer matrices go to the GPU when they fit "
+                                                 "its free memory, else each chunk's rows")
+
+    @property
+    def ranks_per_gpu(self) -> int:
+        """One rank per GPU (``stages.train.rank.worker.pick_device``); sharing is train's test setting."""
+        return 1
 
     @field_validator("fanouts")
     @classmethod

@@ -27,6 +27,7 @@ from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.models.encoder import build_encoder, encoder_edge_dim
 from stages.train.models.model import needs_degrees
+from stages.train.rank.cache_budget import FREE_MARGIN, free_device_bytes
 from stages.train.rank.rank_data import degree_path
 from stages.train.rank.typed_data import typed_in_channels
 from stages.train.spec import check_world_size
@@ -72,8 +73,19 @@ def node_type_of(partition: PartitionArtifact) -> Callable[[torch.Tensor], torch
     return lambda gid: index.locate(gid)[0]
 
 
-def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict[str, Any]:
-    """Rank ``rank``'s share of the job: its outputs written, its figures returned. Collective (every rank)."""
+def device_budget(device: torch.device) -> int | None:
+    """What the layer steps may place on a CUDA ``device`` (the free memory's margin, as the train stage's cache
+    takes it); None on a CPU rank, whose steps read the host matrices in place."""
+    if device.type != "cuda":
+        return None
+    return int(FREE_MARGIN * free_device_bytes(device))
+
+
+def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
+               device: torch.device | None = None) -> dict[str, Any]:
+    """Rank ``rank``'s share of the job on ``device`` (the CPU by default): its outputs written, its figures
+    returned. Collective (every rank)."""
+    device = device or torch.device("cpu")
     params = Params(**spec.params)
     store = ArtifactStore(spec.artifacts)
     partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
@@ -92,12 +104,14 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         run = model_input(model, tables, partition=partition, features=features, rank=rank,
                           local_world=local_world, setup=setup, host_budget=params.host_memory_budget_bytes)
         del model, tables   # the run holds what it needs (a typed model's tables only until layer 0 is encoded)
+        run.model.to(device)   # after model_input: a typed model's tables encode layer 0's rows on the host
         num_layers = train_params(trained).num_layers
         degrees = degree_path(csr, bounds, torch.device("cpu")) if needs_degrees(run.model) else None
         edge_attr = torch.from_numpy(partition.edge_attr(rank)).float() if model_edge_dim(partition, trained) else None
         space = MatrixSpace(host_budget(params.host_memory_budget_bytes, local_world), spec.scratch_dir)
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
-                           params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr, space=space)
+                           params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr, space=space,
+                           device=device, device_budget=device_budget(device))
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:
@@ -106,7 +120,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int) -> dict
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
             out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
             figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)
-    record = {"rank": rank, "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
+    record = {"rank": rank, "device": str(device), "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
               "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
               "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
               "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],

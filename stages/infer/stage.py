@@ -218,7 +218,10 @@ def _trained_model(trained: Manifest) -> dict[str, Any]:
 
 
 def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"rank": r["rank"], "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
+    # device and per-layer placement (stages.infer.layerwise): builds before GPU inference ran on the CPU
+    return [{"rank": r["rank"], "device": r.get("device", "cpu"),
+             "placement": ",".join(layer.get("placement", "host") for layer in r["layers"]),
+             "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
              "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
@@ -227,8 +230,8 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _ranks_table(s: InferSummary) -> list[dict[str, Any]]:
-    cols = ("rank", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib", "mapped_mib", "wall_s",
-            "peak_rss_mib")
+    cols = ("rank", "device", "placement", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib",
+            "mapped_mib", "wall_s", "peak_rss_mib")
     return [{c: r.get(c) for c in cols} for r in s.ranks]   # the manifest's JSON sorts keys: put them in order
 
 

@@ -1,8 +1,10 @@
-"""One inference rank: ``python -m stages.infer.worker --spec JOB.json``, started by torchrun (one per partition).
+"""One inference rank: ``python -m stages.infer.worker --spec JOB.json``, started by the job's agent (one per
+partition).
 
 The entry point only, as ``stages.train.rank.worker`` is for training (both run in ``stages.runtime.rank_process``,
-which prefixes their lines and records their errors): the gloo process group on the CPU, the rank's threads, then
-``rank.infer_rank``; rank 0 gathers every rank's figures into ``ranks.json`` for the stage. The process ends with
+which prefixes their lines and records their errors): the rank's device (``pick_device``: a GPU per rank when there
+are enough), the gloo process group (the exchange stays in host memory, on a GPU rank too), the rank's threads,
+then ``rank.infer_rank``; rank 0 gathers every rank's figures into ``ranks.json`` for the stage. The process ends with
 ``os._exit`` (see ``stages.train.rank.worker``).
 """
 
@@ -23,18 +25,20 @@ from stages.infer.rank import infer_rank
 from stages.infer.spec import InferSpec
 from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import init_method, rank_env, run_rank
+from stages.train.rank.worker import pick_device
 from storage import GnnpipeError
 from storage.infer import ranks_path
 from storage.train import atomic_write_bytes
 from storage.write_errors import write_failure
 
 
-def infer(spec: InferSpec, rank: int, world: int, local_world: int) -> None:
+def infer(spec: InferSpec, rank: int, world: int, local_rank: int, local_world: int) -> None:
     """Run global rank ``rank`` of the job to the end: its outputs written, rank 0's ``ranks.json`` too."""
     params = Params(**spec.params)
+    device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
     dist.init_process_group("gloo", init_method=init_method(), timeout=timedelta(seconds=params.peer_timeout_s))
-    record = infer_rank(spec, rank, world, local_world)
+    record = infer_rank(spec, rank, world, local_world, device)
     records: list[Any] = [None] * world
     dist.all_gather_object(records, record)
     if rank == 0:
@@ -57,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     env = rank_env()
-    return run_rank(args.spec, env, lambda: infer(InferSpec.load(args.spec), env.rank, env.world, env.local_world),
+    return run_rank(args.spec, env, lambda: infer(InferSpec.load(args.spec), env.rank, env.world, env.local_rank,
+                                                   env.local_world),
                     refused=lambda err: _refused_write(args.spec, err))
 
 

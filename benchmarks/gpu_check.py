@@ -215,11 +215,12 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                                    "--hidden", "256", "--depths", "0,1", "--rounds", "2",
                                    "--max-batches", str(s["max_batches"]),
                                    "--root", str(work / f"artifacts-{args.scale}")])],
-        # exact inference of every node on one GPU, then on the CPU: the time (item 4: <= 10 s at products scale)
-        # and the largest difference of the probabilities (<= 1e-5); the stages up to train are cached in --root
+        # exact inference of every node on one GPU (item 4: <= 10 s at products scale); the CPU beside it
+        # (--devices cuda,cpu: the largest difference of the probabilities) costs the 8-minute check ~1 min at
+        # products scale, so tests/test_gpu_infer.py holds the 1e-5 check; the stages up to train are cached in --root
         "infer": [("infer", [py, f"{bench}/bench_infer.py", *graph, "--features", str(s["features"]),
                              "--classes", str(s["classes"]), "--parts", "1", "--epochs", "1",
-                             "--devices", "cuda,cpu" if not args.allow_cpu else "cpu",
+                             "--devices", "cuda" if not args.allow_cpu else "cpu",
                              "--root", str(work / f"artifacts-{args.scale}")])],
     }
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from stages.runtime.rank_process import init_method, rank_env
+from stages.runtime.rank_process import init_method, rank_env, run_rank
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                  "GNNPIPE_INIT_METHOD")
@@ -32,13 +32,26 @@ def _join_and_sum(rank: int) -> float:
     return float(total.item())
 
 
+def _raise_or_wait(rank: int) -> None:
+    _join_and_sum(rank)
+    if rank == 1:
+        raise RuntimeError("boom")
+    import torch.distributed as dist
+
+    dist.barrier()   # rank 1 never comes: gloo reports the closed connection
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
     spec = json.loads(Path(parser.parse_args().spec).read_text())
     env, out = rank_env(), Path(spec["result_dir"])
-    print(f"[rank {env.rank}] pid {os.getpid()} ready", flush=True)
+    # one write: unbuffered, print() writes the text and its newline apart, and the peers' lines slip in between
+    sys.stdout.write(f"[rank {env.rank}] pid {os.getpid()} ready\n")
+    sys.stdout.flush()
     mode = spec["mode"]
+    if mode == "raise":   # rank 1 raises; rank 0, waiting in a collective, loses its connection a moment later
+        return run_rank(parser.parse_args().spec, env, lambda: _raise_or_wait(env.rank), refused=lambda err: None)
     if mode == "env":
         record: dict[str, object] = {name: os.environ.get(name) for name in TORCHRUN_VARS}
         record["sum"] = _join_and_sum(env.rank)

@@ -4,10 +4,13 @@ named as such. The rank program is ``tests._agent_rank``."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,10 +18,20 @@ from pathlib import Path
 import psutil
 import pytest
 
+from stages.jobs import local_agent
 from stages.jobs.cluster import Cluster
 from stages.jobs.errors import TrainingError
-from stages.jobs.launcher import LOCAL_AGENT, TORCHRUN, job_command, launch
-from stages.jobs.local_agent import SCRIPT
+from stages.jobs.launcher import (
+    LOCAL_AGENT,
+    REPO,
+    TORCHRUN,
+    RankFailure,
+    _Reader,
+    failure_message,
+    job_command,
+    launch,
+)
+from stages.jobs.local_agent import SCRIPT, command
 
 
 def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10) -> None:
@@ -29,8 +42,8 @@ def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10) ->
 
 
 def _rank_pids(lines: list[str]) -> dict[int, int]:
-    return {int(m.group(1)): int(m.group(2)) for line in lines if (m := re.match(r"\[rank (\d)\] pid (\d+) ready",
-                                                                                   line))}
+    return {int(m.group(1)): int(m.group(2)) for line in lines
+            for m in re.finditer(r"\[rank (\d)\] pid (\d+) ready", line)}
 
 
 def _gone(pids: list[int]) -> bool:
@@ -71,7 +84,7 @@ def test_a_rank_killed_stops_its_peer_at_once_and_is_named(tmp_path: Path):
     pids = _rank_pids(lines)
     assert _gone(list(pids.values()))
     assert f"[agent] rank 1 exited with code -9 (pid {pids[1]}), the first failure" in lines
-    assert f"[agent] rank 0 exited with code -15 (pid {pids[0]})" in lines
+    assert f"[agent] rank 0 exited with code -15 (pid {pids[0]}), stopped by the agent" in lines
 
 
 def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace(tmp_path: Path):
@@ -80,11 +93,20 @@ def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace(tmp_path: Path):
         _launch(tmp_path, "stubborn", lines, grace_s=1)
     pids = _rank_pids(lines)
     assert _gone(list(pids.values()))
-    assert f"[agent] rank 0 exited with code -9 (pid {pids[0]})" in lines
+    assert f"[agent] rank 0 exited with code -9 (pid {pids[0]}), stopped by the agent" in lines
+
+
+def test_the_rank_that_raised_is_named_not_the_peer_that_lost_its_connection(tmp_path: Path):
+    """Both ranks write error records within one poll of the agent: the records' times tell which came first (a
+    review saw the peer named 2 runs in 3, as 'a rank on another node', on a single host)."""
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match=r"^training failed: rank 1 raised RuntimeError: boom"):
+        _launch(tmp_path, "raise", lines)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_the_agent_signalled_from_outside_stops_its_ranks_and_says_so(tmp_path: Path, sig: signal.Signals):
+    """Through the launcher: the one line names the signal."""
     lines: list[str] = []
 
     def signal_the_agent() -> None:
@@ -101,4 +123,77 @@ def test_the_agent_signalled_from_outside_stops_its_ranks_and_says_so(tmp_path: 
     assert str(err.value).startswith(f"training was stopped by a signal: the job's agent received {sig.name} from "
                                      f"outside gnnpipe"), str(err.value)
     assert f"[agent] received {sig.name}, stopping the ranks" in lines
-    assert _gone(list(_rank_pids(lines).values()))
+
+
+def test_the_agent_alone_stops_its_ranks_and_dies_of_the_signal(tmp_path: Path):
+    """Without the launcher's teardown behind it: no rank outlives the agent, its store is gone, and it ends as a
+    process killed by the signal (what the launcher reads as a signal from outside)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"mode": "wait", "result_dir": str(tmp_path)}))
+    agent = subprocess.Popen(command([sys.executable, "-m", "tests._agent_rank", "--spec", str(spec)], 2, 5.0),
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    lines: list[str] = []
+    try:
+        assert agent.stdout is not None
+        while len(_rank_pids(lines)) < 2:
+            line = agent.stdout.readline()
+            assert line, lines
+            lines.append(line.rstrip("\n"))
+        ranks = [psutil.Process(pid) for pid in _rank_pids(lines).values()]
+        store = Path(ranks[0].environ()["GNNPIPE_INIT_METHOD"].removeprefix("file://").split("?")[0]).parent
+        agent.send_signal(signal.SIGTERM)   # the agent alone, not its group
+        out, _ = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    assert agent.returncode == -signal.SIGTERM
+    assert "[agent] received SIGTERM, stopping the ranks" in out
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "a rank outlived it"
+    assert not store.exists()
+
+
+def test_a_signal_while_the_ranks_start_starts_no_more_and_stops_those_started(monkeypatch, tmp_path: Path):
+    """The handler only notes the signal (raising it inside Popen lost a just-forked rank, 3 runs in 15)."""
+    started: list[subprocess.Popen[bytes]] = []
+    died_of: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = real_popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        started.append(proc)
+        local_agent._on_stop_signal(signal.SIGTERM, None)   # as if SIGTERM came while the first rank started
+        return proc
+
+    monkeypatch.setattr(local_agent.subprocess, "Popen", popen)
+    monkeypatch.setattr(local_agent, "_die_of", died_of.append)
+    monkeypatch.setattr(local_agent._Signals, "received", None)
+    monkeypatch.setattr(local_agent.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "store"))
+    (tmp_path / "store").mkdir()
+    monkeypatch.setattr(local_agent.signal, "signal", lambda sig, handler: None)   # leave pytest's handlers be
+    local_agent.run(4, 5.0, ["unused"])
+    assert len(started) == 1 and started[0].returncode == -signal.SIGTERM
+    assert died_of == [signal.SIGTERM] and not (tmp_path / "store").exists()
+
+
+def test_the_launcher_reads_the_agents_lines_wherever_they_land():
+    """After a rank's unfinished line; a rank the agent stopped is no cause (SIGKILLed after the grace, it was
+    blamed); the record written first is the cause when both ranks wrote one."""
+    said = ["[rank 0] half a line[agent] rank 1 exited with code -9 (pid 7), the first failure",
+            "[agent] rank 0 exited with code -9 (pid 6), stopped by the agent",
+            "[agent] received SIGTERM, stopping the ranks"]
+    logged: list[str] = []
+    reader = _Reader(io.StringIO("\n".join(said) + "\n"), logged.append, LOCAL_AGENT)
+    reader.run()
+    assert reader.failed == [RankFailure(1, -9, True)] and reader.death_signal == "SIGTERM"
+    assert logged == said, "the agent's lines are logged as they are"
+    assert str(failure_message(reader.failed, {}, 1, agent=LOCAL_AGENT)).startswith(
+        "training failed: rank 1 was killed by SIGKILL")
+    lost = {"rank": 0, "time": 2.0, "type": "RuntimeError", "user_error": False,
+            "message": "[pair.cc:534] Connection closed by peer [127.0.0.1]:4242 "}
+    boom = {"rank": 1, "time": 1.0, "type": "RuntimeError", "user_error": False, "message": "boom"}
+    both = [RankFailure(0, 1, True), RankFailure(1, 1, False)]   # exited within one poll: rank 0 looked first
+    said_first = str(failure_message(both, {0: lost, 1: boom}, 1, agent=LOCAL_AGENT))
+    assert "rank 1 raised RuntimeError: boom" in said_first
+    alone = str(failure_message(both[:1], {0: lost}, 1, agent=LOCAL_AGENT))   # the peer left no trace
+    assert "rank 0 lost its connection to [127.0.0.1]:4242: a peer rank died" in alone and "node" not in alone

@@ -55,10 +55,14 @@ _PEER_CLOSED = re.compile(r"Connection closed by peer (\S+?)\.? ")   # gloo's wo
 _DEATH_SIGNAL = re.compile(r"Received (?:Signals\.)?(\w+) death signal|SignalException: Process \d+ got signal: "
                            r"(?:Signals\.)?(\w+)")
 _RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")   # a rank's user error (worker.main prints it)
-# local_agent's words: "rank 1 exited with code -9 (pid 123), the first failure", "received SIGTERM, stopping the ranks"
-_AGENT_FAILED = re.compile(r"^rank (\d+) exited with code (-?\d+) \(pid \d+\)(" + local_agent.FIRST_FAILURE + ")?$")
-_AGENT_SIGNAL = re.compile(r"^received (SIG\w+), stopping the ranks$")
+# local_agent's words: "[agent] rank 1 exited with code -9 (pid 123), the first failure" (or ", stopped by the
+# agent"), "[agent] received SIGTERM, stopping the ranks"; searched, not matched: a rank that died mid-line leaves
+# its unfinished line in front of them
+_AGENT_FAILED = re.compile(re.escape(local_agent.TAG) + r"rank (\d+) exited with code (-?\d+) \(pid \d+\)("
+                           + re.escape(local_agent.FIRST_FAILURE) + "|" + re.escape(local_agent.STOPPED) + ")?$")
+_AGENT_SIGNAL = re.compile(re.escape(local_agent.TAG) + r"received (SIG\w+), stopping the ranks$")
 TORCHRUN, LOCAL_AGENT = "torchrun", "agent"   # how the log and the errors name the agent
+AGENT_GRACE = 0.8   # the local agent's grace, as a share of the launcher's
 
 
 def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
@@ -85,8 +89,10 @@ def job_command(spec_path: str, world_size: int, cluster: Cluster | None = None,
     if cluster.multi_node:
         return JobCommand(torchrun_command(spec_path, world_size, cluster, module=module, python=python), TORCHRUN)
     rank_argv = [python, "-m", module, "--spec", spec_path]
-    return JobCommand(local_agent.command(rank_argv, cluster.nproc_per_node(world_size), grace_s, python),
-                      LOCAL_AGENT)
+    # the agent's own grace ends first: it has reaped its ranks and removed its store before the launcher's SIGKILL
+    # of the group (terminate_group, after grace_s) could cut it short
+    return JobCommand(local_agent.command(rank_argv, cluster.nproc_per_node(world_size), AGENT_GRACE * grace_s,
+                                          python), LOCAL_AGENT)
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -149,16 +155,19 @@ class _Reader(threading.Thread):
         for raw in self.stream:  # type: ignore[attr-defined]
             line = raw.rstrip("\n")
             self.tail.append(line)
-            self.log(line if _RANK_PREFIX.match(line) else f"[{self.agent}] {line}")
+            tagged = _RANK_PREFIX.match(line) or line.startswith(local_agent.TAG)
+            self.log(line if tagged else f"[{self.agent}] {line}")
+            if m := _AGENT_FAILED.search(line):
+                if m.group(3) != local_agent.STOPPED:   # a rank the agent stopped is a consequence
+                    self.failed.append(RankFailure(int(m.group(1)), int(m.group(2)),
+                                                   m.group(3) == local_agent.FIRST_FAILURE))
+                continue
+            if m := _AGENT_SIGNAL.search(line):
+                self.death_signal = self.death_signal or m.group(1)
+                continue
             if _RANK_PREFIX.match(line):
                 if m := _RANK_ERROR.match(line):
                     self.said.setdefault(int(m.group(1)), m.group(2))
-                continue
-            if m := _AGENT_FAILED.match(line):
-                self.failed.append(RankFailure(int(m.group(1)), int(m.group(2)), bool(m.group(3))))
-                continue
-            if self.death_signal is None and (m := _AGENT_SIGNAL.match(line)):
-                self.death_signal = m.group(1)
                 continue
             if "RendezvousTimeoutError" in line:
                 self.rendezvous_timeout = True
@@ -224,8 +233,12 @@ def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, o
     if user:
         return InputError(f"rank {user[0]}: {errors[user[0]]['message']}")
     if errors:
-        rank = sorted(errors)[0]
+        rank = min(errors, key=lambda r: _blame_order(r, errors[r], failed))
         lost = _PEER_CLOSED.search(str(errors[rank]["message"]))
+        if lost and agent == LOCAL_AGENT:   # every rank is on this host: the one that died says so above
+            return job.error(f"{job.name} failed: rank {rank} lost its connection to {lost.group(1)}: a peer rank "
+                             f"died or was stopped first (see the log above)"
+                             f"{kept(' (checkpoints kept: rerun to resume)')}")
         if lost:   # this node's ranks are fine: a rank elsewhere (another node) died or was stopped first
             return job.error(f"{job.name} failed: rank {rank} lost its connection to {lost.group(1)}, a rank on "
                              f"another node died or was stopped; that node's log names it"
@@ -237,6 +250,16 @@ def failure_message(failed: Sequence[RankFailure], errors: dict[int, dict[str, o
                          f"(see the log above)")
     return job.error(f"{job.name} failed: {named} exited with code {returncode} before naming a rank "
                      f"(see the log above)")
+
+
+def _blame_order(rank: int, record: dict[str, object], failed: Sequence[RankFailure]) -> tuple[bool, float, bool, int]:
+    """Which error record names the cause first: not a lost connection (a consequence), then the earliest written
+    (ranks that fail within one poll of the agent are told apart so: ``rank_process.write_error`` stamps the time),
+    then the agent's first failure, then the lowest rank."""
+    lost = bool(_PEER_CLOSED.search(str(record.get("message", ""))))
+    written = record.get("time")
+    first = any(f.rank == rank and f.root_cause for f in failed)
+    return lost, float(written) if isinstance(written, (int, float)) else float("inf"), not first, rank
 
 
 def read_errors(result_dir: str | os.PathLike[str]) -> dict[int, dict[str, object]]:

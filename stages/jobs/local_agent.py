@@ -11,14 +11,21 @@ needs none of it. This program is standard library only, run by path with ``pyth
   port to pick, so none to lose to another process between picking it and binding it;
 - starts the ranks in its own process group (the launcher's session), so the launcher's group teardown reaches them;
 - polls them every 50 ms (torchrun's monitor: 500 ms as the launcher runs it). When one exits non-zero, the others
-  get SIGTERM, ``grace_s``, then SIGKILL, and every rank that failed is named in one line each::
+  get SIGTERM, ``grace_s``, then SIGKILL, and every rank that ended non-zero is named in one line each::
 
-      rank 1 exited with code -9 (pid 4242), the first failure
-      rank 0 exited with code -15 (pid 4241)
+      [agent] rank 1 exited with code -9 (pid 4242), the first failure
+      [agent] rank 0 exited with code -15 (pid 4241), stopped by the agent
 
-  then the agent exits 1 (as torchrun does);
+  then the agent exits 1 (as torchrun does). Ranks that fail within one poll are told apart by their error
+  records' times (``launcher.failure_message``), not by this order;
 - on SIGTERM, SIGINT, SIGHUP or SIGQUIT (a scheduler, ``kill``, Ctrl-C in a terminal) says
-  ``received SIGTERM, stopping the ranks``, stops them the same way and dies of that signal.
+  ``[agent] received SIGTERM, stopping the ranks``, stops them the same way and dies of that signal. The handler
+  only notes the signal: raising from it could land inside ``Popen`` after the fork, and lose a rank the agent had
+  just started (a review saw 3 in 15 such runs leave one behind).
+
+The lines start with ``[agent]`` wherever they land: after a rank's unfinished line (one it died writing) the
+launcher still finds them. A rank that outlives a stuck exit is SIGKILLed; the store directory is removed before
+the agent exits, whatever ended the job.
 
 ``stages.jobs.launcher`` reads these lines as it reads torchrun's failure summary.
 """
@@ -37,7 +44,9 @@ SCRIPT = os.path.abspath(__file__)
 INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # also in stages.runtime.rank_process (this file imports nothing of ours)
 POLL_S = 0.05
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+TAG = "[agent] "
 FIRST_FAILURE = ", the first failure"
+STOPPED = ", stopped by the agent"
 
 
 def command(rank_argv: list[str], nproc: int, grace_s: float, python: str = sys.executable) -> list[str]:
@@ -53,23 +62,28 @@ def rank_environ(base: dict[str, str], rank: int, nproc: int, store: str) -> dic
             INIT_METHOD_ENV: f"file://{store}?rank={rank}&world_size={nproc}"}
 
 
-class _StopSignal(BaseException):   # noqa: N818 - a signal, not an error
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+class _Signals:
+    received: int | None = None   # the first stop signal
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
-    for sig in _STOP_SIGNALS:   # one is enough: the group's SIGTERM may be followed by more while we stop
-        signal.signal(sig, signal.SIG_IGN)
-    raise _StopSignal(signum)
+    if _Signals.received is None:
+        _Signals.received = signum
 
 
-def _stop(ranks: list[subprocess.Popen[bytes]], grace_s: float) -> None:
-    """SIGTERM every live rank, wait up to ``grace_s`` for them, SIGKILL the rest, reap all."""
-    for proc in ranks:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+def _say(line: str) -> None:
+    """One line for the launcher; a reader already gone (the launcher died) must not stop the teardown."""
+    try:
+        print(f"{TAG}{line}", flush=True)
+    except OSError:
+        pass
+
+
+def _stop(ranks: list[subprocess.Popen[bytes]], grace_s: float) -> set[int]:
+    """SIGTERM every live rank, wait up to ``grace_s`` for them, SIGKILL the rest, reap all. The ranks it stopped."""
+    stopped = {rank for rank, proc in enumerate(ranks) if proc.poll() is None}
+    for rank in stopped:
+        ranks[rank].send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while any(proc.poll() is None for proc in ranks) and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -77,11 +91,12 @@ def _stop(ranks: list[subprocess.Popen[bytes]], grace_s: float) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+    return stopped
 
 
 def _watch(ranks: list[subprocess.Popen[bytes]]) -> int | None:
-    """Wait until every rank has exited 0 (None) or one has failed (its rank)."""
-    while True:
+    """Wait until every rank has exited 0 (None), one has failed (its rank), or a stop signal came (-1)."""
+    while _Signals.received is None:
         codes = [proc.poll() for proc in ranks]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
@@ -89,13 +104,14 @@ def _watch(ranks: list[subprocess.Popen[bytes]]) -> int | None:
         if all(code == 0 for code in codes):
             return None
         time.sleep(POLL_S)
+    return -1
 
 
-def _report(ranks: list[subprocess.Popen[bytes]], first: int) -> None:
+def _report(ranks: list[subprocess.Popen[bytes]], first: int, stopped: set[int]) -> None:
     for rank in sorted(range(len(ranks)), key=lambda r: r != first):
         if ranks[rank].returncode:
-            print(f"rank {rank} exited with code {ranks[rank].returncode} (pid {ranks[rank].pid})"
-                  f"{FIRST_FAILURE if rank == first else ''}", flush=True)
+            why = FIRST_FAILURE if rank == first else STOPPED if rank in stopped else ""
+            _say(f"rank {rank} exited with code {ranks[rank].returncode} (pid {ranks[rank].pid}){why}")
 
 
 def _die_of(signum: int) -> None:
@@ -103,8 +119,17 @@ def _die_of(signum: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-    signal.signal(signum, signal.SIG_DFL)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _start(ranks: list[subprocess.Popen[bytes]], nproc: int, rank_argv: list[str], store: str) -> None:
+    """Start the ranks one by one, until all run or a stop signal came."""
+    for rank in range(nproc):
+        if _Signals.received is not None:
+            return
+        ranks.append(subprocess.Popen(rank_argv, env=rank_environ(dict(os.environ), rank, nproc, store)))
 
 
 def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
@@ -113,24 +138,23 @@ def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
         signal.signal(sig, _on_stop_signal)
     ranks: list[subprocess.Popen[bytes]] = []
     store_dir = tempfile.mkdtemp(prefix="gnnpipe-job-")
+    code = 1
     try:
-        for rank in range(nproc):
-            env = rank_environ(dict(os.environ), rank, nproc, os.path.join(store_dir, "store"))
-            ranks.append(subprocess.Popen(rank_argv, env=env))
-        first = _watch(ranks)
+        _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"))
+        first = -1 if _Signals.received is not None else _watch(ranks)
         if first is None:
-            return 0
-        _stop(ranks, grace_s)
-        _report(ranks, first)
-        return 1
-    except _StopSignal as stop:
-        print(f"received {signal.Signals(stop.signum).name}, stopping the ranks", flush=True)
+            code = 0
+        elif first >= 0:
+            _report(ranks, first, _stop(ranks, grace_s))
+    finally:   # a stop signal, or anything unforeseen (a rank that could not start): no rank outlives the agent
+        stopped_by_signal = _Signals.received is not None and code != 0   # after a finished job: nothing to stop
+        if stopped_by_signal:
+            _say(f"received {signal.Signals(_Signals.received or 0).name}, stopping the ranks")
         _stop(ranks, grace_s)
         shutil.rmtree(store_dir, ignore_errors=True)
-        _die_of(stop.signum)
-        return 128 + stop.signum
-    finally:
-        shutil.rmtree(store_dir, ignore_errors=True)
+    if stopped_by_signal and _Signals.received is not None:
+        _die_of(_Signals.received)
+    return code
 
 
 if __name__ == "__main__":

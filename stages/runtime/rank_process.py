@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict
@@ -91,7 +92,8 @@ def write_error(spec_path: str, rank: int, err: BaseException) -> None:
     """``error-<rank>.json`` in the result directory the job spec names (best effort: the log line matters more)."""
     try:
         result_dir = json.loads(Path(spec_path).read_text())["result_dir"]
-        record = {"rank": rank, "type": type(err).__name__, "user_error": isinstance(err, GnnpipeError),
+        record = {"rank": rank, "time": time.time(), "type": type(err).__name__,
+                  "user_error": isinstance(err, GnnpipeError),
                   "message": str(err).splitlines()[0] if str(err) else type(err).__name__}
         atomic_write_bytes(error_path(result_dir, rank), json.dumps(record).encode())
     except Exception:  # noqa: BLE001 - the log line is what matters; the file only helps the launcher

@@ -299,12 +299,28 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
     torch.testing.assert_close(again, ref, rtol=1e-5, atol=ATOL)
 
 
-@pytest.mark.parametrize("kind, fanouts", [("sage", None), ("gcn", None), ("sage", (3, 2, 2)), ("gcn", (4, 1, 2))])
-def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrices_do(kind: str, fanouts: Any):
+def _with_self_loops(indptr: np.ndarray, indices: np.ndarray, every: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """The incoming CSR with an edge i -> i added for every ``every``-th node (a graph the canonical builds never
+    hold, but a plug-in's or an import's may)."""
+    n = indptr.shape[0] - 1
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    loops = np.arange(0, n, every)
+    src, dst = np.r_[indices, loops], np.r_[dst, loops]
+    order = np.lexsort((src, dst))
+    return np.r_[0, np.cumsum(np.bincount(dst, minlength=n))], src[order]
+
+
+@pytest.mark.parametrize("kind, fanouts, loops", [("sage", None, False), ("gcn", None, False), ("gcn", None, True),
+                                                  ("sage", (3, 2, 2), True), ("gcn", (4, 1, 2), False)])
+def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrices_do(kind: str, fanouts: Any,
+                                                                                    loops: bool):
     """A CUDA rank's two placements (``Inference._placement``), run on the CPU: the whole matrix on the device
     (a budget it fits) or each chunk's rows gathered (a budget it does not): the same logits and hidden rows as the
-    steps reading the host matrix in place. tests/test_gpu_infer.py runs them on a GPU."""
+    steps reading the host matrix in place, self loops included (a chunk's own sources keep their target
+    positions). tests/test_gpu_infer.py runs them on a GPU."""
     indptr, indices, _ = _random_graph()
+    if loops:
+        indptr, indices = _with_self_loops(indptr, indices)
     torch.manual_seed(1)
     x = torch.randn(indptr.shape[0] - 1, 8)
     model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
@@ -531,3 +547,30 @@ def test_layer_matrices_on_two_ranks_equal_one_process(tmp_path, kind, split, fa
     if fanouts is None:
         whole, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=200)
         torch.testing.assert_close(matrices, whole, rtol=1e-5, atol=ATOL)
+
+
+def test_inference_ranks_share_the_gpus_the_host_has(monkeypatch):
+    """Faked GPUs: cuda spreads the ranks evenly over them (gloo's exchange does not mind two on one), auto keeps
+    training's rule (a GPU each, else the CPU), and each rank's device budget is its share, less the reserve."""
+    from stages.infer.rank import device_budget
+    from stages.infer.worker import infer_device
+    from stages.train.rank.cache_budget import FIXED_RESERVE_BYTES
+
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    cuda0 = torch.device("cuda", 0)
+    assert [infer_device("cuda", r, 2) for r in (0, 1)] == [cuda0, cuda0] and chosen == [0, 0]
+    assert infer_device("auto", 0, 2) == torch.device("cpu") and infer_device("auto", 0, 1) == cuda0
+    assert infer_device("cpu", 0, 1) == torch.device("cpu")
+    ten = 10 << 30
+    assert device_budget(cuda0, 2, free_bytes=lambda d: ten) == int(0.9 * ten / 2) - FIXED_RESERVE_BYTES
+    assert device_budget(cuda0, 1, free_bytes=lambda d: 1 << 20) == 0   # less than the reserve: chunk by chunk
+    assert device_budget(torch.device("cpu"), 2) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [infer_device("cuda", r, 4) for r in range(4)] == [cuda0, cuda0, torch.device("cuda", 1),
+                                                             torch.device("cuda", 1)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match="this host has no GPU"):
+        infer_device("cuda", 0, 1)

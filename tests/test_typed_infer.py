@@ -35,7 +35,7 @@ def _case(root: str, model: str, chunk_edges: int) -> tuple[ArtifactStore, dict[
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, path", [("rgcn", "layer matrices and halo"), ("rgat", "layer matrices and halo"),
+@pytest.mark.parametrize("model, path", [("rgcn", "layer matrices and halo"), ("rgat", "per-chunk gather"),
                                          ("hgt", "per-chunk gather"), ("gat", "per-chunk gather"),
                                          ("examples.hetero_model:build", "whole model per chunk")])
 def test_typed_inference_equals_the_whole_graph_forward(tmp_path, model: str, path: str):

@@ -307,10 +307,13 @@ class Inference:
     def _chunk_rows(self, matrix: Tensor, src_pos: Tensor, a: int, b: int, deg: Tensor | None
                     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """A chunk's sources when the matrix stays on the host: the targets' rows ``[a, b)`` then the chunk's
-        distinct other source rows, copied to the device; the edges' source positions among them; their degrees."""
-        others = torch.unique(src_pos)   # sorted matrix rows
+        distinct other source rows, copied to the device; the edges' source positions among them (a target that is
+        also a source keeps its target position, as on the whole matrix, where a self loop's column is its row);
+        their degrees."""
+        inside = (src_pos >= a) & (src_pos < b)
+        others = torch.unique(src_pos[~inside])   # sorted matrix rows outside the chunk
         sub = torch.cat([torch.arange(a, b, dtype=torch.long), others])
-        local_pos = (b - a) + torch.searchsorted(others, src_pos)
+        local_pos = torch.where(inside, src_pos - a, (b - a) + torch.searchsorted(others, src_pos))
         rows = matrix.index_select(0, sub).to(self.device)
         return rows, local_pos, None if deg is None else deg.index_select(0, sub.to(deg.device))
 

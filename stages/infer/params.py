@@ -60,11 +60,6 @@ class Params(ExecutorParams):
                                                  "enough, else CPU; the layer matrices go to the GPU when they fit "
                                                  "its free memory, else each chunk's rows")
 
-    @property
-    def ranks_per_gpu(self) -> int:
-        """One rank per GPU (``stages.train.rank.worker.pick_device``); sharing is train's test setting."""
-        return 1
-
     @field_validator("fanouts")
     @classmethod
     def _fanouts(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:

@@ -27,7 +27,7 @@ from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.models.encoder import build_encoder, encoder_edge_dim
 from stages.train.models.model import needs_degrees
-from stages.train.rank.cache_budget import FREE_MARGIN, free_device_bytes
+from stages.train.rank.cache_budget import FIXED_RESERVE_BYTES, FREE_MARGIN, free_device_bytes
 from stages.train.rank.rank_data import degree_path
 from stages.train.rank.typed_data import typed_in_channels
 from stages.train.spec import check_world_size
@@ -73,12 +73,15 @@ def node_type_of(partition: PartitionArtifact) -> Callable[[torch.Tensor], torch
     return lambda gid: index.locate(gid)[0]
 
 
-def device_budget(device: torch.device) -> int | None:
-    """What the layer steps may place on a CUDA ``device`` (the free memory's margin, as the train stage's cache
-    takes it); None on a CPU rank, whose steps read the host matrices in place."""
+def device_budget(device: torch.device, local_world: int,
+                  free_bytes: Callable[[torch.device], int] = free_device_bytes) -> int | None:
+    """What the layer steps may place on a CUDA ``device``: this rank's share of the free memory's margin, less the
+    fixed reserve for CUDA's own workspaces (both as the train stage's cache takes them); None on a CPU rank, whose
+    steps read the host matrices in place."""
     if device.type != "cuda":
         return None
-    return int(FREE_MARGIN * free_device_bytes(device))
+    sharing = -(-local_world // max(1, torch.cuda.device_count()))   # ranks on this GPU (infer_device)
+    return max(0, int(FREE_MARGIN * free_bytes(device) / sharing) - FIXED_RESERVE_BYTES)
 
 
 def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
@@ -111,7 +114,7 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
         space = MatrixSpace(host_budget(params.host_memory_budget_bytes, local_world), spec.scratch_dir)
         engine = Inference(run.model, num_layers, csr, bounds, degrees, params.chunk_edges, params.fanouts,
                            params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr, space=space,
-                           device=device, device_budget=device_budget(device))
+                           device=device, device_budget=device_budget(device, local_world))
         group = open_part_outputs(spec.out_url, rank)
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:

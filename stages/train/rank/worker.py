@@ -20,7 +20,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,17 +39,7 @@ from storage.train import write_result
 from storage.write_errors import write_failure
 
 
-class DevicePlacement(Protocol):
-    """The settings a rank's device is picked by: train's Params, and infer's (whose ranks do not share a GPU)."""
-
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def ranks_per_gpu(self) -> int: ...
-
-
-def pick_device(params: DevicePlacement, local_rank: int, local_world: int) -> torch.device:
+def pick_device(params: Params, local_rank: int, local_world: int) -> torch.device:
     """One GPU per rank when there are enough (NCCL refuses two ranks on one GPU), or ``ranks_per_gpu`` ranks on each
     (over gloo: ``rank_backend``), else the CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -64,7 +64,8 @@ from stages.infer.chunks import (
     node_indptr,
     plan_chunks,
 )
-from stages.infer.halo import Halo, extended_degrees, layer0_matrix
+from stages.infer.halo import Halo, chunk_rows, exact_edges, extended_degrees, layer0_matrix, placement
+from stages.infer.layer_steps import has_layer_steps, layer_step, layer_width
 from stages.infer.matrices import MatrixSpace
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler
@@ -73,7 +74,7 @@ from stages.runtime.sampler import LocalCSR
 from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
 from stages.runtime.typed_batch import set_types
 from stages.train.models.blocks import BatchGraph, Block
-from stages.train.models.model import is_block_model, needs_degrees, seed_logits
+from stages.train.models.model import needs_degrees, seed_logits
 from stages.train.models.model_contract import capabilities
 from stages.train.rank.loader import with_degrees
 
@@ -83,40 +84,6 @@ from stages.train.rank.loader import with_degrees
 HALO_PIECE_BYTES = 64 << 20
 
 LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
-
-
-def after_layer(model: Any, layer: int, h: Tensor) -> Tensor:
-    """What the built-in models apply between two layers, in eval mode (``stages.train.models.model._BlockForward``,
-    PyG's ``BasicGNN``): activation (before or after) the norm; dropout is the identity."""
-    act = model.act
-    if act is not None and model.act_first:
-        h = act(h)
-    h = model.norms[layer](h)
-    if act is not None and not model.act_first:
-        h = act(h)
-    return h
-
-
-def layer_step(model: Any, layer: int, h: Tensor, block: Block, last: bool) -> Tensor:
-    """Layer ``layer`` of ``block``'s targets in eval mode: a relational body's own ``infer_step``
-    (``stages.train.models.typed_model``), or a built-in's ``block_step`` then its activation and norm."""
-    if hasattr(model, "infer_step"):
-        return model.infer_step(layer, h, block)
-    out = model.block_step(model.convs[layer], h, block, 1.0)
-    return out if last else after_layer(model, layer, out)
-
-
-def layer_width(model: Any, layer: int) -> int:
-    """The output columns of layer ``layer``."""
-    return int(model.layer_width(layer)) if hasattr(model, "layer_width") else int(model.convs[layer].out_channels)
-
-
-def has_layer_steps(model: torch.nn.Module) -> bool:
-    """Whether ``model`` can be run one layer at a time: a block model with the built-ins' per-layer members, or a
-    relational body's ``infer_step``."""
-    if not is_block_model(model):
-        return False
-    return hasattr(model, "infer_step") or all(hasattr(model, a) for a in ("block_step", "convs", "norms", "act"))
 
 
 @dataclass
@@ -251,18 +218,10 @@ class Inference:
         return max(1, min(self.chunk_edges, HALO_PIECE_BYTES // max(row_bytes, 1)))
 
     def _placement(self, model: Any, layer: int, matrix: Tensor, halo: Halo) -> str:
-        """Where layer ``layer``'s steps read their rows: ``host`` (the host matrix itself: a CPU rank), ``device``
-        (the whole matrix copied to the device once, the outputs gathered there and copied back once) when the
-        matrix, the outputs and a chunk's temporaries fit ``device_budget``, else ``chunks`` (each chunk's rows
-        gathered on the host and copied over)."""
+        """Where layer ``layer``'s steps read their rows (``halo.placement``)."""
         if self.device_budget is None:
             return "host"
-        width_in, width_out = matrix.shape[1], layer_width(model, layer)
-        # a chunk: its aggregated and output rows (3 values a column: the product, the linear map, a temporary)
-        # and its CSR (~48 B an edge: BatchGraph's row pointers, columns, values, the sort)
-        temporaries = self.chunk_edges * ((width_in + width_out) * 3 * matrix.element_size() + 48)
-        needed = matrix.numel() * matrix.element_size() + halo.n * width_out * matrix.element_size() + temporaries
-        return "device" if needed <= self.device_budget else "chunks"
+        return placement(matrix, halo, layer_width(model, layer), self.chunk_edges, self.device_budget)
 
     def _matrix_layer(self, model: Any, layer: int, matrix: Tensor, halo: Halo, deg: Tensor | None,
                       stats: LayerStats) -> Tensor:
@@ -275,11 +234,20 @@ class Inference:
                  matrix.to(self.device) if stats.placement == "device" else None)
         out: Tensor | None = None
         staged: Tensor | None = None   # the outputs where they are computed, before they reach ``out``
+        # an exact layer of a one-type graph without edge features, its matrix on the device: each chunk's edges
+        # are computed there from the copied CSR slice (halo.exact_edges)
+        device_halo = (Halo(halo.lo, halo.n, halo.gid.to(self.device)) if stats.placement == "device"
+                       and self._fanout(layer) == -1 and self.csr.num_edge_types == 1 and self.edge_attr is None
+                       else None)
         for a, b in self.chunks:
-            (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
-            src_pos, chunk_deg, dst_start = halo.columns(nbr_gid), deg, a
+            if device_halo is not None:
+                (row_pos, src_pos), edge_type, edge_attr = exact_edges(self.csr, a, b, device_halo), None, None
+            else:
+                (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
+                src_pos = halo.columns(nbr_gid)
+            chunk_deg, dst_start = deg, a
             if whole is None:
-                src_rows, src_pos, chunk_deg = self._chunk_rows(matrix, src_pos, a, b, deg)
+                src_rows, src_pos, chunk_deg = chunk_rows(matrix, src_pos, a, b, deg, self.device)
                 dst_start = 0
             else:
                 src_rows = whole
@@ -287,7 +255,7 @@ class Inference:
             graph = BatchGraph(edge_index, src_rows.shape[0], b - a, chunk_deg, dst_start=dst_start,
                                edge_type=self._on_device(edge_type), num_edge_types=self.csr.num_edge_types,
                                edge_attr=self._on_device(edge_attr))
-            block = Block(num_src=src_rows.shape[0], num_dst=b - a, num_edges=int(nbr_gid.numel()), graph=graph)
+            block = Block(num_src=src_rows.shape[0], num_dst=b - a, num_edges=int(src_pos.numel()), graph=graph)
             h = layer_step(model, layer, src_rows, block, last)
             if out is None:
                 out = self.space.empty(rows, h.shape[1], h.dtype)
@@ -296,26 +264,13 @@ class Inference:
             assert staged is not None
             staged[a:b] = h
             stats.chunks += 1
-            stats.edges += int(nbr_gid.numel())
+            stats.edges += int(src_pos.numel())
         if out is None:   # a rank without nodes: it still joins the peers' halo exchanges, rows of the same dtype
             return self.space.empty(rows, layer_width(model, layer), matrix.dtype)
         if staged is not out:
             assert staged is not None
             out[:halo.n].copy_(staged)   # one copy back a layer; the halo rows come from the peers
         return out
-
-    def _chunk_rows(self, matrix: Tensor, src_pos: Tensor, a: int, b: int, deg: Tensor | None
-                    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """A chunk's sources when the matrix stays on the host: the targets' rows ``[a, b)`` then the chunk's
-        distinct other source rows, copied to the device; the edges' source positions among them (a target that is
-        also a source keeps its target position, as on the whole matrix, where a self loop's column is its row);
-        their degrees."""
-        inside = (src_pos >= a) & (src_pos < b)
-        others = torch.unique(src_pos[~inside])   # sorted matrix rows outside the chunk
-        sub = torch.cat([torch.arange(a, b, dtype=torch.long), others])
-        local_pos = torch.where(inside, src_pos - a, (b - a) + torch.searchsorted(others, src_pos))
-        rows = matrix.index_select(0, sub).to(self.device)
-        return rows, local_pos, None if deg is None else deg.index_select(0, sub.to(deg.device))
 
     def _on_device(self, t: Tensor | None) -> Tensor | None:
         return None if t is None else t.to(self.device)

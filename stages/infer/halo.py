@@ -39,7 +39,6 @@ from stages.infer.matrices import MatrixSpace
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
 from stages.runtime.sampler import LocalCSR
-from stages.runtime.segments import repeat_positions
 
 
 @dataclass(frozen=True)
@@ -128,12 +127,3 @@ def chunk_rows(matrix: Tensor, src_pos: Tensor, a: int, b: int, deg: Tensor | No
     rows = matrix.index_select(0, sub).to(device)
     return rows, local_pos, None if deg is None else deg.index_select(0, sub.to(deg.device))
 
-
-def exact_edges(csr: LocalCSR, a: int, b: int, halo: Halo) -> tuple[Tensor, Tensor]:
-    """``(row_pos, src_pos)`` of every in-edge of lids ``[a, b)``, computed on ``halo.gid``'s device from the CSR
-    slice copied there (``chunks.chunk_edges_of``'s exact path, then ``Halo.columns``): on the host they cost ~9 ns
-    an edge on 2 cores, 10 % of a CPU layer and the bulk of a GPU one (357 M edge-steps at products scale)."""
-    device = halo.gid.device
-    lo, hi = int(csr.indptr[a]), int(csr.indptr[b])
-    row_pos = repeat_positions(torch.diff(csr.indptr[a:b + 1]).to(device), hi - lo)
-    return row_pos, halo.columns(csr.indices[lo:hi].to(device).to(torch.long))

@@ -64,7 +64,7 @@ from stages.infer.chunks import (
     node_indptr,
     plan_chunks,
 )
-from stages.infer.halo import Halo, chunk_rows, exact_edges, extended_degrees, layer0_matrix, placement
+from stages.infer.halo import Halo, chunk_rows, extended_degrees, layer0_matrix, placement
 from stages.infer.layer_steps import has_layer_steps, layer_step, layer_width
 from stages.infer.matrices import MatrixSpace
 from stages.runtime.dist_features import DistFeatures
@@ -82,6 +82,7 @@ from stages.train.rank.loader import with_degrees
 # wire, the received rows), ~256 MiB a rank; at 14 M nodes a piece of chunk_edges = 2^22 rows x 64 columns was
 # 1 GiB and pushed a rank to 11.8 GiB (benchmarks/RESULTS.md "[2/5] Growth")
 HALO_PIECE_BYTES = 64 << 20
+_CPU = torch.device("cpu")
 
 LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
 
@@ -156,14 +157,16 @@ class Inference:
     def _fanout(self, layer: int) -> int:
         return -1 if self.fanouts is None else int(self.fanouts[self.num_layers - 1 - layer])
 
-    def _chunk_edges(self, layer: int, a: int, b: int) -> tuple[ChunkEdges, Tensor | None]:
-        """The chunk's in-edges (``chunk_edges_of``) and, for an edge-aware model, their features."""
+    def _chunk_edges(self, layer: int, a: int, b: int, on: torch.device = _CPU
+                     ) -> tuple[ChunkEdges, Tensor | None]:
+        """The chunk's in-edges (``chunk_edges_of``, on ``on``) and, for an edge-aware model, their features (on
+        the host)."""
         def block_generator(block: int) -> torch.Generator:
             return self._generator(layer, block)
         if self.edge_attr is None:
-            return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator), None
+            return chunk_edges_of(self.csr, a, b, self._fanout(layer), block_generator, on), None
         row_pos, edge_idx, edge_type = chunk_edge_ids(self.csr, a, b, self._fanout(layer), block_generator)
-        return ((row_pos, self.csr.gids(edge_idx), edge_type),
+        return ((row_pos.to(on), self.csr.gids(edge_idx).to(on), None if edge_type is None else edge_type.to(on)),
                 self.edge_attr.index_select(0, edge_idx))
 
     def run(self, open_features: Callable[[], DistFeatures], keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
@@ -234,18 +237,13 @@ class Inference:
                  matrix.to(self.device) if stats.placement == "device" else None)
         out: Tensor | None = None
         staged: Tensor | None = None   # the outputs where they are computed, before they reach ``out``
-        # an exact layer of a one-type graph without edge features, its matrix on the device: each chunk's edges
-        # are computed there from the copied CSR slice (halo.exact_edges)
-        device_halo = (Halo(halo.lo, halo.n, halo.gid.to(self.device)) if stats.placement == "device"
-                       and self._fanout(layer) == -1 and self.csr.num_edge_types == 1 and self.edge_attr is None
-                       else None)
+        # the matrix on the device: each chunk's edge positions are computed there too (chunk_edges_of); else on
+        # the host, where the chunks placement gathers the rows they name
+        on = self.device if stats.placement == "device" else _CPU
+        columns = Halo(halo.lo, halo.n, halo.gid.to(on))
         for a, b in self.chunks:
-            if device_halo is not None:
-                (row_pos, src_pos), edge_type, edge_attr = exact_edges(self.csr, a, b, device_halo), None, None
-            else:
-                (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b)
-                src_pos = halo.columns(nbr_gid)
-            chunk_deg, dst_start = deg, a
+            (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b, on)
+            src_pos, chunk_deg, dst_start = columns.columns(nbr_gid), deg, a
             if whole is None:
                 src_rows, src_pos, chunk_deg = chunk_rows(matrix, src_pos, a, b, deg, self.device)
                 dst_start = 0
@@ -271,6 +269,11 @@ class Inference:
             assert staged is not None
             out[:halo.n].copy_(staged)   # one copy back a layer; the halo rows come from the peers
         return out
+
+    @property
+    def _gathered(self) -> str:
+        """The placement of the paths that gather each chunk's rows on the host: in place on a CPU rank."""
+        return "host" if self.device.type == "cpu" else "chunks"
 
     def _on_device(self, t: Tensor | None) -> Tensor | None:
         return None if t is None else t.to(self.device)
@@ -317,7 +320,7 @@ class Inference:
             stats.remote_rows += remote
             stats.remote_bytes += remote * row_bytes
         assert out is not None   # num_chunks >= 1
-        stats.placement = "host" if self.device.type == "cpu" else "chunks"
+        stats.placement = self._gathered
         stats.seconds = round(time.perf_counter() - start, 3)
         self.stats.append(stats)
         return out
@@ -342,7 +345,7 @@ class Inference:
             return pre
 
         handles = [convs[layer + 1].register_forward_pre_hook(hook(layer)) for layer in hooked] if convs else []
-        stats = LayerStats(-1, placement="host" if self.device.type == "cpu" else "chunks")
+        stats = LayerStats(-1, placement=self._gathered)
         start = time.perf_counter()
         lo, n = self.csr.start_gid, self.csr.num_nodes
         logits: Tensor | None = None

@@ -155,8 +155,8 @@ class _Reader(threading.Thread):
         for raw in self.stream:  # type: ignore[attr-defined]
             line = raw.rstrip("\n")
             self.tail.append(line)
-            tagged = _RANK_PREFIX.match(line) or line.startswith(local_agent.TAG)
-            self.log(line if tagged else f"[{self.agent}] {line}")
+            ranks_line = _RANK_PREFIX.match(line)
+            self.log(line if ranks_line or line.startswith(local_agent.TAG) else f"[{self.agent}] {line}")
             if m := _AGENT_FAILED.search(line):
                 if m.group(3) != local_agent.STOPPED:   # a rank the agent stopped is a consequence
                     self.failed.append(RankFailure(int(m.group(1)), int(m.group(2)),
@@ -165,7 +165,7 @@ class _Reader(threading.Thread):
             if m := _AGENT_SIGNAL.search(line):
                 self.death_signal = self.death_signal or m.group(1)
                 continue
-            if _RANK_PREFIX.match(line):
+            if ranks_line:
                 if m := _RANK_ERROR.match(line):
                     self.said.setdefault(int(m.group(1)), m.group(2))
                 continue

@@ -41,7 +41,7 @@ import tempfile
 import time
 
 SCRIPT = os.path.abspath(__file__)
-INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # also in stages.runtime.rank_process (this file imports nothing of ours)
+INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # read by stages.runtime.rank_process.init_method
 POLL_S = 0.05
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 TAG = "[agent] "
@@ -138,7 +138,7 @@ def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
         signal.signal(sig, _on_stop_signal)
     ranks: list[subprocess.Popen[bytes]] = []
     store_dir = tempfile.mkdtemp(prefix="gnnpipe-job-")
-    code = 1
+    code, signum = 1, None
     try:
         _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"))
         first = -1 if _Signals.received is not None else _watch(ranks)
@@ -147,13 +147,13 @@ def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
         elif first >= 0:
             _report(ranks, first, _stop(ranks, grace_s))
     finally:   # a stop signal, or anything unforeseen (a rank that could not start): no rank outlives the agent
-        stopped_by_signal = _Signals.received is not None and code != 0   # after a finished job: nothing to stop
-        if stopped_by_signal:
-            _say(f"received {signal.Signals(_Signals.received or 0).name}, stopping the ranks")
+        signum = _Signals.received if code != 0 else None   # after a finished job a signal stops nothing
+        if signum is not None:
+            _say(f"received {signal.Signals(signum).name}, stopping the ranks")
         _stop(ranks, grace_s)
         shutil.rmtree(store_dir, ignore_errors=True)
-    if stopped_by_signal and _Signals.received is not None:
-        _die_of(_Signals.received)
+    if signum is not None:
+        _die_of(signum)
     return code
 
 

@@ -19,12 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, TextIO, TypeVar
 
+from stages.jobs.local_agent import INIT_METHOD_ENV  # who sets it (standard library only: nothing heavy here)
 from storage import GnnpipeError, InputError
 from storage.train import atomic_write_bytes, error_path
 
 __all__ = ["JobSpec", "LinePrefixer", "RankEnv", "init_method", "rank_env", "run_rank", "write_error"]
 
-INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # set by stages.jobs.local_agent (which imports nothing of ours)
 
 
 _Spec = TypeVar("_Spec", bound="JobSpec")

@@ -69,8 +69,8 @@ def rank_main(args: argparse.Namespace) -> None:
     def train_round(depth: int) -> float:
         trainer.rng.seed_epoch(0)   # every round trains on the same batches
         items = itertools.islice(loader.train_batches(), count)
-        sums = train_epoch(trainer.ddp, trainer.optimizer, items, loader.sample, loader.gather_rows, trainer.task,
-                           num_real_batches=count, device=device, prefetch=depth, on_batch=off_cpu)
+        sums = train_epoch(trainer.train_module, trainer.optimizer, items, loader.sample, loader.gather_rows,
+                           trainer.task, num_real_batches=count, device=device, prefetch=depth, on_batch=off_cpu)
         return max_wall(sums.wall_s) / sums.batches
 
     def off_cpu(b: int) -> None:   # model time spent off the CPU, as on a GPU (--off-cpu-ms)

@@ -43,15 +43,12 @@ from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 RUNTIME = "runtime"   # the cache the train stage builds itself
 
 
-def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, args, prefetch: int = 0) -> dict:
-    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches (``prefetch`` ahead)."""
-    from stages.train.rank.loop import train_epoch
-
+def _time_batches(run, seed_batches, args) -> dict:
+    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches: ``run(items, num_real)``
+    trains on them and returns the pass's ``EpochSums``."""
     batches = iter(seed_batches)
-    train_epoch(model, optimizer, itertools.islice(batches, args.warmup), sample, gather, task,
-                num_real_batches=args.warmup, device=device, prefetch=prefetch)
-    sums = train_epoch(model, optimizer, itertools.islice(batches, args.max_batches), sample, gather, task,
-                       num_real_batches=args.max_batches, device=device, prefetch=prefetch)
+    run(itertools.islice(batches, args.warmup), args.warmup)
+    sums = run(itertools.islice(batches, args.max_batches), args.max_batches)
     if sums.batches == 0:
         raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
                          f"--batch-size")
@@ -63,17 +60,13 @@ def _time_batches(model, optimizer, seed_batches, sample, gather, task, device, 
                                              for k, v in sums.prefetch_phases_s.items() if v}}
 
 
-def _profile(trainer, loader, seeds, device, args) -> dict:
+def _profile(trainer, seeds, device, args) -> dict:
     """``args.profile`` more batches of the same epoch under torch.profiler (rank 0 of one rank: a profile of a
     DDP rank would wait on its peers, which do not run these batches)."""
     from _profile import profile_batches
 
-    from stages.train.rank.loop import train_epoch
-
     def run() -> tuple[float, int]:
-        sums = train_epoch(trainer.ddp, trainer.optimizer, itertools.islice(seeds, args.profile), loader.sample,
-                           loader.gather_rows, trainer.task, num_real_batches=args.profile, device=device,
-                           prefetch=trainer.prefetch)
+        sums = trainer.run_batches(itertools.islice(seeds, args.profile), args.profile, epoch=0)
         return sums.wall_s, sums.batches
     return profile_batches(run, cuda=device.type == "cuda")
 
@@ -127,8 +120,8 @@ def rank_main(args: argparse.Namespace) -> None:
         trainer.rng.seed_epoch(0)
         seeds = loader.train_batches()
         data.features.reset_counters()
-        timing = _time_batches(trainer.ddp, trainer.optimizer, seeds, loader.sample, loader.gather_rows,
-                               trainer.task, device, args, prefetch=trainer.prefetch)
+        # the stage's own pass: its loss guard, prefetch and (one rank) no DDP wrapper
+        timing = _time_batches(lambda items, n: trainer.run_batches(items, n, epoch=0), seeds, args)
         c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
         sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"],
                              c.local_bytes], dtype=torch.float64)
@@ -149,7 +142,7 @@ def rank_main(args: argparse.Namespace) -> None:
                            "phases_ms_per_batch": timing["phases_ms_per_batch"],   # rank 0's
                            "prefetch_phases_ms_per_batch": timing["prefetch_phases_ms_per_batch"]}
         if policy == args.policies.split(",")[0] and args.profile:   # one rank (main checks)
-            results[policy]["profile"] = _profile(trainer, loader, seeds, device, args)
+            results[policy]["profile"] = _profile(trainer, seeds, device, args)
     if rank == 0:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
                "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
@@ -168,6 +161,7 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
 
     from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
     from stages.train.models.model import build_model
+    from stages.train.rank.loop import train_epoch
     from stages.train.tasks import NodeClassification
     from storage import ArtifactStore
     from storage.features import FeaturesArtifact
@@ -191,8 +185,12 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
                         num_layers=len(args.fanouts), dropout=0.5)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     seeds = iter_seed_batches(train_gid, args.batch_size, generator=gen)
-    timing = _time_batches(model, optimizer, seeds, sampler.sample, lambda n_id: x.index_select(0, n_id),
-                           NodeClassification(lambda s: y.index_select(0, s)), torch.device("cpu"), args)
+    task = NodeClassification(lambda s: y.index_select(0, s))
+
+    def run(items, num_real: int):
+        return train_epoch(model, optimizer, items, sampler.sample, lambda n_id: x.index_select(0, n_id), task,
+                           num_real_batches=num_real, device=torch.device("cpu"))
+    timing = _time_batches(run, seeds, args)
     batches_per_epoch = math.ceil(train_gid.numel() / args.batch_size)
     s_per_batch = timing["wall_s"] / timing["batches"]
     return {"threads": args.threads, "batches_per_epoch": batches_per_epoch, "s_per_batch": round(s_per_batch, 4),

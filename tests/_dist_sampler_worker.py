@@ -25,7 +25,8 @@ UNEVEN_TRAIN = {"zero": [150, 0], "both": [100, 250]}   # train seeds per rank
 
 def fields_of(batch) -> dict:
     return {"n_id": batch.n_id, "edge_index": batch.edge_index, "batch_size": batch.batch_size,
-            "num_sampled_nodes": batch.num_sampled_nodes, "num_sampled_edges": batch.num_sampled_edges}
+            "num_sampled_nodes": batch.num_sampled_nodes, "num_sampled_edges": batch.num_sampled_edges,
+            "edges_by_target": batch.edges_by_target}
 
 
 def run_scenarios(rank: int) -> dict:

@@ -39,24 +39,30 @@ NOT_CALLABLE = 3
 
 
 def loss_check_worker(rank: int, init_file: str, out_dir: str) -> None:
-    """Two ranks check three batches' losses; rank 1's second is Inf. Saves what each rank raised, and where."""
-    from stages.train.rank.guard import loss_check
+    """Two ranks check two passes' losses: in the first rank 1's second batch is Inf, in the second rank 0's last is
+    NaN (found by ``finish``). Saves, per pass, what each rank raised and how many calls returned before."""
+    from stages.train.rank.guard import LossGuard
 
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=60))
-        check = loss_check(rank, 2, epoch=4)
-        losses = [1.0, float("inf") if rank == 1 else 0.5, 0.7]
-        out = {"checked": 0, "type": None, "message": None}
-        try:
-            for b, value in enumerate(losses):
-                check(b, torch.tensor(value))
-                out["checked"] = b + 1
-        except Exception as err:  # noqa: BLE001 - the test reads what each rank raised
-            out["type"], out["message"] = type(err).__name__, str(err)
+        passes = [[1.0, float("inf") if rank == 1 else 0.5, 0.7, 0.6], [1.0, float("nan") if rank == 0 else 0.5]]
+        outs = []
+        for epoch, losses in enumerate(passes, start=4):
+            guard = LossGuard(rank, 2, epoch=epoch)
+            out = {"checked": 0, "type": None, "message": None}
+            try:
+                for b, value in enumerate(losses):
+                    guard(b, torch.tensor(value))
+                    out["checked"] = b + 1
+                guard.finish()
+                out["checked"] = "finished"
+            except Exception as err:  # noqa: BLE001 - the test reads what each rank raised
+                out["type"], out["message"] = type(err).__name__, str(err)
+            outs.append(out)
         dist.barrier()   # neither rank is left inside a collective: both got here
-        torch.save(out, Path(out_dir, f"{rank}.pt"))
+        torch.save(outs, Path(out_dir, f"{rank}.pt"))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - any failure of a rank is written for the parent test to show
         Path(out_dir, f"{rank}.err").write_text(traceback.format_exc())

@@ -3,6 +3,8 @@ to full-graph GCN (one process and 2 gloo ranks), the sampled GCN unbiased, the 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -130,6 +132,8 @@ def test_targets_out_of_order_give_the_same_blocks():
     perm = torch.cat([lo + torch.randperm(hi - lo, generator=torch.Generator().manual_seed(4))
                       for lo, hi in zip(ends[:-1], ends[1:])])
     shuffled.edge_index = batch.edge_index[:, perm]
+    assert batch.edges_by_target, "one CSR's hops come grouped by target"
+    shuffled.edges_by_target = False   # as the distributed sampler's batches say
     for kind in MODELS:
         torch.manual_seed(0)
         model = build_model(kind, **SIZES, num_layers=2).eval()
@@ -371,3 +375,64 @@ def test_the_ranks_environment_puts_big_tensors_on_huge_pages(monkeypatch):
     on, off = faults("1"), faults("0")
     assert off > 30_000, off                   # one fault per 4 KiB page: 38.7 k
     assert on < off / 4, (on, off)
+
+
+def test_a_lone_rank_trains_without_ddp_to_the_bit(one_rank_group, tmp_path):
+    """One rank steps its model itself, without DDP's hooks and bucket copies: the weights after some batches are
+    DDP-wrapped training's, bit for bit (DDP divides the gradients by a world of 1)."""
+    from stages.train.params import Params
+    from stages.train.rank.trainer import Trainer
+    from stages.train.spec import TrainSpec
+
+    def trained(wrap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
+                         params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
+        trainer = Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64, seed=3),
+                          one_rank_data())
+        assert trainer.train_module is trainer.model, "one rank: no DDP wrapper"
+        initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        if wrap:
+            trainer.train_module = torch.nn.parallel.DistributedDataParallel(trainer.model)
+        trainer.rng.seed_epoch(0)
+        sums = trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 4), 4, epoch=0)
+        assert sums.batches == 4
+        return initial, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    (initial, plain), (_, wrapped) = trained(False), trained(True)
+    assert plain.keys() == wrapped.keys() == initial.keys()
+    assert all(torch.equal(plain[k], wrapped[k]) for k in plain)
+    assert any(not torch.equal(plain[k], initial[k]) for k in plain), "the steps changed the weights"
+
+
+def _typed_graph(num_nodes: int = 300, num_types: int = 3, seed: int = 0) -> LocalCSR:
+    rng = np.random.default_rng(seed)
+    deg = rng.integers(0, 12, num_nodes * num_types)
+    indptr = np.concatenate([[0], np.cumsum(deg)])
+    return LocalCSR.from_numpy(indptr, rng.integers(0, num_nodes, int(indptr[-1])), num_edge_types=num_types)
+
+
+@pytest.mark.parametrize(("typed", "fanouts"), [(False, [4, 3]), (False, [-1, 2, 5]), (True, [2, 3]),
+                                                (True, [(2, 0, 5), (1, 1, 1)])])
+def test_a_batch_that_says_its_edges_are_by_target_has_them_so(typed, fanouts):
+    """``edges_by_target`` lets the blocks skip their two layout checks (host syncs on a GPU): every batch that
+    says it must have its (target, edge type) keys non-decreasing and each hop's edges on its frontier's targets,
+    and the blocks built with and without trusting it are the same."""
+    csr = _typed_graph() if typed else LocalCSR.from_numpy(*messy_graph())
+    sampler = NeighborSampler(csr, fanouts, generator=torch.Generator().manual_seed(5))
+    for seed_gid in (torch.arange(0, 300, 7), torch.tensor([11]), torch.tensor([], dtype=torch.long)):
+        batch = sampler.sample(seed_gid)
+        assert batch.edges_by_target
+        dst_pos = batch.edge_index[1]
+        key_pos = dst_pos if not typed else dst_pos * csr.num_edge_types + batch.edge_type
+        assert bool((key_pos[1:] >= key_pos[:-1]).all())
+        nodes = np.cumsum([0, *batch.num_sampled_nodes])
+        edges = np.cumsum([0, *batch.num_sampled_edges])
+        for k in range(len(fanouts)):   # hop k + 1's edges point into hop k's new nodes
+            hop_dst = dst_pos[edges[k]:edges[k + 1]]
+            assert bool(((hop_dst >= nodes[k]) & (hop_dst < nodes[k + 1])).all())
+        if not typed:
+            trusted = make_blocks(batch, len(fanouts))
+            batch.edges_by_target = False
+            checked = make_blocks(batch, len(fanouts))
+            assert torch.equal(trusted[0].graph.crow, checked[0].graph.crow)
+            assert torch.equal(trusted[0].graph.col, checked[0].graph.col)

@@ -54,6 +54,8 @@ def test_full_fanouts_match_the_single_partition_sampler(ranks_out, graph, name)
             assert fields["edge_index"].shape == ref.edge_index.shape
             assert fields["num_sampled_nodes"] == ref.num_sampled_nodes
             assert fields["num_sampled_edges"] == ref.num_sampled_edges
+            # each hop's answers come grouped by owner rank: the blocks must check and sort them
+            assert ref.edges_by_target and not fields["edges_by_target"]
 
 
 def _as_batch(fields: dict):

@@ -67,3 +67,21 @@ def test_two_partitions_share_one_gpu_over_gloo_and_train_to_the_cpu_ranks_resul
     assert TrainSummary.from_json(manifest.summary).test_metric >= 0.75, manifest.summary
     assert all(e["remote_rows"] > 0 for e in metrics["epochs"]), "the ranks exchanged rows"
     assert "2 ranks sharing each GPU" in train.report(manifest).markdown
+
+
+def test_the_loss_guard_does_not_stop_the_host_on_a_gpu():
+    """A lone GPU rank's guard copies each loss to the host without waiting (torch raises on any synchronising op
+    under the "error" debug mode) and names a NaN batch at the next check."""
+    from stages.train.rank.guard import LossGuard, NonFiniteLossError
+
+    guard = LossGuard(0, 1, epoch=0)
+    guard(0, torch.tensor(1.0, device="cuda"))   # first pinned buffer and event outside the debug mode
+    losses = torch.tensor([0.5, float("nan"), 0.25], device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        guard(1, losses[0])
+        guard(2, losses[1])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    with pytest.raises(NonFiniteLossError, match="^the loss is nan at epoch 1, batch 3:"):
+        guard(3, losses[2])

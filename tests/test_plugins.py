@@ -271,9 +271,31 @@ def test_lr_schedules():
 def test_a_non_finite_loss_stops_every_rank_at_the_same_batch(tmp_path: Path):
     from tests._plugins import loss_check_worker
 
-    out = spawn_ranks(loss_check_worker, (), tmp_path, world=2, timeout_s=120)
-    assert [o["checked"] for o in out] == [1, 1], "both ranks stop at the bad batch, neither goes on"
-    assert out[1]["type"] == "NonFiniteLossError" and out[0]["type"] == "PeerStoppedError"
-    assert out[1]["message"].startswith("the loss is inf at epoch 5, batch 2: training stopped on every rank and "
-                                        "nothing was published")
-    assert out[0]["message"] == "rank 1's loss is inf at epoch 5, batch 2"
+    first, last = zip(*spawn_ranks(loss_check_worker, (), tmp_path, world=2, timeout_s=120), strict=True)
+    # read one batch late: batch 2's Inf stops both ranks at batch 3's check, before its backward pass
+    assert [o["checked"] for o in first] == [2, 2], "both ranks stop at the same call, neither goes on"
+    assert first[1]["type"] == "NonFiniteLossError" and first[0]["type"] == "PeerStoppedError"
+    assert first[1]["message"].startswith("the loss is inf at epoch 5, batch 2: training stopped on every rank and "
+                                          "nothing was published")
+    assert first[0]["message"] == "rank 1's loss is inf at epoch 5, batch 2"
+    # the pass's last batch: found by finish(), before the pass returns
+    assert [o["checked"] for o in last] == [2, 2]
+    assert last[0]["type"] == "NonFiniteLossError" and last[1]["type"] == "PeerStoppedError"
+    assert last[0]["message"].startswith("the loss is nan at epoch 6, batch 2:")
+    assert last[1]["message"] == "rank 0's loss is nan at epoch 6, batch 2"
+
+
+@pytest.mark.parametrize(("value", "kind"), [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+def test_a_lone_rank_checks_its_loss_without_a_collective(value, kind):
+    """world 1: no process group at all; the bad batch is named at the next check, and a clean pass ends quietly."""
+    from stages.train.rank.guard import LossGuard, NonFiniteLossError
+
+    guard = LossGuard(0, 1, epoch=0)
+    for b, loss in enumerate([1.0, 2.0]):
+        guard(b, torch.tensor(loss))
+    guard.finish()
+    guard = LossGuard(0, 1, epoch=2)
+    guard(0, torch.tensor(value))
+    with pytest.raises(NonFiniteLossError, match=rf"^the loss is {kind} at epoch 3, batch 1: training stopped"):
+        guard(1, torch.tensor(0.5))
+    guard.finish()   # said once: the pending batch was consumed

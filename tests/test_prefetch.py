@@ -124,16 +124,20 @@ def test_an_exception_in_the_caller_stops_the_producer(one_torch_thread):
         sampled.append(1)
         return sampler.sample(seed_gid)
 
-    def check_loss(b: int, loss: torch.Tensor) -> None:
-        if b == 1:
-            raise BoomError("loss guard")
+    class CheckLoss:
+        def __call__(self, b: int, loss: torch.Tensor) -> None:
+            if b == 1:
+                raise BoomError("loss guard")
+
+        def finish(self) -> None:
+            raise AssertionError("the pass did not end")
 
     model = build_model("sage", in_channels=3, hidden=8, out_channels=3, num_layers=1, dropout=0.0)
     batches = [torch.arange(b * 10, (b + 1) * 10) for b in range(20)]
     with pytest.raises(BoomError, match="loss guard"):
         train_epoch(model, torch.optim.Adam(model.parameters()), batches, sample, lambda n_id: x[n_id],
                     NodeClassification(lambda s: y[s]), num_real_batches=20, device=torch.device("cpu"),
-                    check_loss=check_loss, prefetch=2)
+                    check_loss=CheckLoss(), prefetch=2)
     assert not producers_alive()
     assert len(sampled) <= 2 + 2, "the producer runs at most depth batches ahead of the caller, then stops"
 

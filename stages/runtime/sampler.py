@@ -198,13 +198,15 @@ def _sample_per_edge_type(csr_local: LocalCSR, target_lid: Tensor, fanout: tuple
 @dataclass
 class HopEdges:
     """One hop's sampled edges: ``nbr_gid[i] -> frontier[row_pos[i]]``, with their edge types (``None``: one edge
-    type), egids and feature rows (``None`` unless the sampler's ``with_edges`` and ``edge_attr``)."""
+    type), egids and feature rows (``None`` unless the sampler's ``with_edges`` and ``edge_attr``). ``by_target``:
+    the edges come grouped by target in frontier order (then by edge type), by construction."""
 
     row_pos: Tensor
     nbr_gid: Tensor
     edge_type: Tensor | None = None
     egid: Tensor | None = None
     edge_attr: Tensor | None = None
+    by_target: bool = False
 
 
 class MultiHopSampler(ABC):
@@ -240,7 +242,9 @@ class MultiHopSampler(ABC):
         of several edge types also ``edge_type`` [E] (int64, the schema's edge type ids), as PyG's
         ``to_homogeneous`` lays a typed graph out (``stages.runtime.typed_batch`` makes a ``HeteroData`` of it);
         with ``with_edges`` also ``e_id`` [E] (int64 egids, aligned with ``edge_index``) and, when the sampler holds
-        ``edge_attr``, ``edge_attr`` [E, D] (the sampled edges' rows).
+        ``edge_attr``, ``edge_attr`` [E, D] (the sampled edges' rows). ``edges_by_target`` (bool): every hop's
+        edges came grouped by target (the hops of one CSR), so ``edge_index[1]`` (then ``edge_type``) is
+        non-decreasing and the blocks need not check it, a host synchronisation on a GPU (``models.blocks``).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
         if seed_gid.numel():
@@ -253,10 +257,12 @@ class MultiHopSampler(ABC):
         n_id_parts, hop_edges, hop_types, hop_egids, hop_attrs = [seed_gid], [], [], [], []
         num_sampled_nodes, num_sampled_edges = [batch_size], []
         frontier_gid, frontier_start_pos = seed_gid, 0
+        by_target = True
         # every hop runs even when the frontier is empty: the distributed subclass must stay in lockstep
         for fanout in self.fanouts:
             hop = self._sample_hop(frontier_gid, fanout)
             row_pos, nbr_gid = hop.row_pos, hop.nbr_gid
+            by_target = by_target and hop.by_target
             nbr_pos, new_gid = nodes.add(nbr_gid)
             if hop.edge_type is not None:
                 hop_types.append(hop.edge_type)
@@ -281,7 +287,8 @@ class MultiHopSampler(ABC):
             torch.add(row_pos, frontier_start_pos, out=edge_index[1, lo:hi])
             lo = hi
         batch = Data(edge_index=edge_index, n_id=n_id, batch_size=batch_size, num_nodes=int(n_id.numel()),
-                     num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges)
+                     num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges,
+                     edges_by_target=by_target)
         if hop_types:
             batch.edge_type = torch.cat(hop_types)
         if self.with_edges:
@@ -321,7 +328,7 @@ def sample_own_hop(sampler: MultiHopSampler, csr: LocalCSR, frontier_gid: Tensor
     with_attr = sampler.with_edges and sampler.edge_attr is not None
     return HopEdges(row_pos, csr.gids(edge_idx), edge_type, edge_idx + csr.start_egid if sampler.with_edges else None,
                     sampler.edge_attr.index_select(0, edge_idx) if with_attr and sampler.edge_attr is not None
-                    else None)
+                    else None, by_target=True)   # sample_typed_edges: grouped by target, then by edge type
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -125,13 +125,14 @@ class BatchGraph:
 
     def __init__(self, edge_index: Tensor, num_nodes: int, num_targets: int, deg: Tensor | None,
                  dst_start: int = 0, edge_type: Tensor | None = None, num_edge_types: int = 1,
-                 node_type: Tensor | None = None, edge_attr: Tensor | None = None) -> None:
+                 node_type: Tensor | None = None, edge_attr: Tensor | None = None, by_target: bool = False) -> None:
         src_pos, dst_pos = edge_index[0], edge_index[1]
-        # the single-partition sampler emits edges grouped by target; the distributed one groups each hop's
-        # answers by owner rank, so its targets need a (stable) sort; typed edges are sorted by (target, edge
-        # type), which keeps them grouped by target
+        # the single-partition sampler emits edges grouped by target (``by_target``: the caller knows, and the
+        # check, a host synchronisation on a GPU, is skipped); the distributed one groups each hop's answers by
+        # owner rank, so its targets need a (stable) sort; typed edges are sorted by (target, edge type), which
+        # keeps them grouped by target
         key_pos = dst_pos if edge_type is None else dst_pos * num_edge_types + edge_type
-        if key_pos.numel() > 1 and not bool((key_pos[1:] >= key_pos[:-1]).all()):
+        if not by_target and key_pos.numel() > 1 and not bool((key_pos[1:] >= key_pos[:-1]).all()):
             order = stable_order(key_pos, num_targets * num_edge_types)
             src_pos, dst_pos = src_pos.index_select(0, order), dst_pos.index_select(0, order)
             key_pos = key_pos.index_select(0, order)
@@ -282,13 +283,17 @@ def make_blocks(batch: Data, num_layers: int) -> list[Block]:
     deg = getattr(batch, "deg", None)
     edge_type = getattr(batch, "edge_type", None)
     edge_attr = getattr(batch, "edge_attr", None)
+    # a sampler that emitted every hop grouped by target (MultiHopSampler.sample) also kept each hop's edges on
+    # its frontier's run of targets: both layout checks below hold by construction (2 host syncs a batch on a GPU)
+    by_target = bool(getattr(batch, "edges_by_target", False))
     graph = BatchGraph(batch.edge_index[:, :edges[num_layers]], nodes[num_layers + 1], nodes[num_layers], deg,
                        edge_type=None if edge_type is None else edge_type[:edges[num_layers]],
                        num_edge_types=int(getattr(batch, "num_relations", 1)),
                        node_type=getattr(batch, "node_type", None),
-                       edge_attr=None if edge_attr is None else edge_attr[:edges[num_layers]])
+                       edge_attr=None if edge_attr is None else edge_attr[:edges[num_layers]], by_target=by_target)
     # hop k's edges end where the targets within k-1 hops do: one read of the device for every hop
-    if torch.stack([graph.crow[nodes[k]] for k in range(1, num_layers + 1)]).tolist() != edges[1:num_layers + 1]:
+    hop_ends = edges[1:num_layers + 1]
+    if not by_target and torch.stack([graph.crow[nodes[k]] for k in range(1, num_layers + 1)]).tolist() != hop_ends:
         raise ValueError("batch layout: hop k's edges must point into hop k-1's new nodes")
     return [Block(num_src=nodes[k + 1], num_dst=nodes[k], num_edges=edges[k], graph=graph)
             for k in range(num_layers, 0, -1)]   # layer l's messages come from within k = num_layers - l hops

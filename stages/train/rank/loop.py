@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -29,7 +29,14 @@ Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gi
 # n_id gids -> [len, F] feature rows on the training device; a typed graph's per node type
 GatherRows = Callable[[Tensor], Tensor | dict[str, Tensor]]
 OnBatch = Callable[[int], None]            # called with the batch index before each batch
-CheckLoss = Callable[[int, Tensor], None]  # (batch index, loss) before the backward pass; raises to stop
+
+
+class CheckLoss(Protocol):
+    """Sees every batch's loss before its backward pass, and the pass's end; raises to stop (``guard``)."""
+
+    def __call__(self, batch: int, loss: Tensor) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 @dataclass
@@ -95,7 +102,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     Padding batches (recycled seeds, or empty ones) still take an optimiser step: under DDP every rank must run
     the same number of backward passes, whose gradient all-reduces pair up across ranks. An empty batch gives a
     zero loss whose backward still reaches every parameter (zero gradients), so its rank joins each all-reduce.
-    ``check_loss`` sees every batch's loss, padding included, before its backward pass (``stages.train.rank.guard``);
+    ``check_loss`` sees every batch's loss, padding included, before its backward pass, and the pass's end
+    (``stages.train.rank.guard``, which may raise for a batch one step late);
     ``after_step`` runs after every optimiser step (the learnt embeddings' sparse step, a collective).
     ``prefetch``: batches a producer thread prepares ahead (0: none); ``gather_after_step``: it gathers a batch's
     rows only after the previous batch's ``after_step`` (which updates rows it may gather: learnt embeddings).
@@ -117,6 +125,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
                     break
                 _train_step(b, ready, model, optimizer, task, sums, running, on_batch=on_batch,
                             check_loss=check_loss, after_step=after_step, real=b < num_real_batches)
+            if check_loss is not None:
+                check_loss.finish()
     sums.loss_sum, *sums.metric_sums = running.values()
     _sync(device)
     sums.wall_s = time.perf_counter() - start

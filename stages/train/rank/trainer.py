@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import FeatureCounters
@@ -29,7 +30,7 @@ from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees
 from stages.train.params import Params
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
-from stages.train.rank.guard import loss_check
+from stages.train.rank.guard import LossGuard
 from stages.train.rank.loader import NodeLoader
 from stages.train.rank.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.rank.rank_data import RankData
@@ -85,11 +86,15 @@ class Trainer:
         if self.whole_batch and self.rank == 0:
             print(f"model {self.model_kind} does not follow the block protocol (stages.train.models.model): "
                   f"each batch runs whole, every layer over every sampled node", flush=True)
-        self.ddp = torch.nn.parallel.DistributedDataParallel(
-            self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
+        # what the training steps call: DDP's wrapper, whose backward all-reduces the gradients; a lone rank's model
+        # itself, the same steps to the bit (DDP divides by a world of 1), without DDP's forward hooks and gradient
+        # bucket copies: 0.7 ms of a products batch's host time on an H200 (benchmarks/RESULTS.md, [4/5])
+        self.train_module: torch.nn.Module = self.model if data.world == 1 else \
+            torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
         # fused on a GPU: one kernel a step for all the weights, where the default's per-op kernels are ~10 more
         # launches a batch on a launch-bound path (benchmarks/RESULTS.md, [4/5])
-        self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=params.lr, weight_decay=params.weight_decay,
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=params.lr, weight_decay=params.weight_decay,
                                           fused=self.device.type == "cuda")
         self.scheduler = make_scheduler(self.optimizer, params)
         self.best = BestModel(params.patience)
@@ -139,13 +144,17 @@ class Trainer:
     def train_epoch(self, epoch: int) -> tuple[EpochSums, FeatureCounters]:
         """One pass over this rank's train batches: the loop's sums and the feature traffic of the epoch."""
         self.data.features.reset_counters()
-        hook = self.batch_hook(self.rank, epoch) if self.batch_hook is not None else None
-        sums = train_epoch(self.ddp, self.optimizer, self.loader.train_batches(), self.loader.sample,
-                           self.loader.gather_rows, self.task, num_real_batches=self.loader.num_real_train_batches,
-                           device=self.device, on_batch=hook, check_loss=loss_check(self.rank, self.world, epoch),
-                           after_step=self.loader.step_embeddings, prefetch=self.prefetch,
-                           gather_after_step=bool(self.embeddings))
+        sums = self.run_batches(self.loader.train_batches(), self.loader.num_real_train_batches, epoch)
         return sums, self.data.features.reset_counters()
+
+    def run_batches(self, items: Iterable[Tensor], num_real: int, epoch: int) -> EpochSums:
+        """Train on ``items`` (batches of the task's items, the first ``num_real`` real) as an epoch's pass does:
+        the loss guard, the embeddings' step and prefetch included (the benchmarks time this)."""
+        hook = self.batch_hook(self.rank, epoch) if self.batch_hook is not None else None
+        return train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
+                           self.task, num_real_batches=num_real, device=self.device, on_batch=hook,
+                           check_loss=LossGuard(self.rank, self.world, epoch), after_step=self.loader.step_embeddings,
+                           prefetch=self.prefetch, gather_after_step=bool(self.embeddings))
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""

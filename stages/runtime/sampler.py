@@ -14,7 +14,8 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
   ``j = 0..k-1`` draw ``t`` in ``[0, deg-k+j]``; if ``t`` was already picked in this row take ``deg-k+j`` instead.
   That is an exactly uniform k-subset from exactly ``k`` draws per row, O(k^2) compares per row and no memory
   proportional to ``deg``: a hub with 10^4 neighbours costs what a node with ``k + 1`` does. The loop runs over
-  the fanout, never over nodes or edges.
+  the fanout, never over nodes or edges; on a GPU, where each of its ops is a kernel launch, pointer jumping finds
+  the repeats in log2(k) steps instead (``_repeats_by_jumping``: the same picks).
 
   Measured alternatives (1 thread, rows of degree ~100-1000): random keys for every candidate + a segmented sort
   (top-k per row) was 20-1000x slower, because it materialises and sorts all neighbours of every row; a
@@ -27,6 +28,7 @@ Kernel (``sample_neighbors``), for each target row of degree ``deg`` and a fanou
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -51,22 +53,59 @@ def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
     return torch.minimum((u * n).long(), n - 1)
 
 
-def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+# a GPU resolves repeats by pointer jumping from this fanout up: 15 + ceil(log2(k - 1)) kernels where the steps take
+# 3 (k - 1) (counted on a CPU): 42 -> 19 at k = 15, 27 -> 19 at 10, 21 -> 18 at 8, but 12 -> 17 at 5; fanouts [15,
+# 10, 5] save 33 of a batch's ~245 sampling launches. A CPU keeps the steps, 2-2.6x faster there (1 thread, k =
+# 15/10/5: 1.0/7.1/35 ms against 1.8/18/62 ms): the pairwise compare is k^2 work
+_JUMP_FROM_K = 8
+_JUMP_MAX_PAIRS = 2**26   # its [k, k, rows] compare (bytes); products' largest, hop 3 at k = 5: 3.8 M
+
+
+def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None, *,
+                   by_jumping: bool | None = None) -> Tensor:
     """[k, rows] offsets in ``[0, deg)``, a uniform k-subset per row (all ``deg > k``), by Floyd's algorithm.
 
     Step j draws in ``[0, deg - k + j]`` and takes that step's upper end instead when the draw repeats an earlier
     pick. Every step's draw is made up front (one product over the [k, rows] matrix, the same values as one step at
-    a time), so the sequential part is 3 ops a step (compare, any, select): on a GPU each op is a kernel launch, and
-    the steps were 10 ops each, 300 of a products batch's 470 sampling launches at fanouts [15, 10, 5]. Laid out
-    [k, rows] so that each step reads and writes contiguous rows of the matrix.
+    a time); which draws repeat is ``_repeats_by_steps`` (CPU) or ``_repeats_by_jumping`` (GPU), the same answer.
+    Laid out [k, rows] so that each step reads and writes contiguous rows of the matrix.
     """
     rand = torch.rand((k, deg.numel()), dtype=torch.float64, device=deg.device, generator=generator)
     hi = deg - torch.arange(k, 0, -1, device=deg.device).unsqueeze(1)   # [k, rows]: step j's upper end
-    offset = _uniform_below(hi + 1, rand)                    # each step's draw; step j >= 1 may repeat a pick
-    for j in range(1, k):
-        taken = (offset[:j] == offset[j]).any(0)
-        torch.where(taken, hi[j], offset[j], out=offset[j])   # hi[j] was not drawable before step j: always new
-    return offset
+    drawn = _uniform_below(hi + 1, rand)                     # each step's draw; step j >= 1 may repeat a pick
+    if k < 2:
+        return drawn
+    if by_jumping is None:
+        by_jumping = deg.is_cuda and k >= _JUMP_FROM_K and k * k * deg.numel() <= _JUMP_MAX_PAIRS
+    return torch.where(_repeats_by_jumping(drawn, hi), hi, drawn) if by_jumping else _repeats_by_steps(drawn, hi)
+
+
+def _repeats_by_steps(drawn: Tensor, hi: Tensor) -> Tensor:
+    """Floyd's steps in order, 3 ops each (compare, any, select): the offsets, ``drawn`` overwritten."""
+    for j in range(1, drawn.shape[0]):
+        taken = (drawn[:j] == drawn[j]).any(0)
+        torch.where(taken, hi[j], drawn[j], out=drawn[j])   # hi[j] was not drawable before step j: always new
+    return drawn
+
+
+def _repeats_by_jumping(drawn: Tensor, hi: Tensor) -> Tensor:
+    """[k, rows] bool: which draws Floyd's steps replace, in a number of ops that grows with log2(k).
+
+    Draw j is replaced when it equals the pick of an earlier step. Equal to an earlier *draw* it always is (that
+    draw or its replacement is in the set: ``repeat``). Else only step ``m = drawn[j] - hi[0]``'s upper end can
+    match (upper ends are ``hi[0] + m``), and it is a pick exactly when step m was replaced: so ``replaced[j] =
+    repeat[j] or replaced[m]`` for ``0 <= m < j``, a chain towards earlier steps that pointer jumping follows to
+    its end, a step that is settled by itself, in ceil(log2(k - 1)) gathers."""
+    k = drawn.shape[0]
+    step = torch.arange(k, device=drawn.device).unsqueeze(1)                       # [k, 1]
+    earlier_pair = (drawn.unsqueeze(1) == drawn.unsqueeze(0)) & (step.unsqueeze(2) > step.unsqueeze(0))
+    repeat = earlier_pair.any(1)                                                   # [j, i, rows] -> [j, rows]
+    m = drawn - hi[0]
+    follows = (m >= 0) & (m < step) & ~repeat
+    ptr = torch.where(follows, m, step)     # each step's link in its chain; a settled step points at itself
+    for _ in range(max(1, math.ceil(math.log2(k - 1)))):
+        ptr = ptr.gather(0, ptr)
+    return repeat.gather(0, ptr)
 
 
 def sample_neighbors(csr_local: LocalCSR, target_lid: Tensor, fanout: int, *, replace: bool = False,

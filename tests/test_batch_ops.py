@@ -1,0 +1,47 @@
+"""What a training batch asks of a GPU, counted on the CPU (``benchmarks/bench_batch_ops.py``, issue [4/5] item 3):
+on the GPU's code paths the training step reads nothing back from the device, and the sampler one value a hop for
+its sizes and one for its node map, plus two a batch for its seeds."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_batch_ops import count, gpu_ways  # noqa: E402 - benchmarks/ is on sys.path now
+
+
+@pytest.fixture(scope="module")
+def counts() -> dict:
+    return count(argparse.Namespace(nodes=6000, batch_size=128, batches=2, warmup=1, ways="gpu", cache="all", threads=1,
+                                tree=None))
+
+
+def test_the_training_step_reads_nothing_back(counts):
+    step = counts["step"]
+    assert step["host_reads"] == 0, step["reads"]
+    assert step["ops"] > 50, "the step was counted"
+
+
+def test_the_sampler_reads_its_sizes_once_a_hop(counts):
+    hops = 3
+    assert counts["sample"]["host_reads"] <= 2 * hops + 2, counts["sample"]["reads"]
+    assert counts["gather"] == {"ops": 1.0, "host_reads": 0, "reads": {}, "top": {"index_select": 1.0}}, \
+        "every row cached on a lone rank: one gather by gid"
+
+
+def test_the_gpu_ways_are_undone_afterwards():
+    import torch
+
+    import stages.runtime.sampler as sampler
+    import stages.runtime.segments as segments
+
+    before = (segments._gpu_way, sampler._floyd_offsets)
+    with gpu_ways():
+        assert segments._gpu_way(torch.zeros(1), None)
+    assert (segments._gpu_way, sampler._floyd_offsets) == before
+    assert not segments._gpu_way(torch.zeros(1), None)

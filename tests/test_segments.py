@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stages.runtime.segments import bin_counts, expand_rows, repeat_positions, stable_order
+from stages.runtime.segments import bin_counts, expand_rows, offsets_of, repeat_positions, stable_order, steps_of
 
 
 def _counts(seed: int, rows: int, empty_share: float) -> torch.Tensor:
@@ -45,3 +45,32 @@ def test_stable_order_with_a_known_bound_or_without():
     assert torch.equal(stable_order(wide), expected)
     assert stable_order(key[:0]).numel() == 0
 
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.long])
+def test_steps_are_aranges_viewed_from_one_kept_run(dtype):
+    first = steps_of(0, 10, "cpu", dtype)
+    assert torch.equal(first, torch.arange(10, dtype=dtype))
+    assert torch.equal(steps_of(3, 7, "cpu", dtype), torch.arange(3, 7, dtype=dtype))
+    assert steps_of(0, 0, "cpu", dtype).numel() == 0
+    run = steps_of(0, 1, "cpu", dtype)._base
+    assert run is not None and steps_of(5, 9, "cpu", dtype)._base is run, "a view, no new tensor"
+    longer = steps_of(100, 200_000, "cpu", dtype)   # grows the run
+    assert torch.equal(longer, torch.arange(100, 200_000, dtype=dtype))
+    assert torch.equal(first, torch.arange(10, dtype=dtype)), "views of the old run stay valid"
+
+
+def test_expand_rows_with_the_callers_first_slots():
+    count = torch.tensor([2, 0, 3, 1])
+    row_start = torch.tensor([10, 50, 20, 7])
+    total = int(count.sum())
+    plain = expand_rows(count, row_start, total, by_repeat=True)
+    given = expand_rows(count, row_start, total, first_slot=torch.cumsum(count, 0) - count, by_repeat=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, given, strict=True))
+    assert plain[1].tolist() == [10, 11, 20, 21, 22, 7]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.long])
+def test_offsets_are_the_running_sum_after_a_zero(dtype):
+    count = torch.tensor([3, 0, 2, 5], dtype=dtype)
+    assert offsets_of(count).tolist() == [0, 3, 3, 5, 10] and offsets_of(count).dtype == torch.long
+    assert offsets_of(count[:0]).tolist() == [0]

@@ -47,13 +47,13 @@ from stages.runtime.sampler import (
     sample_typed_edges,
     shuffled,
 )
-from stages.runtime.segments import repeat_positions
+from stages.runtime.segments import offsets_of, repeat_positions
 
 
 def _split_totals(count: Tensor, split: list[int]) -> list[int]:
     """Sums of ``count`` over consecutive runs of lengths ``split`` (per-rank totals of per-target counts)."""
     ends = torch.tensor(np.cumsum(split), dtype=torch.long, device=count.device)
-    csum = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
+    csum = offsets_of(count)
     at_ends = csum[ends].tolist()
     return [b - a for a, b in zip([0] + at_ends[:-1], at_ends)]
 

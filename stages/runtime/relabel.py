@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from stages.runtime.segments import steps_of
+
 _SENTINEL = torch.iinfo(torch.int32).max  # "not in this batch"; also the identity of the amin below
 _DENSE_TABLE_MAX_BYTES = 1 << 30
 _SPARE = 1024   # DenseNodeMap's spare entries (a power of two)
@@ -73,7 +75,7 @@ class DenseNodeMap(NodeMap):
             self.table.index_fill_(0, torch.cat(self._touched_gid), _SENTINEL)
         self._touched_gid = [seed_gid]
         num_seeds = seed_gid.numel()
-        seed_pos = torch.arange(num_seeds, dtype=torch.int32, device=seed_gid.device)
+        seed_pos = steps_of(0, num_seeds, seed_gid.device, torch.int32)
         self.table.scatter_(0, seed_gid, seed_pos)
         # with a repeated seed, one of its writes is overwritten: that is how a duplicate shows up here
         if num_seeds and bool((self.table.index_select(0, seed_gid) != seed_pos).any()):
@@ -87,7 +89,7 @@ class DenseNodeMap(NodeMap):
         table = self.table
         cand_pos = table.index_select(0, cand_gid)
         is_new = cand_pos == _SENTINEL
-        cand_idx = torch.arange(cand_gid.numel(), dtype=torch.int32, device=cand_gid.device)
+        cand_idx = steps_of(0, cand_gid.numel(), cand_gid.device, torch.int32)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
         # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); the
         # known candidates write to the spare entries instead of their positions
@@ -96,8 +98,7 @@ class DenseNodeMap(NodeMap):
         is_first = is_new & (table.index_select(0, cand_gid) == cand_idx)
         new_gid = cand_gid.masked_select(is_first)        # ascending candidate index = discovery order
         num_new = new_gid.numel()
-        table.scatter_(0, new_gid, torch.arange(self.num_known, self.num_known + num_new, dtype=torch.int32,
-                                                device=cand_gid.device))
+        table.scatter_(0, new_gid, steps_of(self.num_known, self.num_known + num_new, cand_gid.device, torch.int32))
         cand_pos = torch.where(is_new, table.index_select(0, cand_gid), cand_pos)
         self.num_known += num_new
         self._touched_gid.append(new_gid)

@@ -40,7 +40,7 @@ from torch_geometric.data import Data
 from stages.runtime.csr import LocalCSR
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
-from stages.runtime.segments import expand_rows, repeat_positions, stable_order
+from stages.runtime.segments import expand_rows, repeat_positions, stable_order, steps_of
 from stages.runtime.weighted import sample_weighted_edges
 
 __all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches",
@@ -97,7 +97,7 @@ def _repeats_by_jumping(drawn: Tensor, hi: Tensor) -> Tensor:
     repeat[j] or replaced[m]`` for ``0 <= m < j``, a chain towards earlier steps that pointer jumping follows to
     its end, a step that is settled by itself, in ceil(log2(k - 1)) gathers."""
     k = drawn.shape[0]
-    step = torch.arange(k, device=drawn.device).unsqueeze(1)                       # [k, 1]
+    step = steps_of(0, k, drawn.device).unsqueeze(1)                               # [k, 1]
     earlier_pair = (drawn.unsqueeze(1) == drawn.unsqueeze(0)) & (step.unsqueeze(2) > step.unsqueeze(0))
     repeat = earlier_pair.any(1)                                                   # [j, i, rows] -> [j, rows]
     m = drawn - hi[0]
@@ -151,18 +151,23 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
         count = deg.clamp(max=fanout)
     big = deg > fanout if fanout != -1 and not replace else None   # the rows Floyd's draws subset
     # one host sync: the output sizes (the edges, and the rows to subset) depend on the draws' counts
-    total, num_big = (int(count.sum()), 0) if big is None else torch.stack([count.sum(), big.sum()]).tolist()
+    first_slot = None
+    if big is None:
+        total, num_big = int(count.sum()), 0
+    else:   # each row's first output slot, whose running sum also gives the total (and expand_rows the slots' rows)
+        end_slot = torch.cumsum(count, 0)
+        first_slot = end_slot - count
+        total, num_big = torch.stack([end_slot[-1], big.sum()]).tolist() if count.numel() else (0, 0)
     if replace and fanout != -1:
         row_pos = repeat_positions(count, total)
         offset = _uniform_below(deg.index_select(0, row_pos),
                                 torch.rand(total, dtype=torch.float64, device=device, generator=generator))
         return count, row_pos, row_start.index_select(0, row_pos) + offset
-    row_pos, edge_idx = expand_rows(count, row_start, total)
-    if big is not None and num_big:
+    row_pos, edge_idx = expand_rows(count, row_start, total, first_slot=first_slot)
+    if big is not None and first_slot is not None and num_big:
         big_row_pos = torch.nonzero_static(big, size=num_big).squeeze(1)   # its size known: no second sync
         offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
-        out_ptr = torch.cumsum(count, 0) - count             # each row's first output slot
-        slot_pos = out_ptr.index_select(0, big_row_pos) + torch.arange(fanout, device=device).unsqueeze(1)
+        slot_pos = first_slot.index_select(0, big_row_pos) + steps_of(0, fanout, device).unsqueeze(1)
         edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
     return count, row_pos, edge_idx
 

@@ -10,6 +10,7 @@ The two ways give the same tensors; they differ in what they cost where:
   counts by ``index_add_``, need neither.
 
 The GPU way is chosen by the tensors' device; ``by_repeat`` forces it (tests compare the two ways on a CPU).
+``steps_of`` hands out ``arange`` runs as views of one kept run, without a launch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["bin_counts", "expand_rows", "repeat_positions", "stable_order"]
+__all__ = ["bin_counts", "expand_rows", "offsets_of", "repeat_positions", "stable_order", "steps_of"]
 
 
 def _gpu_way(t: Tensor, by_repeat: bool | None) -> bool:
@@ -44,17 +45,18 @@ def repeat_positions(count: Tensor, total: int, *, by_repeat: bool | None = None
     return torch.cumsum(step, 0)
 
 
-def expand_rows(count: Tensor, row_start: Tensor, total: int, *,
+def expand_rows(count: Tensor, row_start: Tensor, total: int, *, first_slot: Tensor | None = None,
                 by_repeat: bool | None = None) -> tuple[Tensor, Tensor]:
     """For ``count[r]`` slots per row: each slot's row and ``row_start[r] + its rank within the row``.
+    ``first_slot``: each row's first slot (``cumsum(count) - count``), when the caller has it.
 
     CPU: the second is the same running sum as in ``repeat_positions``, with steps of 1 inside a row and a jump
     from the previous non-empty row's last slot to the row's ``row_start`` at its first slot."""
     if _gpu_way(count, by_repeat):
         row_pos = torch.repeat_interleave(count, output_size=total)
-        first_slot = torch.cumsum(count, 0) - count   # each row's first slot
-        slot = torch.arange(total, device=count.device)
-        return row_pos, (row_start - first_slot).index_select(0, row_pos) + slot
+        if first_slot is None:
+            first_slot = torch.cumsum(count, 0) - count
+        return row_pos, (row_start - first_slot).index_select(0, row_pos) + steps_of(0, total, count.device)
     nonempty_row_pos, nonempty_count, start_slot_pos = _row_starts(count)
     device = count.device
     row_step = torch.zeros(total, dtype=torch.long, device=device)
@@ -64,6 +66,24 @@ def expand_rows(count: Tensor, row_start: Tensor, total: int, *,
     edge_step = torch.ones(total, dtype=torch.long, device=device)
     edge_step.scatter_(0, start_slot_pos, torch.cat([ne_row_start[:1], ne_row_start[1:] - ne_row_last[:-1]]))
     return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
+
+
+_IOTA: dict[tuple[torch.device, torch.dtype], Tensor] = {}   # 0, 1, 2, ... as long as the longest run asked for yet
+
+
+def steps_of(start: int, stop: int, device: torch.device | str, dtype: torch.dtype = torch.long) -> Tensor:
+    """``arange(start, stop)`` as a view of one kept run per device and dtype: no kernel, where ``arange`` is one
+    launch (a hop asks for 2-4, of a batch's ~340 launches on a GPU). Read only: callers must not write to it.
+    The run grows (doubling) when a longer one is asked for; on a GPU the growth waits for its fill, so that any
+    stream may read it at once."""
+    key = (torch.device(device), dtype)
+    iota = _IOTA.get(key)
+    if iota is None or iota.numel() < stop:
+        iota = torch.arange(max(stop, 2 * (0 if iota is None else iota.numel()), 1024), dtype=dtype, device=key[0])
+        if iota.is_cuda:
+            torch.cuda.current_stream(iota.device).synchronize()
+        _IOTA[key] = iota
+    return iota[start:stop]
 
 
 def stable_order(key_pos: Tensor, bound: int | None = None) -> Tensor:
@@ -83,6 +103,15 @@ def bin_counts(index: Tensor, size: int, *, by_repeat: bool | None = None) -> Te
     """``bincount(index, minlength=size)`` for ``index`` in ``[0, size)``: int64 [size]. On a GPU by
     ``index_add_`` (``bincount`` there reads the maximum back to the host first)."""
     if _gpu_way(index, by_repeat):
-        ones = torch.ones(1, dtype=torch.long, device=index.device).expand(index.numel())
+        ones = steps_of(1, 2, index.device).expand(index.numel())   # the kept run's 1: no launch
         return torch.zeros(size, dtype=torch.long, device=index.device).index_add_(0, index, ones)
     return torch.bincount(index, minlength=size)
+
+
+def offsets_of(count: Tensor) -> Tensor:
+    """``[0, cumsum(count)...]`` (int64, as ``cumsum`` sums integers): the CSR row offsets of rows of ``count``
+    entries (len + 1), the running sum written in place after the leading 0 (2 ops, where ``cat`` of a zero and the
+    sum takes 3)."""
+    offsets = torch.zeros(count.numel() + 1, dtype=torch.long, device=count.device)
+    torch.cumsum(count, 0, out=offsets[1:])
+    return offsets

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.runtime.segments import bin_counts, repeat_positions, stable_order
+from stages.runtime.segments import bin_counts, offsets_of, repeat_positions, stable_order
 
 __all__ = ["BatchGraph", "Block", "SparseAdj", "make_blocks", "relu_dropout", "spmm", "spmm_with_root", "stable_order"]
 
@@ -51,7 +51,7 @@ class SparseAdj:
         row_pos = repeat_positions(torch.diff(self.crow), self.col.numel())
         order = stable_order(self.col, self.num_src)
         count = bin_counts(self.col, self.num_src)
-        crow_t = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
+        crow_t = offsets_of(count)
         return _csr(crow_t, row_pos.index_select(0, order), self.values.index_select(0, order),
                     (self.num_src, self.num_dst))
 
@@ -138,7 +138,7 @@ class BatchGraph:
             key_pos = key_pos.index_select(0, order)
         self.col, self.row = src_pos, dst_pos                 # CSR entries: source position, target position
         self.count = bin_counts(dst_pos, num_targets)   # sampled in-edges per target
-        self.crow = torch.cat([self.count.new_zeros(1), torch.cumsum(self.count, 0)])
+        self.crow = offsets_of(self.count)
         self.num_nodes, self.num_targets, self.true_deg = num_nodes, num_targets, deg
         self.dst_start = dst_start
         self.edge_index, self.edge_type, self.num_edge_types = edge_index, edge_type, num_edge_types
@@ -153,7 +153,7 @@ class BatchGraph:
         """``(crow, values)`` over (target, edge type) rows ``dst * R + e``: each entry's ``1 / count`` of its
         row, the mean over a target's sampled in-neighbours of one edge type (R-GCN). Entries as ``col``."""
         count = bin_counts(self._key_pos, self.num_targets * self.num_edge_types)
-        crow = torch.cat([count.new_zeros(1), torch.cumsum(count, 0)])
+        crow = offsets_of(count)
         return crow, count.clamp(min=1).to(torch.float32).reciprocal().index_select(0, self._key_pos)
 
     @cached_property
@@ -189,7 +189,7 @@ class BatchGraph:
             deg = self.true_deg.to(torch.float32)
             deg_t, col_deg = deg[ds:ds + t], deg.index_select(0, col)
             scale = (deg_t - 1) / count.clamp(min=1)
-        crow = torch.cat([count.new_zeros(1), torch.cumsum(count + 1, 0)])   # one more entry per row: its loop
+        crow = offsets_of(count + 1)   # one more entry per row: its loop
         edge_slot = torch.arange(row.numel(), device=device) + row + 1
         out_col = torch.empty(row.numel() + t, dtype=torch.long, device=device)
         val = torch.empty(row.numel() + t, dtype=torch.float32, device=device)

@@ -274,6 +274,8 @@ def main() -> None:
     parser.add_argument("--node-map", choices=["auto", "dense", "sorted"], default="auto")
     parser.add_argument("--no-baseline", action="store_true", help="dist mode: skip the single-partition baseline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="only make the --graph cache (make gpu-check does it while the CUDA tests run)")
     args = parser.parse_args()
     args.threads_per_rank = args.threads_per_rank or max(1, args.threads // 2)
 
@@ -285,6 +287,9 @@ def main() -> None:
               "graph_placement": args.graph_placement,
               "edge_features": args.edge_features, "edge_path": args.edge_path,
               "load_s": round(time.perf_counter() - start, 1)}
+    if args.prepare_only:
+        print(json.dumps(result), flush=True)
+        return
     if args.graph_placement == "uva" and (args.mode, args.device) != ("single", "cuda"):
         parser.error("--graph-placement uva reads a pinned CSR from a GPU: it needs --mode single --device cuda")
     if args.mode == "single":

@@ -243,6 +243,9 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=6 * 3600)
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
     ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="only build the stages up to hotness into --root (make gpu-check does it while the CUDA "
+                         "tests run)")
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -267,6 +270,9 @@ def main() -> None:
               "max_batches": args.max_batches, "pipeline_s": round(time.perf_counter() - start, 1),
               "parts": args.parts, "feature_dtype": features.feature_dtype,
               "host_gather": args.host_gather}
+    if args.prepare_only:
+        print(json.dumps(result), flush=True)
+        return
     result["dist"] = dist_run(args, manifests)
     if not args.skip_single:
         result["single"] = single_main(args, manifests)

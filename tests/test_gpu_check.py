@@ -122,3 +122,60 @@ def test_uva_and_copy_deliver_the_same_rows_through_dist_features():
     pageable = _features(x.clone(), "cuda", "auto")
     assert (pageable.host_gather_mode, pageable.host_gather_why.startswith("auto: UVA unavailable")) == ("copy", True)
     assert DistFeatures(in_zarr, [0, 20000], device="cuda", host_gather="auto").host_gather_mode == "copy"
+
+
+def _gpu_check():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    return gpu_check
+
+
+def _args(tmp_path: Path, **kw):
+    import argparse
+
+    return argparse.Namespace(**{"scale": "small", "dtypes": "float32,int8", "work": str(tmp_path), "allow_cpu": True,
+                                 **kw})
+
+
+def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
+    """``prepare``: each train dtype's command with --prepare-only (the same artifact keys), and the sampler's
+    graph cache at the path the sampler step reads."""
+    commands = _gpu_check().step_commands(_args(tmp_path), tmp_path)
+    prepare = dict(commands["prepare"])
+    assert list(prepare) == ["prepare-float32", "prepare-int8", "prepare-sampler"]
+    train = dict(commands["train"])
+    assert prepare["prepare-float32"] == [*train["train-float32"][:-2], "--prepare-only"]   # less --profile 10
+    assert prepare["prepare-int8"] == [*train["train-int8"], "--prepare-only"]
+    sampler = dict(commands["sampler"])["sampler"]
+    graph = sampler[sampler.index("--graph") + 1]
+    assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]
+
+
+def test_the_preparation_runs_beside_the_tests_only(tmp_path: Path, monkeypatch):
+    check = _gpu_check()
+    ran: list[str] = []
+
+    def run_step(name, cmd, out, env, timeout_s):
+        ran.append(name)
+        return {"status": "ok"}
+    monkeypatch.setattr(check, "run_step", run_step)
+    runs = [("prepare-float32", ["a"]), ("prepare-sampler", ["b"])]
+    env = dict(PYTHONPATH=str(REPO))
+    assert check.prepare_while_testing(["env", "train"], runs, tmp_path, env, 10) is None, "no tests to hide it"
+    assert check.prepare_while_testing(["env", "tests", "gather"], runs, tmp_path, env, 10) is None
+    preparing = check.prepare_while_testing(["tests", "sampler"], runs, tmp_path, env, 10)
+    assert preparing is not None and preparing.join() == {"prepare-sampler": {"status": "ok"}}
+    ran.clear()
+    preparing = check.prepare_while_testing(["tests", "infer", "sampler"], runs, tmp_path, env, 10)
+    assert list(preparing.join()) == ["prepare-float32", "prepare-sampler"] == ran
+
+
+def test_the_sampler_benchmark_prepares_its_graph_only(tmp_path: Path):
+    graph = tmp_path / "g.npz"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_sampler.py"), "--nodes", "3000",
+                           "--avg-degree", "8", "--graph", str(graph), "--prepare-only"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert graph.exists() and result["nodes"] == 3000 and "edges_per_s" not in json.dumps(result)

@@ -8,6 +8,8 @@
 #
 # Results go to $OUT/side_by_side.tgz: new.json (profiled: --profile 10), old.json, tests.log, times.txt.
 # benchmarks/RESULTS.md "[4/5] One H200, before and after" ran it (as gpu_run.sh) at 92e8d44 against d545000.
+# Each tree times with its own bench_train: before 6aa1592 that left the loss guard out of the timed pass (its
+# 2 reads a batch); from then on it times Trainer.run_batches, the stage's own pass, guard included.
 set -u
 export PYTHONUNBUFFERED=1
 R=$PWD; G=/tmp/side_by_side; SITE=/tmp/site; OLD=/tmp/old

@@ -436,3 +436,22 @@ def test_a_batch_that_says_its_edges_are_by_target_has_them_so(typed, fanouts):
             checked = make_blocks(batch, len(fanouts))
             assert torch.equal(trusted[0].graph.crow, checked[0].graph.crow)
             assert torch.equal(trusted[0].graph.col, checked[0].graph.col)
+
+
+def test_a_parameter_the_loss_never_reaches_is_named(one_rank_group, tmp_path):
+    """DDP would fail at the second step without naming it; a lone rank has no DDP: the trainer says which."""
+    from stages.train.params import Params
+    from stages.train.rank.trainer import Trainer
+    from stages.train.spec import TrainSpec
+    from storage.errors import InputError
+
+    spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
+                     params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
+    trainer = Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64), one_rank_data())
+    trainer.rng.seed_epoch(0)
+    assert trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0).batches == 3
+    trainer.model.spare = torch.nn.Linear(2, 2)   # in the model, never in its forward
+    trainer.rng.seed_epoch(0)
+    with pytest.raises(InputError, match=r"^model sage: the loss of a training batch reaches no gradient to "
+                                         r"spare\.weight, spare\.bias: every parameter"):
+        trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import stages.runtime.segments as segments
 from stages.runtime.segments import bin_counts, expand_rows, offsets_of, repeat_positions, stable_order, steps_of
 
 
@@ -57,6 +58,11 @@ def test_steps_are_aranges_viewed_from_one_kept_run(dtype):
     longer = steps_of(100, 200_000, "cpu", dtype)   # grows the run
     assert torch.equal(longer, torch.arange(100, 200_000, dtype=dtype))
     assert torch.equal(first, torch.arange(10, dtype=dtype)), "views of the old run stay valid"
+    assert any(kept is run for kept in segments._IOTA_KEPT), "a replaced run is kept, never handed back"
+    past = steps_of(5, segments._IOTA_MAX + 3, "cpu", dtype)   # past the bound: a plain arange, not kept
+    assert past._base is None and torch.equal(past[-2:], torch.tensor([segments._IOTA_MAX + 1,
+                                                                         segments._IOTA_MAX + 2], dtype=dtype))
+    assert sum(kept.numel() for kept in segments._IOTA_KEPT if kept.dtype == dtype) <= 2 * segments._IOTA_MAX
 
 
 def test_expand_rows_with_the_callers_first_slots():

@@ -68,20 +68,32 @@ def expand_rows(count: Tensor, row_start: Tensor, total: int, *, first_slot: Ten
     return torch.cumsum(row_step, 0), torch.cumsum(edge_step, 0)
 
 
-_IOTA: dict[tuple[torch.device, torch.dtype], Tensor] = {}   # 0, 1, 2, ... as long as the longest run asked for yet
+# 0, 1, 2, ... per device and dtype, as long as the longest run asked for yet, up to _IOTA_MAX; every run made is
+# kept (_IOTA_KEPT), so memory a stream may still read is never handed back: at most 2 x _IOTA_MAX entries each
+_IOTA: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+_IOTA_KEPT: list[Tensor] = []
+_IOTA_MAX = 1 << 20   # 8 MiB of int64; a products batch's longest run, hop 3's ~750 k edges, fits
 
 
 def steps_of(start: int, stop: int, device: torch.device | str, dtype: torch.dtype = torch.long) -> Tensor:
     """``arange(start, stop)`` as a view of one kept run per device and dtype: no kernel, where ``arange`` is one
     launch (a hop asks for 2-4, of a batch's ~340 launches on a GPU). Read only: callers must not write to it.
-    The run grows (doubling) when a longer one is asked for; on a GPU the growth waits for its fill, so that any
-    stream may read it at once."""
+
+    The run grows by doubling when a longer one is asked for, up to ``_IOTA_MAX`` (longer runs are a plain
+    ``arange``: one launch beside that much work is nothing). A GPU's growth waits for its fill, so any stream may
+    read the new run at once; the runs it replaces are kept, not freed: a view on another stream (the prefetch
+    producer's side stream and the training stream share them) may still be read by a kernel in flight, and the
+    allocator would otherwise hand that memory to the growing stream."""
+    if stop > _IOTA_MAX:
+        return torch.arange(start, stop, dtype=dtype, device=device)
     key = (torch.device(device), dtype)
     iota = _IOTA.get(key)
     if iota is None or iota.numel() < stop:
-        iota = torch.arange(max(stop, 2 * (0 if iota is None else iota.numel()), 1024), dtype=dtype, device=key[0])
+        size = min(_IOTA_MAX, max(stop, 2 * (0 if iota is None else iota.numel()), 1024))
+        iota = torch.arange(size, dtype=dtype, device=key[0])
         if iota.is_cuda:
             torch.cuda.current_stream(iota.device).synchronize()
+        _IOTA_KEPT.append(iota)
         _IOTA[key] = iota
     return iota[start:stop]
 

@@ -40,6 +40,7 @@ from stages.train.rank.stats import EpochStats, or_none
 from stages.train.spec import TrainSpec
 from stages.train.tasks import task_def
 from stages.train.tasks.kinds import rank_share
+from storage.errors import InputError
 from storage.train import EMBEDDING_PREFIX
 
 BatchHook = Callable[[int, int], OnBatch | None]   # (rank, epoch) -> called before each batch, or None
@@ -151,10 +152,27 @@ class Trainer:
         """Train on ``items`` (batches of the task's items, the first ``num_real`` real) as an epoch's pass does:
         the loss guard, the embeddings' step and prefetch included (the benchmarks time this)."""
         hook = self.batch_hook(self.rank, epoch) if self.batch_hook is not None else None
+
+        def on_batch(b: int) -> None:
+            if b == 1:   # the first step's gradients are still there: before batch 1 zeroes them
+                self._check_every_parameter_learns()
+            if hook is not None:
+                hook(b)
         return train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
-                           self.task, num_real_batches=num_real, device=self.device, on_batch=hook,
+                           self.task, num_real_batches=num_real, device=self.device, on_batch=on_batch,
                            check_loss=LossGuard(self.rank, self.world, epoch), after_step=self.loader.step_embeddings,
                            prefetch=self.prefetch, gather_after_step=bool(self.embeddings))
+
+    def _check_every_parameter_learns(self) -> None:
+        """A parameter the loss never reaches fails DDP at its next step, with an error about reductions that does
+        not name it; a lone rank, without DDP, would train on silently and fail only on several ranks. Checked
+        after a pass's first step, on every rank (host only: which gradients exist)."""
+        unused = [name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            listed = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+            raise InputError(f"model {self.model_kind}: the loss of a training batch reaches no gradient to "
+                             f"{listed}: every parameter must take part in every step (DDP all-reduces each "
+                             f"one); remove the unused ones or freeze them (requires_grad=False)")
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""

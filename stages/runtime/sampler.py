@@ -72,7 +72,8 @@ def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None, *,
     """
     rand = torch.rand((k, deg.numel()), dtype=torch.float64, device=deg.device, generator=generator)
     hi = deg - torch.arange(k, 0, -1, device=deg.device).unsqueeze(1)   # [k, rows]: step j's upper end
-    drawn = _uniform_below(hi + 1, rand)                     # each step's draw; step j >= 1 may repeat a pick
+    drawn = torch.minimum((rand * (hi + 1)).long(), hi)   # _uniform_below(hi + 1): each step's draw, j >= 1 may
+    # repeat a pick (the bound hi given, not hi + 1 - 1: one op less a hop)
     if k < 2:
         return drawn
     if by_jumping is None:
@@ -142,7 +143,7 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
                                      fanout, replace=replace, generator=generator)
     # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
     row_start = csr_local.indptr.index_select(0, target_lid)
-    deg = csr_local.indptr.index_select(0, target_lid + 1) - row_start
+    deg = csr_local.indptr[1:].index_select(0, target_lid) - row_start   # indptr[lid + 1], the + 1 a view
     if fanout == -1:
         count = deg
     elif replace:
@@ -367,7 +368,8 @@ class NeighborSampler(MultiHopSampler):
 def sample_own_hop(sampler: MultiHopSampler, csr: LocalCSR, frontier_gid: Tensor, fanout: Fanout) -> HopEdges:
     """One hop of ``sampler`` where ``csr`` holds the in-edges of every frontier gid: the whole graph, or the one
     partition of a 1-rank ``DistNeighborSampler``. Draws from ``sampler.generator``."""
-    _, row_pos, edge_idx, edge_type = sample_typed_edges(csr, frontier_gid - csr.start_gid, fanout,
+    frontier_lid = frontier_gid - csr.start_gid if csr.start_gid else frontier_gid   # lone rank: gid == lid
+    _, row_pos, edge_idx, edge_type = sample_typed_edges(csr, frontier_lid, fanout,
                                                          replace=sampler.replace, generator=sampler.generator)
     with_attr = sampler.with_edges and sampler.edge_attr is not None
     return HopEdges(row_pos, csr.gids(edge_idx), edge_type, edge_idx + csr.start_egid if sampler.with_edges else None,

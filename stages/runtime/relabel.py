@@ -20,7 +20,6 @@ from stages.runtime.segments import steps_of
 
 _SENTINEL = torch.iinfo(torch.int32).max  # "not in this batch"; also the identity of the amin below
 _DENSE_TABLE_MAX_BYTES = 1 << 30
-_SPARE = 1024   # DenseNodeMap's spare entries (a power of two)
 
 
 def unique_first_occurrence(gid: Tensor) -> tuple[Tensor, Tensor]:
@@ -60,14 +59,12 @@ class NodeMap(ABC):
 
 
 class DenseNodeMap(NodeMap):
-    """The table holds each gid's batch position (``_SENTINEL``: not in this batch), plus ``_SPARE`` entries past the
-    last gid that ``add`` sends the known candidates' writes to: spread over many, the GPU's atomic min of a hop's
-    ~300 k known candidates does not queue on one address. Candidates must be gids below ``num_nodes`` (the CSR's
-    sources are); one past it would read a spare entry instead of failing."""
+    """The table holds each gid's batch position (``_SENTINEL``: not in this batch). Candidates must be gids below
+    ``num_nodes`` (the CSR's sources are)."""
 
     def __init__(self, num_nodes: int, device: torch.device | str = "cpu") -> None:
         self.num_nodes = num_nodes
-        self.table = torch.full((num_nodes + _SPARE,), _SENTINEL, dtype=torch.int32, device=device)
+        self.table = torch.full((num_nodes,), _SENTINEL, dtype=torch.int32, device=device)
         self._touched_gid: list[Tensor] = []
 
     def start(self, seed_gid: Tensor) -> None:
@@ -91,10 +88,11 @@ class DenseNodeMap(NodeMap):
         is_new = cand_pos == _SENTINEL
         cand_idx = steps_of(0, cand_gid.numel(), cand_gid.device, torch.int32)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
-        # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); the
-        # known candidates write to the spare entries instead of their positions
-        spare = cand_idx.bitwise_and(_SPARE - 1) + self.num_nodes
-        table.scatter_reduce_(0, torch.where(is_new, cand_gid, spare), cand_idx, reduce="amin")
+        # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); a
+        # known candidate offers _SENTINEL, the amin's identity, so its entry keeps its position. Each candidate
+        # writes to its own gid's entry, so a GPU's atomics spread as the gids do (sending all the known ones to
+        # one spare entry once queued a hop's ~300 k on one address), in 1 op where spreading them took 3
+        table.scatter_reduce_(0, cand_gid, torch.where(is_new, cand_idx, _SENTINEL), reduce="amin")
         is_first = is_new & (table.index_select(0, cand_gid) == cand_idx)
         new_gid = cand_gid.masked_select(is_first)        # ascending candidate index = discovery order
         num_new = new_gid.numel()

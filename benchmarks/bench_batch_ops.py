@@ -1,7 +1,8 @@
 """What one training batch asks of the device, counted on a CPU: the ops a GPU would launch and the reads that
 would stop its host, per part of the batch (issue [4/5] item 3, where a products batch is launch-bound).
 
-Each op that reaches torch's dispatcher is counted (``TorchDispatchMode``), views left out (they launch nothing).
+Each op that reaches torch's dispatcher is counted (``TorchDispatchMode``), but those that launch nothing on a GPU
+(views, bare allocations, wrapped scalars: ``NO_LAUNCH``).
 With ``--ways gpu`` (the default) the code takes the paths it takes on a GPU, whatever the device: the GPU ways of
 ``stages.runtime.segments``, Floyd's pointer jumping, fused Adam; so the counts are a CPU's proxy for a GPU's kernel
 launches (a GPU op may launch one kernel or several, and cuBLAS or cuSPARSE their own) and for its stream
@@ -35,9 +36,13 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-VIEWS = frozenset({"select", "slice", "view", "t", "detach", "as_strided", "squeeze", "unsqueeze", "expand", "alias",
-                   "_unsafe_view", "reshape", "permute", "transpose", "unbind", "split", "chunk", "narrow",
-                   "_reshape_alias", "split_with_sizes", "lift_fresh"})
+# ops that launch nothing on a GPU, left out of the counts: views, allocations without a fill, a Python scalar
+# wrapped as a CPU tensor, a sparse tensor assembled from existing ones, the profiler's ranges
+NO_LAUNCH = frozenset({"select", "slice", "view", "t", "detach", "as_strided", "squeeze", "unsqueeze", "expand",
+                       "alias", "_unsafe_view", "reshape", "permute", "transpose", "unbind", "split", "chunk", "narrow",
+                       "_reshape_alias", "split_with_sizes", "lift_fresh", "empty", "empty_like", "new_empty",
+                       "empty_strided", "scalar_tensor", "sparse_compressed_tensor", "_record_function_enter_new",
+                       "_record_function_exit"})
 # ops after which a GPU's host waits for the device: a value read back, or an output sized by the data
 HOST_READS = frozenset({"_local_scalar_dense", "tolist", "nonzero", "masked_select", "unique", "_unique2",
                         "unique_consecutive", "bincount", "repeat_interleave_no_size"})
@@ -80,7 +85,7 @@ def counting_mode() -> Any:
             name = func.overloadpacket.__name__
             if name == "repeat_interleave" and (kwargs or {}).get("output_size") is None:
                 name = "repeat_interleave_no_size"
-            if name not in VIEWS:
+            if name not in NO_LAUNCH:
                 self.ops[name] += 1
             return func(*args, **(kwargs or {}))
 

@@ -84,8 +84,7 @@ class DenseNodeMap(NodeMap):
         the unknown candidates first cost a second one (``nonzero``) a hop."""
         # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
         table = self.table
-        cand_pos = table.index_select(0, cand_gid)
-        is_new = cand_pos == _SENTINEL
+        is_new = table.index_select(0, cand_gid) == _SENTINEL
         cand_idx = steps_of(0, cand_gid.numel(), cand_gid.device, torch.int32)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
         # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); a
@@ -97,7 +96,7 @@ class DenseNodeMap(NodeMap):
         new_gid = cand_gid.masked_select(is_first)        # ascending candidate index = discovery order
         num_new = new_gid.numel()
         table.scatter_(0, new_gid, steps_of(self.num_known, self.num_known + num_new, cand_gid.device, torch.int32))
-        cand_pos = torch.where(is_new, table.index_select(0, cand_gid), cand_pos)
+        cand_pos = table.index_select(0, cand_gid)   # the new gids' positions now, the known ones' as they were
         self.num_known += num_new
         self._touched_gid.append(new_gid)
         return cand_pos, new_gid          # int32: the caller widens it while writing edge_index

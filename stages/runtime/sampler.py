@@ -102,8 +102,9 @@ def _repeats_by_jumping(drawn: Tensor, hi: Tensor) -> Tensor:
     earlier_pair = (drawn.unsqueeze(1) == drawn.unsqueeze(0)) & (step.unsqueeze(2) > step.unsqueeze(0))
     repeat = earlier_pair.any(1)                                                   # [j, i, rows] -> [j, rows]
     m = drawn - hi[0]
-    follows = (m >= 0) & (m < step) & ~repeat
-    ptr = torch.where(follows, m, step)     # each step's link in its chain; a settled step points at itself
+    # each step's link in its chain; a settled step (a repeat, or a draw below every upper end) points at itself,
+    # and so does m == j (its own upper end: never a repeat) without a test of its own
+    ptr = torch.where(repeat | (m < 0), step, m)
     for _ in range(max(1, math.ceil(math.log2(k - 1)))):
         ptr = ptr.gather(0, ptr)
     return repeat.gather(0, ptr)
@@ -168,8 +169,10 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
     if big is not None and first_slot is not None and num_big:
         big_row_pos = torch.nonzero_static(big, size=num_big).squeeze(1)   # its size known: no second sync
         offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
-        slot_pos = first_slot.index_select(0, big_row_pos) + steps_of(0, fanout, device).unsqueeze(1)
-        edge_idx.scatter_(0, slot_pos.view(-1), (row_start.index_select(0, big_row_pos) + offset).view(-1))
+        # a subset row's slots hold row_start + j (expand_rows): add offset - j to make them row_start + offset
+        steps = steps_of(0, fanout, device).unsqueeze(1)
+        slot_pos = first_slot.index_select(0, big_row_pos) + steps
+        edge_idx.scatter_add_(0, slot_pos.view(-1), (offset - steps).view(-1))
     return count, row_pos, edge_idx
 
 

@@ -53,11 +53,11 @@ def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
     return torch.minimum((u * n).long(), n - 1)
 
 
-# a GPU resolves repeats by pointer jumping from this fanout up: 15 + ceil(log2(k - 1)) kernels where the steps take
-# 3 (k - 1) (counted on a CPU): 42 -> 19 at k = 15, 27 -> 19 at 10, 21 -> 18 at 8, but 12 -> 17 at 5; fanouts [15,
-# 10, 5] save 33 of a batch's ~245 sampling launches. A CPU keeps the steps, 2-2.6x faster there (1 thread, k =
+# a GPU resolves repeats by pointer jumping from this fanout up: 10 + ceil(log2(k - 1)) kernels where the steps take
+# 3 (k - 1) (counted on a CPU): 42 -> 14 at k = 15, 27 -> 14 at 10, 15 -> 13 at 6, a tie at 5 (12); fanouts [15,
+# 10, 5] save 41 of a batch's ~250 sampling launches. A CPU keeps the steps, 2-2.6x faster there (1 thread, k =
 # 15/10/5: 1.0/7.1/35 ms against 1.8/18/62 ms): the pairwise compare is k^2 work
-_JUMP_FROM_K = 8
+_JUMP_FROM_K = 6
 _JUMP_MAX_PAIRS = 2**26   # its [k, k, rows] compare (bytes); products' largest, hop 3 at k = 5: 3.8 M
 
 

@@ -40,7 +40,7 @@ from torch_geometric.data import Data
 from stages.runtime.csr import LocalCSR
 from stages.runtime.fanouts import Fanout, check_fanout, validate_hop_fanouts
 from stages.runtime.relabel import NodeMap, make_node_map
-from stages.runtime.segments import expand_rows, repeat_positions, stable_order, steps_of
+from stages.runtime.segments import expand_rows, offsets_of, repeat_positions, stable_order, steps_of
 from stages.runtime.weighted import sample_weighted_edges
 
 __all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches",
@@ -157,9 +157,9 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
     if big is None:
         total, num_big = int(count.sum()), 0
     else:   # each row's first output slot, whose running sum also gives the total (and expand_rows the slots' rows)
-        end_slot = torch.cumsum(count, 0)
-        first_slot = end_slot - count
-        total, num_big = torch.stack([end_slot[-1], big.sum()]).tolist() if count.numel() else (0, 0)
+        slot_offsets = offsets_of(count)
+        first_slot = slot_offsets[:-1]
+        total, num_big = torch.stack([slot_offsets[-1], big.sum()]).tolist()
     if replace and fanout != -1:
         row_pos = repeat_positions(count, total)
         offset = _uniform_below(deg.index_select(0, row_pos),

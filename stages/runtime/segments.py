@@ -55,7 +55,7 @@ def expand_rows(count: Tensor, row_start: Tensor, total: int, *, first_slot: Ten
     if _gpu_way(count, by_repeat):
         row_pos = torch.repeat_interleave(count, output_size=total)
         if first_slot is None:
-            first_slot = torch.cumsum(count, 0) - count
+            first_slot = offsets_of(count)[:-1]
         return row_pos, (row_start - first_slot).index_select(0, row_pos) + steps_of(0, total, count.device)
     nonempty_row_pos, nonempty_count, start_slot_pos = _row_starts(count)
     device = count.device

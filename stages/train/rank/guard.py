@@ -90,10 +90,9 @@ class LossGuard:
         bad = [(r, k) for r, k in enumerate(kinds) if k is not None]
         if not bad:
             return
-        ranks = [r for r, _ in bad]
         first, kind = bad[0]
         where = f"at epoch {self.epoch + 1}, batch {pending.batch + 1}"
-        others = f" (and on rank {', '.join(str(r) for r in ranks[1:])})" if len(ranks) > 1 else ""
+        others = f" (and on rank {', '.join(str(r) for r, _ in bad[1:])})" if len(bad) > 1 else ""
         if self.rank == first:
             raise NonFiniteLossError(f"the loss is {kind} {where}{others}: training stopped on every rank and "
                                      f"nothing was published; lower lr, or check the loss function and the features")

@@ -161,7 +161,7 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
     tree = Path(args.tree or HERE.parent).resolve()
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     out: dict[str, Any] = {"tree": str(tree), "commit": commit.stdout.strip() or None, "ways": args.ways,
-                           "cache": args.cache, "nodes": args.nodes, "batch_size": args.batch_size,
+                           "cache": args.cache, "cuda_graph": args.cuda_graph, "nodes": args.nodes, "batch_size": args.batch_size,
                            "batches": args.batches}
     for part in PARTS:
         ops = {k: v / args.batches for k, v in totals[part].most_common()}
@@ -179,7 +179,7 @@ def _count_batches(args: argparse.Namespace, tmp: str) -> dict[str, collections.
 
     from stages.runtime.sums import RunningSums
     from stages.train.params import Params
-    from stages.train.rank.loop import EpochSums, Prepared, _train_step
+    from stages.train.rank.loop import EpochSums, Prepared, _graphed_step, _train_step
     from stages.train.rank.trainer import Trainer
     from stages.train.spec import TrainSpec
 
@@ -205,20 +205,53 @@ def _count_batches(args: argparse.Namespace, tmp: str) -> dict[str, collections.
     if len(items) < args.warmup + args.batches:
         raise SystemExit(f"error: an epoch has {len(items)} batches, fewer than --warmup + --batches: lower them or "
                          f"--batch-size, or raise --nodes")
+    graph, replaying = _graph(args, trainer)
     for b, item in enumerate(items):
         counters = {part: counter() for part in PARTS}
         with counters["sample"]:
             seed_gid, target = trainer.task.batch(item, training=True)
             batch = trainer.loader.sample(seed_gid)
+            if graph is not None:
+                batch = graph.pad(batch, target)
         with counters["gather"]:
             x = trainer.loader.gather_rows(batch.n_id)
         with counters["step"]:
-            _train_step(b, Prepared(batch, x, target), train_module, trainer.optimizer, trainer.task, sums, running,
-                        on_batch=None, check_loss=guard, after_step=None, real=True)
+            replaying.append(counters["step"])
+            if graph is not None:
+                _graphed_step(b, Prepared(batch, x, target), graph, trainer.task, sums, running, on_batch=None,
+                              check_loss=guard, real=True)
+            else:
+                _train_step(b, Prepared(batch, x, target), train_module, trainer.optimizer, trainer.task, sums,
+                            running, on_batch=None, check_loss=guard, after_step=None, real=True)
         if b >= args.warmup:
             for part in PARTS:
                 totals[part].update(counters[part].ops)
     return totals
+
+
+def _graph(args: argparse.Namespace, trainer: Any) -> tuple[Any, list[Any]]:
+    """With ``--cuda-graph``: the trainer's graphed step, whose replay counts as one launch (``graph_replay``;
+    its ops run uncounted, as a captured graph's kernels launch from the device), and the list of the step's
+    counters, the last of which is the one a replay counts in."""
+    replaying: list[Any] = []
+    if not args.cuda_graph:
+        return None, replaying
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from stages.train.rank import graphed
+    from stages.train.rank.static_batch import StaticShape
+
+    class CountedReplay:
+        def __init__(self, step: Any) -> None:
+            self.step = step
+
+        def replay(self) -> Any:
+            replaying[-1].ops["graph_replay"] += 1
+            with _disable_current_modes():
+                return self.step()
+    trainer.not_graphed = None   # as on a lone CUDA rank with cuda_graph=auto
+    return graphed.GraphedStep(trainer.model, trainer.optimizer, trainer.task, StaticShape.bound(
+        args.batch_size, trainer.fanouts, args.nodes), trainer.device, capture=CountedReplay), replaying
 
 
 def _guard(trainer: Any) -> Any:
@@ -240,6 +273,8 @@ def main() -> None:
     ap.add_argument("--cache", choices=("all", "none"), default="all",
                     help="rows cached: all (a lone GPU's default at products scale) or none (the store's path)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="the step as a captured CUDA graph on padded batches (cuda_graph=auto): a replay is 1 launch")
     ap.add_argument("--tree", help="count this checkout of the repository instead of the one holding this script")
     ap.add_argument("--out", help="append the JSON line here too")
     args = ap.parse_args()

@@ -37,7 +37,7 @@ from _train_bench import build_upstream, run_ranks
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages.choices import CACHE_POLICIES, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
+from stages.choices import CACHE_POLICIES, CudaGraph, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
 RUNTIME = "runtime"   # the cache the train stage builds itself
@@ -146,6 +146,7 @@ def rank_main(args: argparse.Namespace) -> None:
     if rank == 0:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
                "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
+               "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
                "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
                "graph_placement": data.setup.get("graph_placement"), "policies": results}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
@@ -205,7 +206,7 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank,
                     prefetch=args.prefetch, ranks_per_gpu=args.ranks_per_gpu, precision=args.precision,
-                    device_cache_ratio=args.device_cache_ratio)
+                    device_cache_ratio=args.device_cache_ratio, cuda_graph=args.cuda_graph)
     return run_ranks(__file__, args, manifests, params, args.parts,
                      # what the rank worker reads from its own argv (the rest travels in the params)
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
@@ -232,6 +233,8 @@ def main() -> None:
     ap.add_argument("--device-cache-ratio", type=float, default=None, help=f"cap on the {RUNTIME} cache (rows)")
     ap.add_argument("--prefetch", type=int, default=None, help="batches prepared ahead (default: the stage's auto)")
     ap.add_argument("--precision", choices=get_args(Precision), default="float32", help="the model's products")
+    ap.add_argument("--cuda-graph", choices=get_args(CudaGraph), default="off",
+                    help="auto: each training step replayed as one captured CUDA graph (stages.train.rank.graphed)")
     ap.add_argument("--matmul-precision", choices=("highest", "high", "medium"), default="highest",
                     help="torch.set_float32_matmul_precision in the ranks (high: TF32 GEMMs)")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")

@@ -206,6 +206,8 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     train[0] = (train[0][0], [*plain, "--profile", "10"])
     cap = ["--device-cache-ratio", "0.2"]
     train.append((f"train-{first}-cap0.2", [*plain[:-1], ",".join(("runtime", "hotness", "degree", "none")), *cap]))
+    # the defaults with each step one captured CUDA graph (item 3), profiled beside the eager run above
+    train.insert(1, (f"train-{first}-graph", [*plain, "--cuda-graph", "auto", "--profile", "10"]))
     return {
         "prepare": prepare,
         "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "

@@ -93,3 +93,12 @@ def artifact_files(store: Any, manifest: Any) -> dict[str, bytes]:
     return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
             if f.is_file() and f.name != "manifest.json"}
 
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    """A 1-rank gloo group in this process: a trainer's, a loader's or a sampler's collectives without spawning."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -15,10 +15,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_batch_ops import count, gpu_ways  # noqa: E402 - benchmarks/ is on sys.path now
 
 
+def _count(cuda_graph: bool) -> dict:
+    return count(argparse.Namespace(nodes=6000, batch_size=128, batches=2, warmup=2, ways="gpu", cache="all", threads=1,
+                                    tree=None, cuda_graph=cuda_graph))
+
+
 @pytest.fixture(scope="module")
 def counts() -> dict:
-    return count(argparse.Namespace(nodes=6000, batch_size=128, batches=2, warmup=1, ways="gpu", cache="all", threads=1,
-                                tree=None))
+    return _count(False)
 
 
 def test_the_training_step_reads_nothing_back(counts):
@@ -32,6 +36,16 @@ def test_the_sampler_reads_its_sizes_once_a_hop(counts):
     assert counts["sample"]["host_reads"] <= 2 * hops + 2, counts["sample"]["reads"]
     assert counts["gather"] == {"ops": 1.0, "host_reads": 0, "reads": {}, "top": {"index_select": 1.0}}, \
         "every row cached on a lone rank: one gather by gid"
+
+
+def test_a_graphed_step_launches_its_replay_and_a_few_copies_and_sums(counts):
+    """``cuda_graph=auto`` (``stages.train.rank.graphed``): the step is the buffers' three loads, one replay, the
+    loss guard's copy and the running sums; the padding adds ops to the sampler's thread but no host read."""
+    graphed = _count(True)
+    step = graphed["step"]
+    assert step["top"]["graph_replay"] == 1 and step["host_reads"] == 0, step
+    assert step["ops"] <= 16, step["top"]
+    assert graphed["sample"]["host_reads"] == counts["sample"]["host_reads"]
 
 
 def test_the_gpu_ways_are_undone_afterwards():

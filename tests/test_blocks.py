@@ -275,16 +275,6 @@ def test_relu_dropout_keeps_one_minus_p_and_passes_gradients_where_kept(p):
     assert scale_eval == 1.0 and torch.equal(z_eval, torch.relu(h))
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A 1-rank gloo group in this process: the trainer's DDP and the loader's exchanges without spawning."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def one_rank_data():
     """A ``RankData`` holding the whole power-law graph (one partition), built without artifacts."""
     from stages.runtime.dist_features import DistFeatures

@@ -113,16 +113,6 @@ def test_uneven_train_splits_run_equal_batch_counts(ranks_out, graph, name):
     assert ranks_out[0]["count"] == ranks_out[1]["count"] == [4, 5]
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A 1-rank gloo group in this process (one GPU's world, without spawning)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_one_rank_is_exactly_the_single_sampler_without_a_collective(one_rank_group, graph, monkeypatch):
     def no_collective(*args, **kwargs):
         raise AssertionError("a 1-rank sampler exchanges nothing")

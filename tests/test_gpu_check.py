@@ -147,6 +147,9 @@ def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     train = dict(commands["train"])
     assert prepare["prepare-float32"] == [*train["train-float32"][:-2], "--prepare-only"]   # less --profile 10
     assert prepare["prepare-int8"] == [*train["train-int8"], "--prepare-only"]
+    # the graphed step beside the eager one: the same run but for --cuda-graph auto (item 3)
+    assert list(train) == ["train-float32", "train-float32-graph", "train-int8", "train-float32-cap0.2"]
+    assert train["train-float32-graph"] == [*train["train-float32"][:-2], "--cuda-graph", "auto", "--profile", "10"]
     sampler = dict(commands["sampler"])["sampler"]
     graph = sampler[sampler.index("--graph") + 1]
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]

@@ -279,6 +279,6 @@ def test_params_validation_and_key():
     assert train.Params.runtime_fields() == {"timeout_s", "peer_timeout_s", "host_memory_budget_bytes",
                                              "threads_per_rank", "device", "prefetch", "host_gather",
                                              "device_cache_bytes", "device_cache_ratio", "ranks_per_gpu",
-                                             "graph_placement"}
+                                             "graph_placement", "cuda_graph"}
     assert train.Params(fanouts="10,5").num_layers == 2   # the depth is the number of fanouts
     assert np.isclose(train.Params().lr, 0.003) and train.Params().hidden == 256 and train.Params().num_layers == 3

@@ -11,6 +11,7 @@ from stages.choices import (
     LOSSES,
     MODEL_CHOICES,
     CachePolicyName,
+    CudaGraph,
     Device,
     GraphPlacement,
     HostGather,
@@ -148,6 +149,13 @@ class Params(StageParams):
                                                                   "when it fits the budget of free device memory "
                                                                   "less the model's and the largest batch's "
                                                                   "reserve, else uva")
+    # off until a GPU has timed it beside the eager step (benchmarks/RESULTS.md, [4/5]); the report names each
+    # rank's choice, or why its step cannot be a graph (stages.train.rank.graphed)
+    cuda_graph: CudaGraph = runtime("off", description="CUDA ranks: auto replays each training step as one "
+                                                       "captured CUDA graph on batches padded to a static shape, "
+                                                       "where the step allows it (a lone rank, task=node, "
+                                                       "cross_entropy, the built-in sage, float32, positive "
+                                                       "fanouts); off: every op launched from Python")
 
     @property
     def num_layers(self) -> int:

@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -24,6 +24,9 @@ from stages.runtime.phases import PhaseClock, measuring, phase
 from stages.runtime.sums import RunningSums
 from stages.train.rank.prefetch import batch_stream
 from stages.train.tasks import Task
+
+if TYPE_CHECKING:
+    from stages.train.rank.graphed import GraphedStep
 
 Sample = Callable[[Tensor], Data]          # seed gids -> sampled batch (n_id gids, seeds first)
 # n_id gids -> [len, F] feature rows on the training device; a typed graph's per node type
@@ -77,14 +80,17 @@ class Prepared:
     target: Any
 
 
-def preparer(sample: Sample, gather_rows: GatherRows, task: Task, *,
-             training: bool) -> Callable[[Tensor, Callable[[], None]], Prepared]:
+def preparer(sample: Sample, gather_rows: GatherRows, task: Task, *, training: bool,
+             pad: Callable[[Data, Any], Data] | None = None) -> Callable[[Tensor, Callable[[], None]], Prepared]:
     """``(item, before_gather) -> Prepared``: the task's seeds and target (negatives drawn and, filtered, asked of
-    their owners), the sample, then ``before_gather()`` and the rows: the work a prefetching producer does."""
+    their owners), the sample (``pad``-ded with its target for a graphed step: ``graphed``), then
+    ``before_gather()`` and the rows: the work a prefetching producer does."""
     def prepare(item: Tensor, before_gather: Callable[[], None]) -> Prepared:
         with phase("sample"):
             seed_gid, target = task.batch(item, training=training)
             batch = sample(seed_gid)
+            if pad is not None:
+                batch = pad(batch, target)
         before_gather()
         with phase("gather"):
             x = _rows(gather_rows, batch.n_id)
@@ -96,7 +102,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
                 sample: Sample, gather_rows: GatherRows, task: Task, *, num_real_batches: int,
                 device: torch.device, on_batch: OnBatch | None = None,
                 check_loss: CheckLoss | None = None, after_step: Callable[[], None] | None = None,
-                prefetch: int = 0, gather_after_step: bool = False) -> EpochSums:
+                prefetch: int = 0, gather_after_step: bool = False, graph: GraphedStep | None = None) -> EpochSums:
     """Train on every batch of ``seed_batches``; loss and metric count only the first ``num_real_batches``.
 
     Padding batches (recycled seeds, or empty ones) still take an optimiser step: under DDP every rank must run
@@ -107,6 +113,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     ``after_step`` runs after every optimiser step (the learnt embeddings' sparse step, a collective).
     ``prefetch``: batches a producer thread prepares ahead (0: none); ``gather_after_step``: it gathers a batch's
     rows only after the previous batch's ``after_step`` (which updates rows it may gather: learnt embeddings).
+    ``graph``: each step is a replay of a captured CUDA graph on padded batches (``graphed``; then ``model`` and
+    ``optimizer`` are the graph's, ``check_loss`` sees each loss after its step and ``after_step`` must be None).
     """
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
@@ -114,8 +122,9 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     clock = PhaseClock(device)
     start = time.perf_counter()
     with measuring(clock):
-        stream = batch_stream(seed_batches, preparer(sample, gather_rows, task, training=True), depth=prefetch,
-                              device=device, gather_after_step=gather_after_step)
+        prepare = preparer(sample, gather_rows, task, training=True, pad=None if graph is None else graph.pad)
+        stream = batch_stream(seed_batches, prepare, depth=prefetch, device=device,
+                              gather_after_step=gather_after_step)
         with stream:
             batches = iter(stream)
             for b in itertools.count():
@@ -123,6 +132,10 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
                     ready = next(batches, None)
                 if ready is None:
                     break
+                if graph is not None:
+                    _graphed_step(b, ready, graph, task, sums, running, on_batch=on_batch, check_loss=check_loss,
+                                  real=b < num_real_batches)
+                    continue
                 _train_step(b, ready, model, optimizer, task, sums, running, on_batch=on_batch,
                             check_loss=check_loss, after_step=after_step, real=b < num_real_batches)
             if check_loss is not None:
@@ -161,6 +174,25 @@ def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torc
     if real:   # on the device, no synchronisation: the float64 loss times the count is what float() * n was
         size = task.size(y)
         running.add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
+        sums.seeds += size
+
+
+def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums: EpochSums, running: RunningSums,
+                  *, on_batch: OnBatch | None, check_loss: CheckLoss | None, real: bool) -> None:
+    """``_train_step`` through ``graph``: the step on the padded batch, the sums over its real seeds."""
+    if on_batch is not None:
+        on_batch(b)
+    batch, x, y = ready.batch, ready.x, ready.target
+    assert isinstance(x, Tensor), "a graphed step's graph has one node type (graphed.why_not_graphed)"
+    with phase("forward_backward"):   # the optimiser's step is inside the graph
+        out, loss = graph(batch, x)
+    if check_loss is not None:
+        check_loss(b, loss)
+    sums.batches += 1
+    sums.sampled_edges += int(batch.real_edges)
+    if real:
+        size = task.size(y)
+        running.add([loss.to(torch.float64) * size, *task.metric_sums(out[:batch.real_batch_size], y)])
         sums.seeds += size
 
 

@@ -30,12 +30,14 @@ from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees
 from stages.train.params import Params
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
+from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, why_not_graphed
 from stages.train.rank.guard import LossGuard
 from stages.train.rank.loader import NodeLoader
 from stages.train.rank.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.rank.rank_data import RankData
 from stages.train.rank.recipe import BestModel, make_scheduler
 from stages.train.rank.rng import RngStreams
+from stages.train.rank.static_batch import StaticShape
 from stages.train.rank.stats import EpochStats, or_none
 from stages.train.spec import TrainSpec
 from stages.train.tasks import task_def
@@ -93,10 +95,17 @@ class Trainer:
         self.train_module: torch.nn.Module = self.model if data.world == 1 else \
             torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[data.device.index] if data.device.type == "cuda" else None)
+        # None: each training step replays a captured CUDA graph (graphed), else why it cannot
+        self.fanouts = fanouts
+        self.not_graphed = why_not_graphed(
+            params.cuda_graph, device=self.device, world=self.world, task=self.task, loss=params.resolved_loss,
+            precision=params.precision, model=self.model, fanouts=fanouts, typed=not data.schema.is_homogeneous,
+            edge_features=self.edge_dim > 0)
+        self._graph: GraphedStep | None = None   # the captured step, kept across passes while it holds
         # fused on a GPU: one kernel a step for all the weights, where the default's per-op kernels are ~10 more
-        # launches a batch on a launch-bound path (benchmarks/RESULTS.md, [4/5])
+        # launches a batch on a launch-bound path (benchmarks/RESULTS.md, [4/5]); capturable for a graphed step
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=params.lr, weight_decay=params.weight_decay,
-                                          fused=self.device.type == "cuda")
+                                          fused=self.device.type == "cuda", capturable=self.not_graphed is None)
         self.scheduler = make_scheduler(self.optimizer, params)
         self.best = BestModel(params.patience)
         self.history: list[dict[str, Any]] = []   # EpochStats.as_dict() of every completed epoch
@@ -158,10 +167,22 @@ class Trainer:
                 self._check_every_parameter_learns()
             if hook is not None:
                 hook(b)
+        graph = self._graph_step() if self.not_graphed is None else None
         return train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
                            self.task, num_real_batches=num_real, device=self.device, on_batch=on_batch,
-                           check_loss=LossGuard(self.rank, self.world, epoch), after_step=self.loader.step_embeddings,
-                           prefetch=self.prefetch, gather_after_step=bool(self.embeddings))
+                           check_loss=LossGuard(self.rank, self.world, epoch),
+                           after_step=None if graph is not None else self.loader.step_embeddings,
+                           prefetch=self.prefetch, gather_after_step=bool(self.embeddings), graph=graph)
+
+    def _graph_step(self) -> GraphedStep:
+        """The graphed step of the next pass: the last pass's while its learning rate holds (a capture costs a
+        device synchronisation and the allocator's cache), else a new one, warmed up by the rank's first."""
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self._graph is None or self._graph.lr != lr:
+            shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
+            self._graph = GraphedStep(self.model, self.optimizer, self.task, shape, self.device,
+                                      warmup=WARMUP_STEPS if self._graph is None else 0)
+        return self._graph
 
     def _check_every_parameter_learns(self) -> None:
         """A parameter the loss never reaches fails DDP at its next step, with an error about reductions that does
@@ -208,7 +229,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any], part: dict[str, Any] | None = None) -> None:
         """``state`` (``state_dict``) and, with learnt embeddings, this rank's ``part`` (``part_state_dict``)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])   # new state tensors: a captured step reads the old
+        self._graph = None
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.best.load_state_dict({**state["best"], "extra": None if part is None else part["best_embeddings"]})
@@ -287,5 +309,6 @@ class Trainer:
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
                 "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
+                "cuda_graph": "on" if self.not_graphed is None else f"off: {self.not_graphed}",
                 "ranks_per_gpu": params.ranks_per_gpu if self.device.type == "cuda" else None}
 

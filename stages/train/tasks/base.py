@@ -42,6 +42,12 @@ class Task(Protocol):
     metric_name: str              # the selected metric's short name: "accuracy", "mrr"
     sum_names: tuple[str, ...]    # the entries of ``metric_sums``, e.g. ("correct", "total")
 
+    @property
+    def pads_labels(self) -> bool:
+        """Whether the target is one label per seed that a static-shape batch may pad with labels -100, which the
+        loss and the metric sums skip (``stages.train.rank.graphed``); a task without it is never graphed."""
+        ...
+
     def seeds(self, split: str) -> Tensor:
         """This rank's items of ``split`` (``SPLITS``), 1-D on the training device: the loader shuffles and
         batches them (node gids; under task=link, link items: docs/design.md §4)."""

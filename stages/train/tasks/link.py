@@ -75,6 +75,7 @@ class LinkPrediction:
     name: str = "link prediction"
     metric_name: str = "mrr"
     sum_names: tuple[str, ...] = RankSums.names()
+    pads_labels: bool = False   # the target is edges and their negatives, not a label per seed
 
     def __init__(self, edge_gid: Mapping[str, Tensor], draws: NegativeDraws, generator: torch.Generator, *,
                  num_negatives: int, eval_negatives: int, membership: EdgeMembership | None = None,

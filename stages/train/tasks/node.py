@@ -45,6 +45,13 @@ class NodeClassification:
         self.loss_fn: LossFn = loss_fn or torch.nn.functional.cross_entropy
         self.loss_name, self.precision = loss_name, precision
 
+    @property
+    def pads_labels(self) -> bool:
+        """Whether a batch's labels may be padded with ``ignore_index`` (-100) entries that count in no loss and no
+        metric: cross-entropy's own rule, so a step on a padded batch (``stages.train.rank.graphed``) is the
+        unpadded batch's. A plug-in loss may not follow it."""
+        return self.loss_fn is torch.nn.functional.cross_entropy
+
     def seeds(self, split: str) -> Tensor:
         if self.split_gid is None:
             raise ValueError("this NodeClassification was built without seeds (split_gid)")

@@ -1,0 +1,167 @@
+"""The training step as one captured CUDA graph (``cuda_graph=auto``): the host launches a whole step, forward,
+backward and Adam, with one call instead of ~94 ops (issue [4/5] item 3: a products batch on one GPU is
+launch-bound; benchmarks/RESULTS.md, "[4/5] Launches and host reads a batch").
+
+A graph replays fixed tensor sizes at fixed addresses. So each batch is padded to the pass's static shape
+(``stages.train.rank.static_batch``) by the producer, after sampling and before the gather, and the step copies its
+edges, rows and labels into buffers made at the first batch: three copies, then the replay. The first batches of a
+rank's first pass run eagerly on those buffers (lazy initialisations, e.g. cuBLAS's workspace and Adam's state,
+must happen outside a capture); the next one is captured, and each later batch replays it, in later passes too.
+The trainer captures anew when the learning rate changed (a capture bakes it in) or a checkpoint's load replaced
+Adam's state tensors.
+
+What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
+may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
+seeds out of the mean), the built-in SAGE on its sparse path
+in float32, positive fanouts (a bound per hop), one node and edge type, no edge features. Anything else trains
+eagerly, and the report says why. Adam is made ``capturable`` for it.
+
+The results are those of the eager step on the padded batch: the same losses and gradients as the unpadded batch
+up to the order of additions (tested), except dropout, whose masks are drawn over the padded rows: another draw
+of the same law, reproducible for the same settings. The loss guard sees each batch's loss after its step, as it
+does anyway (it reads one batch late: ``guard``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from stages.train.rank.static_batch import StaticShape, pad_batch, pad_labels
+
+__all__ = ["GraphedStep", "StepGraph", "why_not_graphed"]
+
+Outputs = tuple[Tensor, Tensor]   # the padded seeds' logits and the batch's mean loss, detached
+WARMUP_STEPS = 2                  # eager steps before the first capture of a rank (PyTorch's CUDA graph notes)
+
+
+class StepGraph(Protocol):
+    """A captured step: ``replay()`` runs it on the buffers' current contents and returns its outputs."""
+
+    def replay(self) -> Outputs: ...
+
+
+class CudaStepGraph:
+    """``step`` captured into a ``torch.cuda.CUDAGraph`` (its outputs are tensors the replays overwrite)."""
+
+    def __init__(self, step: Callable[[], Outputs]) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
+        # the capture; under the default global mode any such call in another thread fails the capture
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.outputs = step()
+
+    def replay(self) -> Outputs:
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphedStep:
+    """One pass's training steps through a captured graph (module docstring). ``pad`` is the producer's half
+    (``stages.train.rank.loop.preparer``); calling it with a prepared padded batch is the step's."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, shape: StaticShape,
+                 device: torch.device, *, warmup: int = WARMUP_STEPS,
+                 capture: Callable[[Callable[[], Outputs]], StepGraph] | None = None) -> None:
+        """``capture``: makes the ``StepGraph`` of a step (default ``CudaStepGraph``)."""
+        self.model, self.optimizer, self.task, self.shape = model, optimizer, task, shape
+        self.device, self.warmup = device, warmup
+        self.lr = float(optimizer.param_groups[0]["lr"])   # what a capture bakes in (a scheduler changes it)
+        self.capture = capture if capture is not None else CudaStepGraph
+        self.fake_edges = shape.fake_edge_index(device)
+        self.graph: StepGraph | None = None
+        self.eager_steps = 0
+        self._side: torch.cuda.Stream | None = None   # the warm-up's stream (one: its freed blocks are reused)
+        self._x: Tensor | None = None
+        self._batch: Data | None = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def pad(self, batch: Data, target: Tensor) -> Data:
+        """The producer's half: ``batch`` padded to the static shape, its labels ``target`` as ``y``."""
+        padded = pad_batch(batch, self.shape, self.fake_edges)
+        padded.y = pad_labels(target, self.shape.nodes[0])
+        return padded
+
+    def __call__(self, batch: Data, x: Tensor) -> Outputs:
+        """One step on a padded ``batch`` (``pad``) and the rows ``x`` of its real nodes."""
+        self._load(batch, x)
+        if self.graph is None:
+            if self.eager_steps < self.warmup:
+                self.eager_steps += 1
+                return self._eager()
+            self.graph = self.capture(self._step)
+        return self.graph.replay()
+
+    def _load(self, batch: Data, x: Tensor) -> None:
+        if self._x is None or self._batch is None:
+            # zeros: a fake node's row is finite from the first batch on (static_batch's docstring)
+            self._x = x.new_zeros((self.shape.num_nodes, x.shape[1]))
+            self._batch = Data(edge_index=batch.edge_index.clone(), y=batch.y.clone(), batch_size=batch.batch_size,
+                               num_nodes=batch.num_nodes, num_sampled_nodes=batch.num_sampled_nodes,
+                               num_sampled_edges=batch.num_sampled_edges, edges_by_target=True)
+        else:
+            self._batch.edge_index.copy_(batch.edge_index)
+            self._batch.y.copy_(batch.y)
+        self._x.index_copy_(0, batch.pad_pos, x)
+
+    def _step(self) -> Outputs:
+        """The step on the buffers: zero_grad(set_to_none) makes the backward write fresh gradients, which in a
+        graph are the graph's own tensors, written again by each replay (PyTorch's whole-network capture)."""
+        assert self._x is not None and self._batch is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.task.forward(self.model, self._x, self._batch, self._batch.y)
+        loss = self.task.loss(out, self._batch.y)
+        loss.backward()
+        self.optimizer.step()
+        return out.detach(), loss.detach()
+
+    def _eager(self) -> Outputs:
+        if self.device.type != "cuda":
+            return self._step()
+        # on a side stream, as a capture's warm-up must be
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        main, side = torch.cuda.current_stream(self.device), self._side
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            outputs = self._step()
+        main.wait_stream(side)
+        return outputs
+
+
+def graphable_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is the built-in SAGE on its sparse path (``BlockGraphSAGE.block_step``): ReLU, no norms,
+    mean aggregation with a root weight; its step has no host read and no data-sized shape."""
+    from stages.train.models.model import BlockGraphSAGE
+
+    if not isinstance(model, BlockGraphSAGE) or not model.supports_blocks:
+        return False
+    plain = isinstance(model.act, torch.nn.ReLU) and all(isinstance(n, torch.nn.Identity) for n in model.norms)
+    return plain and all(c.aggr == "mean" and not c.project and not c.normalize and c.root_weight
+                         for c in model.convs)
+
+
+def why_not_graphed(setting: str, *, device: torch.device, world: int, task: Any, loss: str, precision: str,
+                    model: torch.nn.Module, fanouts: Sequence[Any], typed: bool, edge_features: bool) -> str | None:
+    """None when a rank's training step can be a CUDA graph under ``cuda_graph=setting``, else why not (the
+    report's words; module docstring). ``task``: the rank's ``Task``; ``loss``: its loss's name."""
+    reasons = [
+        (setting == "off", "cuda_graph=off"),
+        (device.type != "cuda", "a CPU rank"),
+        (world > 1, "several ranks (DDP's all-reduces are in the step)"),
+        (not getattr(task, "pads_labels", False), f"{task.name} with loss {loss} (the fake seeds' labels must count "
+                                                  f"in no loss: cross_entropy's ignore_index)"),
+        (precision != "float32", f"precision={precision}"),
+        (typed, "a typed graph"),
+        (edge_features, "edge features"),
+        (any(not isinstance(f, int) or f <= 0 for f in fanouts), "fanout -1 or per edge type (no static bound)"),
+        (not graphable_model(model), "a model other than the built-in SAGE with ReLU and no norm"),
+    ]
+    return next((why for hit, why in reasons if hit), None)

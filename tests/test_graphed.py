@@ -1,0 +1,225 @@
+"""The graphed training step (``stages.train.rank.graphed``) and its padded batches (``static_batch``).
+
+A CPU cannot capture a CUDA graph, so these tests check everything around the capture: the padding leaves every
+real output, the loss and the gradients as they were; the static bound holds every batch; a pass through
+``GraphedStep`` (its capture replaced by re-running the step on the buffers, which is what a replay computes)
+trains as the eager pass does; and which steps may be graphed. The capture itself: ``tests/test_gpu_graphed.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.train.models.model import build_model, seed_logits
+from stages.train.rank import graphed
+from stages.train.rank.static_batch import IGNORE_LABEL, StaticShape, pad_batch, pad_labels
+from stages.train.tasks.node import NodeClassification
+from tests._sampler_graphs import power_law_graph
+from tests.test_blocks import messy_graph, one_rank_data
+
+CPU = torch.device("cpu")
+
+
+def _padded(batch: Data, shape: StaticShape, x: torch.Tensor) -> tuple[Data, torch.Tensor]:
+    padded = pad_batch(batch, shape, shape.fake_edge_index(CPU))
+    x_pad = torch.zeros(shape.num_nodes, x.shape[1]).index_copy_(0, padded.pad_pos, x)
+    return padded, x_pad
+
+
+@pytest.mark.parametrize(("fanouts", "replace"), [((5, 4, 3), False), ((3, 2), True), ((40,), False)])
+def test_a_padded_batch_gives_the_real_seeds_the_same_outputs_loss_and_gradients(fanouts, replace):
+    indptr, indices = power_law_graph()
+    csr = LocalCSR.from_numpy(indptr, indices)
+    num_nodes = csr.num_nodes
+    sampler = NeighborSampler(csr, fanouts, replace=replace, generator=torch.Generator().manual_seed(1))
+    shape = StaticShape.bound(64, fanouts, num_nodes)
+    feats = torch.randn(num_nodes, 12, generator=torch.Generator().manual_seed(2))
+    labels = torch.randint(0, 5, (num_nodes,), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    model = build_model("sage", in_channels=12, hidden=16, out_channels=5, num_layers=len(fanouts), dropout=0.0)
+    for seeds in (torch.randperm(num_nodes)[:64], torch.tensor([7, 3]), torch.arange(64)):   # full, short, hubs
+        batch = sampler.sample(seeds)
+        x, y = feats.index_select(0, batch.n_id), labels.index_select(0, seeds)
+        padded, x_pad = _padded(batch, shape, x)
+        assert padded.num_sampled_nodes == list(shape.nodes) and padded.num_sampled_edges == list(shape.edges)
+        assert padded.real_edges == batch.edge_index.shape[1] and padded.real_batch_size == seeds.numel()
+        dst_pos = padded.edge_index[1]
+        assert bool((dst_pos[1:] >= dst_pos[:-1]).all()), "still grouped by target"
+        model.zero_grad()
+        out = seed_logits(model, x, batch)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        out_pad = seed_logits(model, x_pad, padded)
+        y_pad = pad_labels(y, shape.nodes[0])
+        assert int((y_pad == IGNORE_LABEL).sum()) == shape.nodes[0] - seeds.numel()
+        loss_pad = torch.nn.functional.cross_entropy(out_pad, y_pad)
+        loss_pad.backward()
+        assert out_pad.shape[0] == shape.nodes[0]
+        torch.testing.assert_close(out_pad[:seeds.numel()], out, rtol=0, atol=1e-6)
+        torch.testing.assert_close(loss_pad, loss, rtol=0, atol=1e-6)
+        for p, g in zip(model.parameters(), grads):
+            torch.testing.assert_close(p.grad, g, rtol=0, atol=1e-6)
+
+
+def test_the_static_bound_holds_every_batch_and_padding_refuses_what_it_does_not_cover():
+    csr = LocalCSR.from_numpy(*messy_graph())
+    for fanouts, replace in (((4, 3), False), ((4, 3), True), ((30, 30), False)):
+        sampler = NeighborSampler(csr, fanouts, replace=replace, generator=torch.Generator().manual_seed(4))
+        shape = StaticShape.bound(16, fanouts, csr.num_nodes)
+        for lo in range(0, csr.num_nodes - 16, 5):
+            batch = sampler.sample(torch.arange(lo, lo + 16))
+            assert all(n < p for n, p in zip(batch.num_sampled_nodes, shape.nodes))
+            assert all(e <= p for e, p in zip(batch.num_sampled_edges, shape.edges))
+    assert StaticShape.bound(1024, (15, 10, 5), 2_400_000) == StaticShape(
+        nodes=(1025, 15361, 153601, 768001), edges=(15360, 153600, 768000))   # products: module docstring
+    assert StaticShape.bound(4, (3, 3), 10).nodes == (5, 11, 11), "no level beyond the graph's nodes"
+    with pytest.raises(ValueError, match="positive fanout"):
+        StaticShape.bound(4, (3, -1), 10)
+    sampler = NeighborSampler(csr, (4, 3), generator=torch.Generator().manual_seed(4))
+    batch = sampler.sample(torch.arange(16))
+    small = StaticShape.bound(8, (4, 3), csr.num_nodes)
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_batch(batch, small, small.fake_edge_index(CPU))
+    shape = StaticShape.bound(16, (4, 3), csr.num_nodes)
+    batch.edge_type = torch.zeros(batch.edge_index.shape[1], dtype=torch.long)
+    with pytest.raises(ValueError, match="cannot carry edge_type"):
+        pad_batch(batch, shape, shape.fake_edge_index(CPU))
+    del batch.edge_type
+    batch.edges_by_target = False
+    with pytest.raises(ValueError, match="grouped by target"):
+        pad_batch(batch, shape, shape.fake_edge_index(CPU))
+
+
+class _Rerun:
+    """A stand-in for a captured graph: each replay runs the step again on the buffers as they are now, which is
+    what a CUDA graph's replay computes; counts its replays."""
+
+    replays = 0
+
+    def __init__(self, step):
+        self.step = step
+
+    def replay(self):
+        type(self).replays += 1
+        return self.step()
+
+
+def _trainer(tmp_path, name, **params):
+    from stages.train.params import Params
+    from stages.train.rank.prefetch import producer_group
+    from stages.train.rank.trainer import Trainer
+    from stages.train.spec import TrainSpec
+
+    data = one_rank_data()
+    data.group = producer_group(params.get("prefetch", 0))
+    spec = TrainSpec(artifacts=str(tmp_path), key=name, partition_key="p", features_key="f", hotness_key="h",
+                     params={}, checkpoint_dir=str(tmp_path / name / "ckpt"), result_dir=str(tmp_path / name))
+    return Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64, seed=3, dropout=0.0,
+                                **params), data)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkeypatch, prefetch):
+    """Dropout 0 (its masks are drawn over the padded rows): the same batches give the same sums and, within float
+    rounding, the same weights; each batch after the warm-up is a replay, and the buffers take each new batch."""
+    monkeypatch.setattr(graphed, "CudaStepGraph", _Rerun)
+    _Rerun.replays = 0
+    results = []
+    for mode in ("eager", "graphed"):
+        trainer = _trainer(tmp_path, mode, prefetch=prefetch)
+        assert trainer.not_graphed == "cuda_graph=off"
+        if mode == "graphed":
+            trainer.not_graphed = None   # as on a CUDA rank with cuda_graph=auto
+        trainer.rng.seed_epoch(0)
+        sums = trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 6), 5, epoch=0)
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        results.append((sums, weights))
+    (eager, w_eager), (graph, w_graph) = results
+    assert _Rerun.replays == 6 - graphed.WARMUP_STEPS
+    assert (graph.batches, graph.seeds, graph.sampled_edges) == (eager.batches, eager.seeds, eager.sampled_edges)
+    assert graph.metric_sums == eager.metric_sums   # correct predictions, seeds
+    assert graph.loss_sum == pytest.approx(eager.loss_sum, rel=1e-6)
+    for k in w_eager:
+        torch.testing.assert_close(w_graph[k], w_eager[k], rtol=1e-5, atol=1e-6)
+
+
+def test_which_steps_may_be_graphed():
+    sage = build_model("sage", in_channels=4, hidden=8, out_channels=3, num_layers=2, dropout=0.5)
+    cuda = torch.device("cuda", 0)
+    node = NodeClassification(lambda gid: gid)
+    ok = {"device": cuda, "world": 1, "task": node, "loss": "cross_entropy", "precision": "float32",
+          "model": sage, "fanouts": [15, 10], "typed": False, "edge_features": False}
+    assert graphed.why_not_graphed("auto", **ok) is None
+    link = types.SimpleNamespace(name="link prediction", pads_labels=False)
+    plugin = NodeClassification(lambda gid: gid, loss_fn=lambda out, y: out.sum())
+    cases = [({"device": CPU}, "a CPU rank"), ({"world": 2}, "several ranks"),
+             ({"task": link, "loss": "bce"}, "link prediction with loss bce"),
+             ({"task": plugin, "loss": "pkg.mod:fn"}, "node classification with loss pkg.mod:fn"),
+             ({"precision": "bfloat16"}, "precision=bfloat16"),
+             ({"typed": True}, "a typed graph"), ({"edge_features": True}, "edge features"),
+             ({"fanouts": [15, -1]}, "fanout -1"), ({"fanouts": [(2, 3), 4]}, "per edge type"),
+             ({"model": build_model("gcn", in_channels=4, hidden=8, out_channels=3, num_layers=2, dropout=0.5)},
+              "built-in SAGE"),
+             ({"model": build_model("sage", in_channels=4, hidden=8, out_channels=3, num_layers=2, dropout=0.5,
+                                    norm="batch_norm")}, "no norm"),
+             ({"model": build_model("sage", in_channels=4, hidden=8, out_channels=3, num_layers=2, dropout=0.5,
+                                    aggr="max")}, "built-in SAGE")]
+    for change, why in cases:
+        assert why in (graphed.why_not_graphed("auto", **{**ok, **change}) or ""), change
+    assert graphed.why_not_graphed("off", **ok) == "cuda_graph=off"
+
+
+def test_the_report_says_whether_the_step_is_graphed(one_rank_group, tmp_path):
+    trainer = _trainer(tmp_path, "report", cuda_graph="auto")
+    assert trainer.not_graphed == "a CPU rank"
+    ranks, trainer.history = [trainer.data.setup], [{"val_metric": 0.5}]
+    assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, ranks)["cuda_graph"] == "off: a CPU rank"
+
+
+def test_an_unpadded_level_layout_is_what_the_bound_assumes():
+    """The bound counts hop k's edges from level k - 1 alone: the sampler's frontier is the previous hop's new
+    nodes, not every node seen so far (``MultiHopSampler.sample``)."""
+    indptr, indices = power_law_graph()
+    csr = LocalCSR.from_numpy(indptr, indices)
+    batch = NeighborSampler(csr, (6, 6), generator=torch.Generator().manual_seed(0)).sample(torch.arange(32))
+    counts = np.diff(indptr)
+    nodes = np.cumsum([0, *batch.num_sampled_nodes])
+    for k, edges in enumerate(batch.num_sampled_edges):
+        frontier = batch.n_id[nodes[k]:nodes[k + 1]].numpy()
+        assert edges == int(np.minimum(counts[frontier], 6).sum())
+
+
+def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_state_changes(one_rank_group, tmp_path,
+                                                                                        monkeypatch):
+    captures = []
+
+    class Counted(_Rerun):
+        def __init__(self, step):
+            super().__init__(step)
+            captures.append(self)
+    monkeypatch.setattr(graphed, "CudaStepGraph", Counted)
+    trainer = _trainer(tmp_path, "passes")
+    trainer.not_graphed = None
+
+    def one_pass() -> None:
+        trainer.rng.seed_epoch(0)
+        trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)
+    one_pass()
+    assert len(captures) == 1 and trainer._graph is not None and trainer._graph.eager_steps == graphed.WARMUP_STEPS
+    one_pass()
+    assert len(captures) == 1, "the same learning rate: the pass replays the captured step from its first batch"
+    trainer.optimizer.param_groups[0]["lr"] /= 2
+    one_pass()
+    assert len(captures) == 2 and trainer._graph.eager_steps == 0, "a new capture, without a second warm-up"
+    assert trainer._graph.lr == trainer.optimizer.param_groups[0]["lr"]
+    trainer.load_state_dict(trainer.state_dict())
+    assert trainer._graph is None, "a load replaces Adam's state tensors, which a capture reads"

@@ -161,8 +161,8 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
     tree = Path(args.tree or HERE.parent).resolve()
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     out: dict[str, Any] = {"tree": str(tree), "commit": commit.stdout.strip() or None, "ways": args.ways,
-                           "cache": args.cache, "cuda_graph": args.cuda_graph, "nodes": args.nodes, "batch_size": args.batch_size,
-                           "batches": args.batches}
+                           "cache": args.cache, "cuda_graph": args.cuda_graph, "nodes": args.nodes,
+                           "batch_size": args.batch_size, "batches": args.batches}
     for part in PARTS:
         ops = {k: v / args.batches for k, v in totals[part].most_common()}
         out[part] = {"ops": round(sum(ops.values()), 1),

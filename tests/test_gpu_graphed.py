@@ -63,9 +63,11 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
 
 
 def test_one_gpu_trains_to_the_cpu_accuracy_with_a_graphed_step(tmp_path):
+    """A cosine schedule changes the learning rate every epoch: each pass captures anew."""
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 1)
-    manifest = train.run(store, train_params(device="cuda", cuda_graph="auto"), train_upstream(manifests), log=print)
+    params = train_params(device="cuda", cuda_graph="auto", lr_schedule="cosine")
+    manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["cuda_graph"] == "on" and metrics["prefetch"] == 1
     assert TrainSummary.from_json(manifest.summary).test_metric >= 0.8, manifest.summary

@@ -8,7 +8,8 @@ edges, rows and labels into buffers made at the first batch: three copies, then 
 rank's first pass run eagerly on those buffers (lazy initialisations, e.g. cuBLAS's workspace and Adam's state,
 must happen outside a capture); the next one is captured, and each later batch replays it, in later passes too.
 The trainer captures anew when the learning rate changed (a capture bakes it in) or a checkpoint's load replaced
-Adam's state tensors.
+Adam's state tensors. A capture that fails (an op that cannot be captured) costs only the attempt: the run goes
+on eagerly, and its report says why.
 
 What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
 may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
@@ -74,6 +75,7 @@ class GraphedStep:
         self.capture = capture if capture is not None else CudaStepGraph
         self.fake_edges = shape.fake_edge_index(device)
         self.graph: StepGraph | None = None
+        self.failed: str | None = None   # why the capture failed (then every step is eager)
         self.eager_steps = 0
         self._side: torch.cuda.Stream | None = None   # the warm-up's stream (one: its freed blocks are reused)
         self._x: Tensor | None = None
@@ -93,10 +95,17 @@ class GraphedStep:
         """One step on a padded ``batch`` (``pad``) and the rows ``x`` of its real nodes."""
         self._load(batch, x)
         if self.graph is None:
-            if self.eager_steps < self.warmup:
+            if self.eager_steps < self.warmup or self.failed is not None:
                 self.eager_steps += 1
                 return self._eager()
-            self.graph = self.capture(self._step)
+            try:
+                self.graph = self.capture(self._step)
+            except Exception as error:   # noqa: BLE001 - any capture failure: the step runs eagerly instead
+                # a capture runs nothing (the gradients it set to None are set again by the next step), so the
+                # batch is stepped eagerly, and so are the pass's others; the trainer reports why
+                self.failed = f"the capture failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                print(f"cuda_graph: {self.failed}; training eagerly", flush=True)
+                return self._eager()
         return self.graph.replay()
 
     def _load(self, batch: Data, x: Tensor) -> None:
@@ -141,7 +150,7 @@ def graphable_model(model: torch.nn.Module) -> bool:
     mean aggregation with a root weight; its step has no host read and no data-sized shape."""
     from stages.train.models.model import BlockGraphSAGE
 
-    if not isinstance(model, BlockGraphSAGE) or not model.supports_blocks:
+    if type(model) is not BlockGraphSAGE or not model.supports_blocks:   # a subclass may change the step
         return False
     plain = isinstance(model.act, torch.nn.ReLU) and all(isinstance(n, torch.nn.Identity) for n in model.norms)
     return plain and all(c.aggr == "mean" and not c.project and not c.normalize and c.root_weight

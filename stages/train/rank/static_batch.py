@@ -3,17 +3,18 @@
 
 The bounds follow from the batch size and the fanouts alone (``StaticShape.bound``): hop k samples at most
 ``fanout_k`` edges per node of level k - 1 (its frontier) and finds at most one new node per edge, so no batch
-can exceed them and one graph serves the whole pass. Level k (the seeds, then each hop's new nodes) gets one slot
-more than it can fill, so every level has a *fake* node. A products batch (SAGE 3x256, [15, 10, 5], batch 1024,
-about 653 k nodes and 850 k edges) pads to 938 k nodes and 937 k edges: the layers' GEMMs see +10 % rows (their
-targets, the first three levels: 170 k instead of 155 k) and the sparse products +10 % edges.
+can exceed them and one graph serves the whole pass. Level k (the seeds, then each hop's new nodes) gets a reserve
+of slots more than it can fill (``StaticShape.fake``), so every level has *fake* nodes. A products batch (SAGE
+3x256, [15, 10, 5], batch 1024, about 653 k nodes and 850 k edges) pads to 945 k nodes and 937 k edges: the
+layers' GEMMs see +12 % rows (their targets, the first three levels: 174 k instead of 155 k) and the sparse
+products +10 % edges.
 
 The padded batch is a valid batch of its own: each level's real nodes first, then its fake ones; each hop's real
-edges first, then fake edges from position 0 (a seed) to the last, always fake, slot of the hop's target level.
-Fake nodes send no edge to a real node, so every real node's output, and so the loss and its gradients, equal the
-unpadded batch's (up to the order of additions; tested). The fake seeds' labels are ``IGNORE_LABEL``, which
-cross-entropy leaves out of its mean. Edges stay grouped by target, in frontier order: the fake edges of hop k
-point past every real target of level k - 1.
+edges first, then fake edges between the always-fake reserves of its source and target levels, spread over them
+(``FAKE_EDGES_PER_SLOT``). Fake nodes send no edge to a real node, so every real node's output, and so the loss
+and its gradients, equal the unpadded batch's (up to the order of additions; tested). The fake seeds' labels
+are ``IGNORE_LABEL``, which cross-entropy leaves out of its mean. Edges stay grouped by target, in frontier order:
+the fake edges of hop k point past every real target of level k - 1.
 
 Only the real nodes' rows are gathered (the feature counters see the batch as it is); ``pad_pos`` says where
 each goes among the padded rows. A fake node's input row is whatever the static buffer held (zeros at first, then
@@ -44,19 +45,27 @@ IGNORE_LABEL = -100   # torch's cross_entropy ignore_index default: a fake seed'
 _UNPADDED = ("deg", "edge_type", "e_id", "edge_attr", "node_type")
 
 
+# the fake edges of a hop spread over a reserve of fake slots at its source and target levels, at most this many
+# on one slot: GPU sparse products split work by row, and one row holding every fake edge of a hop (products: ~73 k;
+# 585 k on a denser test graph) would run as one long serial tail in the forward product and in the backward's
+# transposed one. Real rows hold up to a fanout (15); products reserves 60, 600, 3 000 and 3 000 slots (+0.7 %)
+FAKE_EDGES_PER_SLOT = 256
+
+
 @dataclass(frozen=True)
 class StaticShape:
-    """A padded batch's sizes: ``nodes[k]`` slots for level k (the seeds, then hop k's new nodes), ``edges[k]``
-    for hop k + 1's edges."""
+    """A padded batch's sizes: ``nodes[k]`` slots for level k (the seeds, then hop k's new nodes), the last
+    ``fake[k]`` of them always fake; ``edges[k]`` for hop k + 1's edges."""
 
     nodes: tuple[int, ...]
     edges: tuple[int, ...]
+    fake: tuple[int, ...]
 
     @classmethod
     def bound(cls, batch_size: int, fanouts: Sequence[Any], num_nodes: int) -> StaticShape:
-        """The smallest sizes every batch of ``batch_size`` seeds fits, plus the one fake slot per level (module
-        docstring). ``fanouts``: a positive count per hop (``-1``, all neighbours, or a count per edge type:
-        ValueError)."""
+        """The smallest sizes every batch of ``batch_size`` seeds fits, plus a reserve of fake slots per level
+        (module docstring, ``FAKE_EDGES_PER_SLOT``). ``fanouts``: a positive count per hop (``-1``, all
+        neighbours, or a count per edge type: ValueError)."""
         if any(not isinstance(f, int) or f <= 0 for f in fanouts):
             raise ValueError(f"static shapes need a positive fanout per hop, got {list(fanouts)}")
         level, nodes, edges = batch_size, [batch_size], []
@@ -64,7 +73,10 @@ class StaticShape:
             edges.append(fanout * level)
             level = min(fanout * level, num_nodes)   # one new node per edge at most, and no more than the graph
             nodes.append(level)
-        return cls(nodes=tuple(n + 1 for n in nodes), edges=tuple(edges))
+        # level k is the target level of hop k + 1 and the source level of hop k: a reserve for the larger
+        touching = [max(edges[k] if k < len(edges) else 0, edges[k - 1] if k else 0) for k in range(len(nodes))]
+        fake = tuple(max(1, -(-e // FAKE_EDGES_PER_SLOT)) for e in touching)
+        return cls(nodes=tuple(n + f for n, f in zip(nodes, fake)), edges=tuple(edges), fake=fake)
 
     @property
     def num_nodes(self) -> int:
@@ -75,12 +87,17 @@ class StaticShape:
         return sum(self.edges)
 
     def fake_edge_index(self, device: torch.device) -> Tensor:
-        """``[2, num_edges]``: every slot a fake edge, from position 0 to the last slot of its hop's target
-        level; ``pad_batch`` writes the real edges over the first slots of each hop."""
+        """``[2, num_edges]``: every slot a fake edge of its hop, from the source level's reserve to the target
+        level's, spread evenly and in non-decreasing target order; ``pad_batch`` writes the real edges over the
+        first slots of each hop, so what stays fake is a suffix, still after every real target."""
         level_end = list(itertools.accumulate(self.nodes))
-        dst_pos = torch.cat([torch.full((e,), level_end[k] - 1, dtype=torch.long, device=device)
-                             for k, e in enumerate(self.edges)])
-        return torch.stack([torch.zeros_like(dst_pos), dst_pos])
+        hops = []
+        slot = [torch.arange(e, device=device) for e in self.edges]
+        for h, e in enumerate(self.edges):   # hop h + 1: targets in level h, sources in level h + 1
+            src, dst = (torch.div(slot[h] * self.fake[k], max(e, 1), rounding_mode="floor") + level_end[k] -
+                        self.fake[k] for k in (h + 1, h))
+            hops.append(torch.stack([src, dst]))
+        return torch.cat(hops, dim=1)
 
 
 def pad_batch(batch: Data, shape: StaticShape, fake_edges: Tensor) -> Data:
@@ -95,16 +112,15 @@ def pad_batch(batch: Data, shape: StaticShape, fake_edges: Tensor) -> Data:
         raise ValueError("only a batch whose edges come grouped by target (one CSR's sampler) can be padded")
     nodes, edges = list(batch.num_sampled_nodes), list(batch.num_sampled_edges)
     if len(nodes) != len(shape.nodes) or len(edges) != len(shape.edges) or \
-            any(n >= p for n, p in zip(nodes, shape.nodes)) or any(e > p for e, p in zip(edges, shape.edges)):
+            any(n > p - f for n, p, f in zip(nodes, shape.nodes, shape.fake)) or \
+            any(e > p for e, p in zip(edges, shape.edges)):
         raise ValueError(f"a batch of {nodes} nodes and {edges} edges per level does not fit the static shape "
-                         f"{list(shape.nodes)} / {list(shape.edges)} (one fake node per level)")
-    device, levels = batch.n_id.device, len(nodes)
-    real_start = [0, *itertools.accumulate(nodes)]
+                         f"{list(shape.nodes)} / {list(shape.edges)} ({list(shape.fake)} fake nodes per level)")
+    device = batch.n_id.device
     pad_start = [0, *itertools.accumulate(shape.nodes)]
-    # each real position moves by its level's shift (one copy of the shifts and counts to the device)
-    table = torch.tensor([p - r for p, r in zip(pad_start, real_start)][:levels] + nodes).to(device)
-    pad_pos = torch.repeat_interleave(table[:levels], table[levels:], output_size=real_start[-1])
-    pad_pos += steps_of(0, real_start[-1], device)
+    # each level's real nodes first in its padded run: views of one kept arange, one op (no copy from the host,
+    # which would stop the producer's stream on a GPU)
+    pad_pos = torch.cat([steps_of(start, start + n, device) for start, n in zip(pad_start, nodes)])
     edge_index = fake_edges.clone()
     real_edges = pad_pos.index_select(0, batch.edge_index.reshape(-1)).view(2, -1)
     real_lo, pad_lo = 0, 0

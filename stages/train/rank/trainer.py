@@ -168,11 +168,14 @@ class Trainer:
             if hook is not None:
                 hook(b)
         graph = self._graph_step() if self.not_graphed is None else None
-        return train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
+        sums = train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
                            self.task, num_real_batches=num_real, device=self.device, on_batch=on_batch,
                            check_loss=LossGuard(self.rank, self.world, epoch),
                            after_step=None if graph is not None else self.loader.step_embeddings,
                            prefetch=self.prefetch, gather_after_step=bool(self.embeddings), graph=graph)
+        if graph is not None and graph.failed is not None:   # the next passes train eagerly from the start
+            self.not_graphed, self._graph = graph.failed, None
+        return sums
 
     def _graph_step(self) -> GraphedStep:
         """The graphed step of the next pass: the last pass's while its learning rate holds (a capture costs a
@@ -229,8 +232,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any], part: dict[str, Any] | None = None) -> None:
         """``state`` (``state_dict``) and, with learnt embeddings, this rank's ``part`` (``part_state_dict``)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])   # new state tensors: a captured step reads the old
-        self._graph = None
+        self.optimizer.load_state_dict(self._with_own_flags(state["optimizer"]))
+        self._graph = None   # the load made new state tensors: a captured step reads the old ones
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.best.load_state_dict({**state["best"], "extra": None if part is None else part["best_embeddings"]})
@@ -239,6 +242,15 @@ class Trainer:
             assert part is not None, "a checkpoint of learnt embeddings has a part per rank"
             emb.load_state_dict(part["embeddings"][name])
         self.history, self.epoch = state["history"], int(state["epoch"])
+
+    def _with_own_flags(self, optimizer_state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's optimiser state with this run's ``fused`` and ``capturable`` flags: the load keeps the
+        saved groups', and they follow the device and ``cuda_graph``, runtime settings that a resumed run may
+        change (a graphed GPU run's state resumed on a CPU would fail its first step; an eager run's resumed with
+        a graph, its capture). Adam places its ``step`` counts by them as it loads."""
+        own = [{k: g[k] for k in ("fused", "capturable") if k in g} for g in self.optimizer.param_groups]
+        groups = [{**saved, **flags} for saved, flags in zip(optimizer_state["param_groups"], own)]
+        return {**optimizer_state, "param_groups": groups}
 
     def _embedding_weights(self) -> dict[str, Any]:
         """This rank's embedding shards (CPU copies): what the best-validation model keeps beside its weights."""

@@ -13,9 +13,9 @@ on eagerly, and its report says why.
 
 What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
 may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
-seeds out of the mean), the built-in SAGE on its sparse path
-in float32, positive fanouts (a bound per hop), one node and edge type, no edge features. Anything else trains
-eagerly, and the report says why. Adam is made ``capturable`` for it.
+seeds out of the mean), the built-in SAGE on its sparse path in float32, positive fanouts (a bound per hop), one
+node and edge type, no edge features. Anything else trains eagerly, and the report says why. Adam is made
+``capturable`` for it.
 
 The results are those of the eager step on the padded batch: the same losses and gradients as the unpadded batch
 up to the order of additions (tested), except dropout, whose masks are drawn over the padded rows: another draw
@@ -62,8 +62,9 @@ class CudaStepGraph:
 
 
 class GraphedStep:
-    """One pass's training steps through a captured graph (module docstring). ``pad`` is the producer's half
-    (``stages.train.rank.loop.preparer``); calling it with a prepared padded batch is the step's."""
+    """A rank's training steps through a captured graph, for as long as the trainer keeps it (module docstring).
+    ``pad`` is the producer's half (``stages.train.rank.loop.preparer``); calling it with a prepared padded batch
+    is the step's."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, shape: StaticShape,
                  device: torch.device, *, warmup: int = WARMUP_STEPS,

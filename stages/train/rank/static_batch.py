@@ -37,7 +37,7 @@ from torch_geometric.data import Data
 
 from stages.runtime.segments import steps_of
 
-__all__ = ["IGNORE_LABEL", "StaticShape", "pad_batch", "pad_labels"]
+__all__ = ["FAKE_EDGES_PER_SLOT", "IGNORE_LABEL", "StaticShape", "pad_batch", "pad_labels"]
 
 IGNORE_LABEL = -100   # torch's cross_entropy ignore_index default: a fake seed's label counts in no mean
 

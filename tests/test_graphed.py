@@ -279,3 +279,4 @@ def test_a_resumed_optimiser_takes_this_runs_fused_and_capturable_flags(one_rank
     assert all(not g["capturable"] and not g["fused"] for g in resumed.optimizer.param_groups)
     resumed.rng.seed_epoch(1)
     assert resumed.run_batches(itertools.islice(resumed.loader.train_batches(), 2), 2, epoch=1).batches == 2
+

@@ -139,6 +139,20 @@ def test_invalid_kernel_fanout_and_duplicate_seeds(csr):
 
 
 @pytest.mark.parametrize("node_map", ["dense", "sorted"])
+def test_seeds_the_caller_checked_give_the_same_batches(csr, node_map):
+    """``checked=True`` (a loader whose items were checked once) skips the two per-batch checks, nothing else:
+    the same batches, draw for draw; unchecked, the checks still hold."""
+    plain = NeighborSampler(csr, [10, 5], generator=_gen(), node_map=node_map)
+    trusted = NeighborSampler(csr, [10, 5], generator=_gen(), node_map=node_map)
+    for seed_gid in iter_seed_batches(torch.arange(0, NUM_NODES, 3), 64, generator=_gen()):
+        a, b = plain.sample(seed_gid), trusted.sample(seed_gid, checked=True)
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+    with pytest.raises(ValueError, match="unique"):
+        trusted.sample(torch.tensor([1, 2, 1]))
+
+
+@pytest.mark.parametrize("node_map", ["dense", "sorted"])
 def test_multi_hop_batches_are_in_the_documented_id_spaces(graph, csr, node_map):
     sampler = NeighborSampler(csr, [10, 5, 3], generator=_gen(), node_map=node_map)
     for seed_gid in iter_seed_batches(torch.arange(0, NUM_NODES, 3), 64, generator=_gen()):

@@ -43,7 +43,7 @@ from stages.runtime.relabel import NodeMap, make_node_map
 from stages.runtime.segments import expand_rows, offsets_of, repeat_positions, stable_order, steps_of
 from stages.runtime.weighted import sample_weighted_edges
 
-__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "iter_seed_batches",
+__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "check_seed_range", "iter_seed_batches",
            "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts", "sample_typed",
            "sample_typed_edges", "shuffled"]
 
@@ -281,8 +281,10 @@ class MultiHopSampler(ABC):
         """The frontier's sampled edges, ``row_pos`` indexing ``frontier_gid``; ``edge_type`` is ``None`` on a graph
         of one edge type, ``egid`` unless ``with_edges``."""
 
-    def sample(self, seed_gid: Tensor) -> Data:
-        """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch.
+    def sample(self, seed_gid: Tensor, *, checked: bool = False) -> Data:
+        """Multi-hop sample around ``seed_gid`` (unique gids; may be empty) as a PyG ``Data`` batch. ``checked``:
+        the caller vouches that the seeds are unique and in range (a loader whose items were checked once,
+        ``stages.train.rank.loader``), which saves the batch's two host reads that check them on a GPU.
 
         Fields: ``n_id`` (gids: seeds first, then new nodes in discovery order), ``edge_index`` [2, E] in
         batch-local positions (row 0 = source/neighbour, row 1 = target), ``batch_size``, ``num_sampled_nodes``
@@ -295,12 +297,10 @@ class MultiHopSampler(ABC):
         non-decreasing and the blocks need not check it, a host synchronisation on a GPU (``models.blocks``).
         """
         seed_gid = seed_gid.to(device=self.device, dtype=torch.long).view(-1)
-        if seed_gid.numel():
-            lo, hi = torch.stack(torch.aminmax(seed_gid)).tolist()   # one host sync for both ends
-            if lo < 0 or hi >= self.num_nodes:
-                raise ValueError(f"seed gids must lie in [0, {self.num_nodes}); got [{lo}, {hi}]")
+        if seed_gid.numel() and not checked:
+            check_seed_range(seed_gid, self.num_nodes)
         nodes = self._node_map
-        nodes.start(seed_gid)
+        nodes.start(seed_gid, checked=checked)
         batch_size = seed_gid.numel()
         n_id_parts, hop_edges, hop_types, hop_egids, hop_attrs = [seed_gid], [], [], [], []
         num_sampled_nodes, num_sampled_edges = [batch_size], []
@@ -378,6 +378,13 @@ def sample_own_hop(sampler: MultiHopSampler, csr: LocalCSR, frontier_gid: Tensor
     return HopEdges(row_pos, csr.gids(edge_idx), edge_type, edge_idx + csr.start_egid if sampler.with_edges else None,
                     sampler.edge_attr.index_select(0, edge_idx) if with_attr and sampler.edge_attr is not None
                     else None, by_target=True)   # sample_typed_edges: grouped by target, then by edge type
+
+
+def check_seed_range(seed_gid: Tensor, num_nodes: int) -> None:
+    """ValueError unless every gid of the non-empty ``seed_gid`` lies in ``[0, num_nodes)`` (one host read)."""
+    lo, hi = torch.stack(torch.aminmax(seed_gid)).tolist()   # one host sync for both ends
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(f"seed gids must lie in [0, {num_nodes}); got [{lo}, {hi}]")
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

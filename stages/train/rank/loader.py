@@ -26,6 +26,7 @@ from torch_geometric.data import Data
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
 from stages.runtime.fanouts import Fanout
+from stages.runtime.sampler import check_seed_range
 from stages.runtime.typed_batch import set_types
 from stages.runtime.typed_rows import TypedRows
 from stages.train.rank.rank_data import RankData
@@ -36,10 +37,12 @@ class NodeLoader:
 
     def __init__(self, data: RankData, fanouts: Sequence[Fanout], batch_size: int, *, shuffle_gen: torch.Generator,
                  sampler_gen: torch.Generator, epoch_items: int | None = None,
-                 items: Mapping[str, Tensor] | None = None) -> None:
+                 items: Mapping[str, Tensor] | None = None, items_are_seeds: bool = True) -> None:
         """``items``: the task's items per split (``Task.seeds``; default: the rank's seed gids,
         ``data.split_gid``); ``epoch_items``: train on only so many of this rank's train items an epoch, a fresh
-        shuffled sample of them each epoch (None: all)."""
+        shuffled sample of them each epoch (None: all); ``items_are_seeds``: ``sample`` is only ever called with
+        batches of the items themselves (``Task.seeds_are_items``), which are then checked once here, in range
+        and unique, instead of in every batch (two host reads a batch on a GPU)."""
         # gids under task=node, link items (columns of the rank's positive-edge table) under task=link: docs §4
         self.split_items = dict(data.split_gid if items is None else items)
         self.batch_size, self.shuffle_gen = batch_size, shuffle_gen
@@ -49,6 +52,10 @@ class NodeLoader:
         num_edges = None if data.edge_bounds is None else int(data.edge_bounds[-1])
         self.sampler = DistNeighborSampler(data.csr, data.bounds, fanouts, generator=sampler_gen, group=data.group,
                                            num_edges=num_edges)
+        self.items_are_seeds = items_are_seeds
+        if items_are_seeds:
+            for split, gid in self.split_items.items():
+                check_seed_items(split, gid, self.sampler.num_nodes)
         self.edges = data.edges
         self.degrees = data.degrees
         # set when the model needs ``batch.deg`` (``stages.train.models.model.needs_degrees``): the same on every rank,
@@ -74,7 +81,7 @@ class NodeLoader:
                 raise ValueError("this rank's graph has no edge features (RankData.edges)")
             self.sampler.edge_attr = self.edges.own_attr.to(self.sampler.device)   # they ride with the answers
         self.sampler.with_edges = self.attach_edges
-        batch = self.sampler.sample(seed_gid)
+        batch = self.sampler.sample(seed_gid, checked=self.items_are_seeds)
         if isinstance(self.features, TypedRows):
             set_types(batch, self.features.index.locate(batch.n_id)[0], self.sampler.num_edge_types)
         if self.attach_degrees:
@@ -115,6 +122,19 @@ class NodeLoader:
         items, bs = self.split_items[split], self.batch_size
         total = equal_batch_count(items.numel(), bs)
         return [items[b * bs:(b + 1) * bs] for b in range(total)]
+
+
+def check_seed_items(split: str, gid: Tensor, num_nodes: int) -> None:
+    """ValueError unless a split's seed gids lie in the graph and are unique: what every batch of them then is
+    (the batches are slices of one permutation, padded with other items of the rank's own)."""
+    if gid.numel() == 0:
+        return
+    try:
+        check_seed_range(gid, num_nodes)
+    except ValueError as error:
+        raise ValueError(f"the {split} split's {error}") from None
+    if torch.unique(gid).numel() != gid.numel():
+        raise ValueError(f"the {split} split repeats a node: seed gids of a batch must be unique; deduplicate it")
 
 
 def with_degrees(batch: Data, degrees: DistFeatures) -> Data:

@@ -72,7 +72,8 @@ class Trainer:
         if epoch_items is not None:   # each rank its share
             epoch_items = rank_share(epoch_items, int(split_items["train"].numel()))
         self.loader = NodeLoader(data, fanouts, params.batch_size, shuffle_gen=self.rng.shuffle,
-                                 sampler_gen=self.rng.sampler, epoch_items=epoch_items, items=split_items)
+                                 sampler_gen=self.rng.sampler, epoch_items=epoch_items, items=split_items,
+                                 items_are_seeds=self.task.seeds_are_items)
         torch.manual_seed(params.seed)   # same initial weights everywhere (DDP also broadcasts rank 0's)
         in_channels = data.in_channels if data.in_channels is not None else data.num_features
         built = build_encoder(params, in_channels=in_channels, num_classes=data.num_classes, schema=data.schema,

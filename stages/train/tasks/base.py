@@ -43,6 +43,12 @@ class Task(Protocol):
     sum_names: tuple[str, ...]    # the entries of ``metric_sums``, e.g. ("correct", "total")
 
     @property
+    def seeds_are_items(self) -> bool:
+        """Whether ``batch`` returns its items themselves as the seeds (node gids): the loader then checks each
+        split's items once (in range, unique) instead of the sampler checking every batch's seeds."""
+        ...
+
+    @property
     def pads_labels(self) -> bool:
         """Whether the target is one label per seed that a static-shape batch may pad with labels -100, which the
         loss and the metric sums skip (``stages.train.rank.graphed``); a task without it is never graphed."""

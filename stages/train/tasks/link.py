@@ -76,6 +76,7 @@ class LinkPrediction:
     metric_name: str = "mrr"
     sum_names: tuple[str, ...] = RankSums.names()
     pads_labels: bool = False   # the target is edges and their negatives, not a label per seed
+    seeds_are_items: bool = False   # a batch's seeds are its edges' endpoints and negatives
 
     def __init__(self, edge_gid: Mapping[str, Tensor], draws: NegativeDraws, generator: torch.Generator, *,
                  num_negatives: int, eval_negatives: int, membership: EdgeMembership | None = None,

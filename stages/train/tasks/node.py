@@ -45,6 +45,8 @@ class NodeClassification:
         self.loss_fn: LossFn = loss_fn or torch.nn.functional.cross_entropy
         self.loss_name, self.precision = loss_name, precision
 
+    seeds_are_items = True   # ``batch``: the items are the seed gids
+
     @property
     def pads_labels(self) -> bool:
         """Whether a batch's labels may be padded with ``ignore_index`` (-100) entries that count in no loss and no

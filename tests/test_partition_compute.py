@@ -245,6 +245,30 @@ def test_kaminpar_finds_the_obvious_split() -> None:
     assert part_of_orig[0] == part_of_orig[1] == part_of_orig[2] != part_of_orig[3]
 
 
+def test_kaminpar_holds_its_thread_limit_before_it_loads_the_graph(monkeypatch) -> None:
+    """The solver (its TBB limit of ``threads`` workers) exists before ``load_graph`` runs: a worker woken by an
+    unlimited load joined 1 in ~1 000 one-thread partitions and changed them (kaminpar_runner.run_kaminpar)."""
+    import kaminpar
+
+    from stages.partition.kaminpar_runner import run_kaminpar
+
+    calls: list[str] = []
+    real_solver, real_load = kaminpar.KaMinPar, kaminpar.load_graph
+
+    def solver(*args, **kw):
+        calls.append("solver")
+        return real_solver(*args, **kw)
+
+    def load(*args, **kw):
+        calls.append("load_graph")
+        return real_load(*args, **kw)
+    monkeypatch.setattr(kaminpar, "KaMinPar", solver)
+    monkeypatch.setattr(kaminpar, "load_graph", load)
+    indptr, indices = two_triangles()
+    part = run_kaminpar(indptr, indices, 2, seed=1)
+    assert calls == ["solver", "load_graph"] and sorted(set(part.tolist())) == [0, 1]
+
+
 @pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_kaminpar_reads_the_graph_written_for_it(sbm, tmp_path, weighted: bool, wide: bool) -> None:

@@ -74,7 +74,8 @@ def run_kaminpar(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweigh
     ``xadj``/``adjncy``: symmetric, without self-loops or duplicates (KaMinPar assumes it, as METIS does).
     Deterministic for a seed with ONE thread only: on a 4 000-node community graph into 4 parts, seed 7, three
     runs with 1 thread gave the same partition, three with 2 threads three different ones (cut 4.07-4.09 %
-    against 4.12 % with 1 thread); the parallel label propagation's order depends on the scheduler.
+    against 4.12 % with 1 thread); the parallel label propagation's order depends on the scheduler. With 1 thread
+    the graph is loaded on one thread too (the limit is made first, see below).
 
     ``tmp_dir``: where the ParHIP file goes (the stage's scratch dir on the artifact root's disk: at 400 M entries
     the file is 1.6 GB, more than a tmpfs ``/tmp`` may hold); None: the system's temporary directory. ``adjncy``
@@ -87,6 +88,11 @@ def run_kaminpar(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweigh
     import kaminpar
 
     kaminpar.reseed(int(seed))
+    # the solver first: it holds TBB's limit of ``threads`` workers. Made after load_graph (parallel loops without
+    # a limit), a worker woken for the load could still join compute_partition with threads=1 and change the
+    # partition for the same seed: 1 call in ~1 000 on 2 cores (3/3 000, 1/1 000; 0/4 000 made first), a CI
+    # failure of tests/test_partition_stream.py's in-memory vs chunked comparison
+    solver = kaminpar.KaMinPar(kaminpar_threads(threads), kaminpar.default_context())
     with tempfile.TemporaryDirectory(prefix="gnnpipe-kaminpar-", dir=tmp_dir) as tmp:
         path = Path(tmp) / "graph.parhip"
         with path.open("wb") as f:
@@ -94,7 +100,6 @@ def run_kaminpar(xadj: np.ndarray, adjncy: np.ndarray, num_parts: int, *, vweigh
             write_parhip(f, xadj, adjncy, vweights, wide=bool(getattr(kaminpar, "__64bit__", False)))
         graph = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP, compress=bool(compress))
         path.unlink()
-    solver = kaminpar.KaMinPar(kaminpar_threads(threads), kaminpar.default_context())
     # a Python list; its block ids (< 257) are CPython's shared small ints, so 8 bytes a node (pointers only)
     part = solver.compute_partition(graph, int(num_parts), float(epsilon))
     return np.asarray(part, dtype=np.int64)

@@ -380,11 +380,12 @@ def sample_own_hop(sampler: MultiHopSampler, csr: LocalCSR, frontier_gid: Tensor
                     else None, by_target=True)   # sample_typed_edges: grouped by target, then by edge type
 
 
-def check_seed_range(seed_gid: Tensor, num_nodes: int) -> None:
-    """ValueError unless every gid of the non-empty ``seed_gid`` lies in ``[0, num_nodes)`` (one host read)."""
+def check_seed_range(seed_gid: Tensor, num_nodes: int, what: str = "seed gids") -> None:
+    """ValueError unless every gid of the non-empty ``seed_gid`` lies in ``[0, num_nodes)`` (one host read);
+    ``what``: the gids' name in the message."""
     lo, hi = torch.stack(torch.aminmax(seed_gid)).tolist()   # one host sync for both ends
     if lo < 0 or hi >= num_nodes:
-        raise ValueError(f"seed gids must lie in [0, {num_nodes}); got [{lo}, {hi}]")
+        raise ValueError(f"{what} must lie in [0, {num_nodes}); got [{lo}, {hi}]")
 
 
 def shuffled(train_gid: Tensor, generator: torch.Generator | None) -> Tensor:

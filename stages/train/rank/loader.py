@@ -129,10 +129,7 @@ def check_seed_items(split: str, gid: Tensor, num_nodes: int) -> None:
     (the batches are slices of one permutation, padded with other items of the rank's own)."""
     if gid.numel() == 0:
         return
-    try:
-        check_seed_range(gid, num_nodes)
-    except ValueError as error:
-        raise ValueError(f"the {split} split's {error}") from None
+    check_seed_range(gid, num_nodes, f"the {split} split's seed gids")
     if torch.unique(gid).numel() != gid.numel():
         raise ValueError(f"the {split} split repeats a node: seed gids of a batch must be unique; deduplicate it")
 

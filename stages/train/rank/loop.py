@@ -169,12 +169,7 @@ def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torc
         optimizer.step()
         if after_step is not None:
             after_step()
-    sums.batches += 1
-    sums.sampled_edges += int(ready.batch.edge_index.shape[1])
-    if real:   # on the device, no synchronisation: the float64 loss times the count is what float() * n was
-        size = task.size(y)
-        running.add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
-        sums.seeds += size
+    _count_batch(sums, running, task, out, y, loss, int(ready.batch.edge_index.shape[1]), real=real)
 
 
 def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums: EpochSums, running: RunningSums,
@@ -188,11 +183,17 @@ def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums:
         out, loss = graph(batch, x)
     if check_loss is not None:
         check_loss(b, loss)
+    _count_batch(sums, running, task, out[:batch.real_batch_size], y, loss, int(batch.real_edges), real=real)
+
+
+def _count_batch(sums: EpochSums, running: RunningSums, task: Task, out: Any, y: Any, loss: Tensor,
+                 sampled_edges: int, *, real: bool) -> None:
+    """A stepped batch in the pass's sums; its loss and metric only when ``real``."""
     sums.batches += 1
-    sums.sampled_edges += int(batch.real_edges)
-    if real:
+    sums.sampled_edges += sampled_edges
+    if real:   # on the device, no synchronisation: the float64 loss times the count is what float() * n was
         size = task.size(y)
-        running.add([loss.to(torch.float64) * size, *task.metric_sums(out[:batch.real_batch_size], y)])
+        running.add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
         sums.seeds += size
 
 

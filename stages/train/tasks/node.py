@@ -36,6 +36,7 @@ class NodeClassification:
     evaluator: str = "accuracy (OGB Evaluator acc)"
     metric_name: str = "accuracy"
     sum_names: tuple[str, ...] = ("correct", "total")
+    seeds_are_items: bool = True   # ``batch``: the items are the seed gids
 
     def __init__(self, label_of: LabelOf, split_gid: Mapping[str, Tensor] | None = None, *,
                  loss_fn: LossFn | None = None, loss_name: str = "cross_entropy", precision: str = "float32") -> None:
@@ -44,8 +45,6 @@ class NodeClassification:
         self.label_of, self.split_gid = label_of, split_gid
         self.loss_fn: LossFn = loss_fn or torch.nn.functional.cross_entropy
         self.loss_name, self.precision = loss_name, precision
-
-    seeds_are_items = True   # ``batch``: the items are the seed gids
 
     @property
     def pads_labels(self) -> bool:

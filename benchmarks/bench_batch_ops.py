@@ -101,13 +101,14 @@ def gpu_ways() -> Iterator[None]:
 
     patches: list[tuple[Any, str, Any]] = [(segments, "_gpu_way", lambda t, by_repeat: by_repeat is not False)]
     if hasattr(sampler, "_JUMP_FROM_K"):
-        floyd_offsets = sampler._floyd_offsets
+        name = "floyd_offsets" if hasattr(sampler, "floyd_offsets") else "_floyd_offsets"   # its older name
+        floyd_offsets = getattr(sampler, name)
 
         def floyd(deg: Any, k: int, generator: Any, *, by_jumping: bool | None = None) -> Any:
             if by_jumping is None:
                 by_jumping = k >= sampler._JUMP_FROM_K and k * k * deg.numel() <= sampler._JUMP_MAX_PAIRS
             return floyd_offsets(deg, k, generator, by_jumping=by_jumping)
-        patches.append((sampler, "_floyd_offsets", floyd))
+        patches.append((sampler, name, floyd))
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     for module, name, value in patches:
         setattr(module, name, value)
@@ -198,25 +199,28 @@ def _count_batches(args: argparse.Namespace, tmp: str) -> dict[str, collections.
     counter = counting_mode()
     totals = {part: collections.Counter[str]() for part in PARTS}
     sums = EpochSums(metric_sums=[0.0] * len(trainer.task.sum_names))
-    running = RunningSums(1 + len(trainer.task.sum_names))
+    running: Any = RunningSums(1 + len(trainer.task.sum_names))
+    if "padding_rows" in EpochSums.__dataclass_fields__:   # this tree's loop keeps its counts apart
+        running = (running, RunningSums(2))
     trainer.rng.seed_epoch(0)
     train_module.train()
     items = list(itertools.islice(trainer.loader.train_batches(), args.warmup + args.batches))
     if len(items) < args.warmup + args.batches:
         raise SystemExit(f"error: an epoch has {len(items)} batches, fewer than --warmup + --batches: lower them or "
                          f"--batch-size, or raise --nodes")
-    graph, replaying = _graph(args, trainer)
+    graph, sample, replaying = _graph(args, trainer)
     for b, item in enumerate(items):
         counters = {part: counter() for part in PARTS}
         with counters["sample"]:
+            replaying["sample"].append(counters["sample"])
             seed_gid, target = trainer.task.batch(item, training=True)
-            batch = trainer.loader.sample(seed_gid)
+            batch = sample(seed_gid)
             if graph is not None:
                 batch = graph.pad(batch, target)
         with counters["gather"]:
             x = trainer.loader.gather_rows(batch.n_id)
         with counters["step"]:
-            replaying.append(counters["step"])
+            replaying["step"].append(counters["step"])
             if graph is not None:
                 _graphed_step(b, Prepared(batch, x, target), graph, trainer.task, sums, running, on_batch=None,
                               check_loss=guard, real=True)
@@ -229,29 +233,42 @@ def _count_batches(args: argparse.Namespace, tmp: str) -> dict[str, collections.
     return totals
 
 
-def _graph(args: argparse.Namespace, trainer: Any) -> tuple[Any, list[Any]]:
-    """With ``--cuda-graph``: the trainer's graphed step, whose replay counts as one launch (``graph_replay``;
-    its ops run uncounted, as a captured graph's kernels launch from the device), and the list of the step's
-    counters, the last of which is the one a replay counts in."""
-    replaying: list[Any] = []
-    if not args.cuda_graph:
-        return None, replaying
+def _graph(args: argparse.Namespace, trainer: Any) -> tuple[Any, Any, dict[str, list[Any]]]:
+    """With ``--cuda-graph step`` or ``auto``: the trainer's graphed step, and with ``auto`` its graphed sampling
+    too, whose replays count as one launch each (``graph_replay``; their ops run uncounted, as a captured graph's
+    kernels launch from the device); the batches' ``Sample``; and per part the list of its counters, the last of
+    which is the one a replay counts in."""
+    replaying: dict[str, list[Any]] = {"sample": [], "step": []}
+    if args.cuda_graph == "off":
+        return None, trainer.loader.sample, replaying
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from stages.runtime.static_shape import StaticShape
     from stages.train.rank import graphed
-    from stages.train.rank.static_batch import StaticShape
 
-    class CountedReplay:
-        def __init__(self, step: Any) -> None:
-            self.step = step
+    def counted(part: str) -> Any:
+        class CountedReplay:
+            def __init__(self, fn: Any, generator: Any = None) -> None:
+                self.fn = fn
 
-        def replay(self) -> Any:
-            replaying[-1].ops["graph_replay"] += 1
-            with _disable_current_modes():
-                return self.step()
-    trainer.not_graphed = None   # as on a lone CUDA rank with cuda_graph=auto
-    return graphed.GraphedStep(trainer.model, trainer.optimizer, trainer.task, StaticShape.bound(
-        args.batch_size, trainer.fanouts, args.nodes), trainer.device, capture=CountedReplay), replaying
+            def replay(self) -> Any:
+                replaying[part][-1].ops["graph_replay"] += 1
+                with _disable_current_modes():
+                    return self.fn()
+        return CountedReplay
+    trainer.not_graphed = None   # as on a lone CUDA rank with cuda_graph=step or auto
+    shape = StaticShape.bound(args.batch_size, trainer.fanouts, args.nodes)
+    step = graphed.GraphedStep(trainer.model, trainer.optimizer, trainer.task, shape, trainer.device,
+                               capture=counted("step"))
+    if args.cuda_graph == "step":
+        return step, trainer.loader.sample, replaying
+    from stages.runtime.static_sampler import StaticSampler
+    from stages.train.rank.graphed_sampling import SampleGraph
+
+    sampling = SampleGraph(StaticSampler(trainer.data.csr, list(trainer.fanouts), shape, generator=trainer.rng.sampler),
+                           capture=counted("sample"))
+    sampling.prepare()
+    return step, sampling, replaying
 
 
 def _guard(trainer: Any) -> Any:
@@ -273,8 +290,9 @@ def main() -> None:
     ap.add_argument("--cache", choices=("all", "none"), default="all",
                     help="rows cached: all (a lone GPU's default at products scale) or none (the store's path)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cuda-graph", action="store_true",
-                    help="the step as a captured CUDA graph on padded batches (cuda_graph=auto): a replay is 1 launch")
+    ap.add_argument("--cuda-graph", choices=("off", "step", "auto"), default="off",
+                    help="step: the training step as a captured CUDA graph on padded batches; auto: the sampling "
+                         "too, by the static sampler (cuda_graph=auto); a replay is 1 launch")
     ap.add_argument("--tree", help="count this checkout of the repository instead of the one holding this script")
     ap.add_argument("--out", help="append the JSON line here too")
     args = ap.parse_args()

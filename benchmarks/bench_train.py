@@ -147,6 +147,7 @@ def rank_main(args: argparse.Namespace) -> None:
         out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
                "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
                "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
+               "graphed_sampling": trainer.sampling_report() if hasattr(trainer, "sampling_report") else None,
                "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
                "graph_placement": data.setup.get("graph_placement"), "policies": results}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))

@@ -6,8 +6,9 @@
 #   make gpu-wheels                                  # the GPU machine's missing wheels into .whl/
 #   run: bash benchmarks/gpu_side_by_side.sh [tests/test_x.py ...]     carry: .whl, old_tree.tar
 #
-# Results go to $OUT/side_by_side.tgz: new.json (profiled: --profile 10), graph.json (this tree with --cuda-graph
-# auto, profiled), old.json, tests.log, times.txt.
+# Results go to $OUT/side_by_side.tgz: new.json (profiled: --profile 10), step.json (this tree with --cuda-graph
+# step: the step graphed), graph.json (--cuda-graph auto: the sampling too, profiled), old.json, tests.log,
+# times.txt.
 # benchmarks/RESULTS.md "[4/5] One H200, before and after" ran it (as gpu_run.sh) at 92e8d44 against d545000.
 # Each tree times with its own bench_train: before 6aa1592 that left the loss guard out of the timed pass (its
 # 2 reads a batch); from then on it times Trainer.run_batches, the stage's own pass, guard included.
@@ -24,6 +25,8 @@ B=(benchmarks/bench_train.py --nodes 2400000 --avg-degree 50 --features 100 --cl
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$G/smi.txt"
 echo "new start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
 PYTHONPATH=$SITE:$R timeout 170 python3 "${B[@]}" --profile 10 > "$G/new.json" 2> "$G/new.err"
+echo "step start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
+PYTHONPATH=$SITE:$R timeout 80 python3 "${B[@]}" --cuda-graph step > "$G/step.json" 2> "$G/step.err"
 echo "graph start $(( $(date +%s) - t0 ))" >> "$G/times.txt"
 PYTHONPATH=$SITE:$R timeout 90 python3 "${B[@]}" --profile 10 --cuda-graph auto > "$G/graph.json" 2> "$G/graph.err"
 echo "old start $(( $(date +%s) - t0 ))" >> "$G/times.txt"

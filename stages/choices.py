@@ -39,8 +39,9 @@ HostGather = Literal["auto", "copy", "uva"]   # how a CUDA rank's own host rows 
 # where a CUDA rank's CSR lives: device memory, or pinned host memory the GPU samples in place
 # (stages.train.rank.cache_budget.graph_placement)
 GraphPlacement = Literal["auto", "device", "uva"]
-# whether a CUDA rank replays its training step as a captured graph (stages.train.rank.graphed)
-CudaGraph = Literal["off", "auto"]
+# whether a CUDA rank replays its training step (step), and its sampling too (auto), as captured graphs
+# (stages.train.rank.graphed, graphed_sampling)
+CudaGraph = Literal["off", "step", "auto"]
 
 DATASETS: tuple[str, ...] = get_args(Dataset)
 # OGB's node-property datasets (ogb's NodePropPredDataset: stages/download/ogb_source.py)

@@ -15,14 +15,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_batch_ops import count, gpu_ways  # noqa: E402 - benchmarks/ is on sys.path now
 
 
-def _count(cuda_graph: bool) -> dict:
+def _count(cuda_graph: str) -> dict:
     return count(argparse.Namespace(nodes=6000, batch_size=128, batches=2, warmup=2, ways="gpu", cache="all", threads=1,
                                     tree=None, cuda_graph=cuda_graph))
 
 
 @pytest.fixture(scope="module")
 def counts() -> dict:
-    return _count(False)
+    return _count("off")
 
 
 def test_the_training_step_reads_nothing_back(counts):
@@ -40,9 +40,9 @@ def test_the_sampler_reads_its_sizes_once_a_hop(counts):
 
 
 def test_a_graphed_step_launches_its_replay_and_a_few_copies_and_sums(counts):
-    """``cuda_graph=auto`` (``stages.train.rank.graphed``): the step is the buffers' three loads, one replay, the
+    """``cuda_graph=step`` (``stages.train.rank.graphed``): the step is the buffers' three loads, one replay, the
     loss guard's copy and the running sums; the padding adds ops to the sampler's thread but no host read."""
-    graphed = _count(True)
+    graphed = _count("step")
     step = graphed["step"]
     assert step["top"]["graph_replay"] == 1 and step["host_reads"] == 0, step
     assert step["ops"] <= 16, step["top"]
@@ -55,8 +55,20 @@ def test_the_gpu_ways_are_undone_afterwards():
     import stages.runtime.sampler as sampler
     import stages.runtime.segments as segments
 
-    before = (segments._gpu_way, sampler._floyd_offsets)
+    before = (segments._gpu_way, sampler.floyd_offsets)
     with gpu_ways():
         assert segments._gpu_way(torch.zeros(1), None)
-    assert (segments._gpu_way, sampler._floyd_offsets) == before
+    assert (segments._gpu_way, sampler.floyd_offsets) == before
     assert not segments._gpu_way(torch.zeros(1), None)
+
+
+def test_graphed_sampling_launches_its_replay_and_reads_nothing(counts):
+    """``cuda_graph=auto`` (``stages.train.rank.graphed_sampling``): a batch's sampling is the seeds' load, one
+    replay and the outputs' clones, with no host read anywhere in the batch; the gather is still one op."""
+    graphed = _count("auto")
+    sample = graphed["sample"]
+    assert sample["top"]["graph_replay"] == 1 and sample["host_reads"] == 0, sample
+    assert sample["ops"] <= 12, sample["top"]
+    assert graphed["batch"]["host_reads"] == 0, graphed
+    # the step: the graphed one's 16 at most, and 2 ops each to add the batch's two device counts (edges, padding)
+    assert graphed["gather"]["ops"] == 1 and graphed["step"]["ops"] <= 20, graphed["step"]["top"]

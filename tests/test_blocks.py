@@ -275,14 +275,15 @@ def test_relu_dropout_keeps_one_minus_p_and_passes_gradients_where_kept(p):
     assert scale_eval == 1.0 and torch.equal(z_eval, torch.relu(h))
 
 
-def one_rank_data():
-    """A ``RankData`` holding the whole power-law graph (one partition), built without artifacts."""
+def one_rank_data(graph: tuple[np.ndarray, np.ndarray] | None = None):
+    """A ``RankData`` holding the whole power-law graph (or ``graph``, an incoming CSR of ``NUM_NODES`` nodes) as
+    one partition, built without artifacts."""
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.feature_store import InMemoryFeatureStore
     from stages.train.rank.rank_data import RankData, degree_path
     from storage.schema import GraphSchema
 
-    indptr, indices = power_law_graph()
+    indptr, indices = power_law_graph() if graph is None else graph
     csr, bounds, cpu = LocalCSR.from_numpy(indptr, indices), np.array([0, NUM_NODES]), torch.device("cpu")
     return RankData(rank=0, world=1, device=cpu, bounds=bounds, csr=csr,
                     features=DistFeatures(InMemoryFeatureStore(features()), bounds), y_of_lid=torch.zeros(

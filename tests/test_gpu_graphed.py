@@ -1,6 +1,7 @@
-"""The graphed training step on a GPU (``stages.train.rank.graphed``; run by ``make gpu-check``, skipped without
-CUDA): a real capture replays what the eager step computes, without stopping the host, and the 1-GPU train stage
-with ``cuda_graph=auto`` trains to the CPU accuracy (tests/test_gpu_train.py's threshold)."""
+"""The graphed training step and sampling on a GPU (``stages.train.rank.graphed``, ``graphed_sampling``; run by
+``make gpu-check``, skipped without CUDA): a real capture replays what the eager step or the eager static sampler
+computes, without stopping the host, and the 1-GPU train stage with ``cuda_graph=auto`` (step and sampling
+graphed) trains to the CPU accuracy (tests/test_gpu_train.py's threshold)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 import torch
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.static_sampler import StaticSampler
+from stages.runtime.static_shape import StaticShape
 from stages.train import stage as train
 from stages.train.models.model import build_model
 from stages.train.rank.graphed import GraphedStep
-from stages.train.rank.static_batch import StaticShape
+from stages.train.rank.graphed_sampling import SampleGraph
 from stages.train.tasks.node import NodeClassification
 from storage import ArtifactStore
 from storage.train import METRICS
@@ -21,6 +24,7 @@ from storage.train_summary import TrainSummary
 from tests._sampler_graphs import power_law_graph
 from tests._train_pipeline import build_upstream, train_params, train_upstream
 from tests.test_graphed import _Rerun
+from tests.test_static_sampler import low_degree_graph
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -70,4 +74,44 @@ def test_one_gpu_trains_to_the_cpu_accuracy_with_a_graphed_step(tmp_path):
     manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["cuda_graph"] == "on" and metrics["prefetch"] == 1
+    assert metrics["graphed_sampling"] == "on", "the device budget holds every row of the test graph"
     assert TrainSummary.from_json(manifest.summary).test_metric >= 0.8, manifest.summary
+
+
+def _static(csr: LocalCSR, seed: int) -> StaticSampler:
+    return StaticSampler(csr, (5, 4), StaticShape.bound(64, (5, 4), csr.num_nodes),
+                         generator=torch.Generator(csr.device).manual_seed(seed))
+
+
+def test_a_captured_sampling_graph_replays_the_eager_static_sampler():
+    """The same generator seed: a replay draws what the eager ops draw (a registered generator advances by the
+    graph's draws each replay), and a replay, its seeds' load and its outputs' clones stop the host nowhere."""
+    cuda = torch.device("cuda", 0)
+    csr = LocalCSR.from_numpy(*power_law_graph()).to_device(cuda)
+    graph, eager = SampleGraph(_static(csr, 1)), _static(csr, 1)
+    graph.prepare()
+    assert graph.failed is None and graph.graph is not None
+    for b in range(4):
+        seeds = torch.randperm(csr.num_nodes, generator=torch.Generator().manual_seed(b))[:64 - 20 * b].to(cuda)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            batch = graph(seeds)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        buf = torch.zeros(64, dtype=torch.long, device=cuda)
+        buf[:seeds.numel()] = seeds
+        want = eager.sample(buf, torch.tensor(seeds.numel(), device=cuda))
+        assert torch.equal(batch.edge_index, want.edge_index) and torch.equal(batch.n_id, want.n_id), b
+        assert int(batch.real_edges) == int(want.real_edges)
+
+
+def test_the_static_sampler_on_a_gpu_is_the_cpus_without_draws():
+    """Fanouts of the largest degree: the GPU's node map (atomics) and packing give the CPU's batch exactly."""
+    cpu_csr = LocalCSR.from_numpy(*low_degree_graph())
+    shape = StaticShape.bound(32, (4, 4), cpu_csr.num_nodes)
+    seeds = torch.randperm(cpu_csr.num_nodes)[:32]
+    got = []
+    for csr in (cpu_csr, cpu_csr.to_device(torch.device("cuda", 0))):
+        out = StaticSampler(csr, (4, 4), shape).sample(seeds.to(csr.device), torch.tensor(32, device=csr.device))
+        got.append((out.n_id.cpu(), out.edge_index.cpu()))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])

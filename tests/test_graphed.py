@@ -17,9 +17,10 @@ import torch
 from torch_geometric.data import Data
 
 from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.static_shape import FAKE_EDGES_PER_SLOT, StaticShape
 from stages.train.models.model import BlockGraphSAGE, build_model, seed_logits
 from stages.train.rank import graphed
-from stages.train.rank.static_batch import FAKE_EDGES_PER_SLOT, IGNORE_LABEL, StaticShape, pad_batch, pad_labels
+from stages.train.rank.static_batch import IGNORE_LABEL, pad_batch, pad_labels
 from stages.train.tasks.node import NodeClassification
 from tests._sampler_graphs import power_law_graph
 from tests.test_blocks import messy_graph, one_rank_data
@@ -123,20 +124,22 @@ class _Rerun:
         return self.step()
 
 
-def _trainer(tmp_path, name, **params):
+def _trainer(tmp_path, name, graph=None, **params):
+    """A lone CPU rank's trainer on the power-law graph (or ``graph``), SAGE, fanouts (3, 2) unless ``params``
+    say otherwise."""
     from stages.train.params import Params
     from stages.train.rank.prefetch import producer_group
     from stages.train.rank.trainer import Trainer
     from stages.train.spec import TrainSpec
 
-    data = one_rank_data()
+    data = one_rank_data(graph)
     data.group = producer_group(params.get("prefetch", 0))
     # labels that a model can get wrong: a step that kept an earlier batch's labels changes the correct count
     data.y_of_lid = torch.randint(0, 3, (data.csr.num_nodes,), generator=torch.Generator().manual_seed(5))
     spec = TrainSpec(artifacts=str(tmp_path), key=name, partition_key="p", features_key="f", hotness_key="h",
                      params={}, checkpoint_dir=str(tmp_path / name / "ckpt"), result_dir=str(tmp_path / name))
-    return Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64, seed=3, dropout=0.0,
-                                **params), data)
+    params = {"fanouts": (3, 2), **params}
+    return Trainer(spec, Params(model="sage", hidden=8, batch_size=64, seed=3, dropout=0.0, **params), data)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1])
@@ -144,7 +147,7 @@ def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkey
     """Dropout 0 (its masks are drawn over the padded rows): a whole epoch, its short last batch included, gives
     the same sums and, within float rounding, the same weights; each batch after the warm-up is a replay, and the
     buffers take each new batch (edges, rows and labels)."""
-    monkeypatch.setattr(graphed, "CudaStepGraph", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
     _Rerun.replays = 0
     results = []
     for mode in ("eager", "graphed"):
@@ -226,7 +229,7 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
         def __init__(self, step):
             super().__init__(step)
             captures.append(self)
-    monkeypatch.setattr(graphed, "CudaStepGraph", Counted)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Counted)
     trainer = _trainer(tmp_path, "passes")
     trainer.not_graphed = None
 
@@ -250,7 +253,7 @@ def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, 
     rest of the run step eagerly, with the eager run's results, and metrics.json says why."""
     def refuse(step):
         raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
-    monkeypatch.setattr(graphed, "CudaStepGraph", refuse)
+    monkeypatch.setattr(graphed, "CudaGraphOf", refuse)
     results = []
     for mode in ("eager", "graphed"):
         trainer = _trainer(tmp_path, mode)

@@ -93,7 +93,7 @@ def test_without_replacement_subsets_are_uniform():
 def test_floyd_repeats_by_jumping_are_the_steps_picks(monkeypatch):
     """The GPU's pointer jumping finds the same repeats as Floyd's steps, to the last pick: every k from 1 to 25 and
     degrees from k + 1 (many repeats) to hubs, on the same draws."""
-    from stages.runtime.sampler import _floyd_offsets
+    from stages.runtime.sampler import floyd_offsets
 
     cases = 0
     for trial in range(600):
@@ -101,8 +101,8 @@ def test_floyd_repeats_by_jumping_are_the_steps_picks(monkeypatch):
         k = 1 + trial % 25
         rows = int(torch.randint(1, 60, (1,), generator=g))
         deg = k + 1 + torch.randint(0, (1, 3, 10, 10_000)[trial % 4], (rows,), generator=g)
-        steps = _floyd_offsets(deg, k, _gen(trial), by_jumping=False)
-        jumps = _floyd_offsets(deg, k, _gen(trial), by_jumping=True)
+        steps = floyd_offsets(deg, k, _gen(trial), by_jumping=False)
+        jumps = floyd_offsets(deg, k, _gen(trial), by_jumping=True)
         assert torch.equal(steps, jumps), (trial, k)
         assert bool((steps < deg).all()) and all(len(set(col.tolist())) == k for col in steps.T)
         cases += int((deg <= k + 3).sum())
@@ -111,7 +111,7 @@ def test_floyd_repeats_by_jumping_are_the_steps_picks(monkeypatch):
     def no_jumping(*args):
         raise AssertionError("a CPU takes the steps")
     monkeypatch.setattr("stages.runtime.sampler._repeats_by_jumping", no_jumping)
-    _floyd_offsets(torch.tensor([20, 40]), 15, _gen(1))
+    floyd_offsets(torch.tensor([20, 40]), 15, _gen(1))
 
 
 def test_empty_targets_and_isolated_nodes(csr):
@@ -246,9 +246,9 @@ def test_cuda_matches_cpu_contract(graph):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_floyd_on_a_gpu_jumps_to_the_steps_picks():
-    from stages.runtime.sampler import _floyd_offsets
+    from stages.runtime.sampler import floyd_offsets
 
     deg = torch.randint(16, 60, (5000,), device="cuda")
     for k in (5, 10, 15):   # 5: below _JUMP_FROM_K, the steps
         gen = [torch.Generator(device="cuda").manual_seed(k) for _ in range(2)]
-        assert torch.equal(_floyd_offsets(deg, k, gen[0]), _floyd_offsets(deg, k, gen[1], by_jumping=False))
+        assert torch.equal(floyd_offsets(deg, k, gen[0]), floyd_offsets(deg, k, gen[1], by_jumping=False))

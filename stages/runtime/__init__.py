@@ -3,6 +3,8 @@
 - ``sampler``: uniform neighbour sampling over a CSR of incoming edges (torch ops only, CPU or CUDA), the multi-hop
   ``NeighborSampler`` on one partition holding the whole graph, and the per-epoch seed iterator; ``weighted``: the
   same with edge-weighted draws; ``csr``: a partition's CSR as tensors on one device.
+- ``static_sampler``: the same uniform sampling on a lone rank straight into a batch of static shape
+  (``static_shape``: the sizes every batch of a pass fits), with no host read, so that a CUDA graph can capture it.
 - ``dist_sampler``: the same multi-hop sampler across partitions held by different ranks, with ``all_to_all_single``
   exchanges in lockstep (no RPC), plus equal per-rank batch counts.
 - ``relabel``: gid -> batch-local position maps (first-occurrence order) used by both samplers; ``segments``: the

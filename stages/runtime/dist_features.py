@@ -116,11 +116,24 @@ class DistFeatures:
         self.cache = FeatureCache(gid_sorted, rows)
         return self.cache
 
+    @property
+    def holds_every_row(self) -> bool:
+        """A lone rank whose device cache holds every row: a gather is one ``index_select``, with no host read."""
+        return self.world_size == 1 and self.cache.num_rows == self.num_nodes
+
+    def uncount_cached(self, rows: int) -> None:
+        """Take ``rows`` cache hits back out of the counters: rows a gather read that the batch did not need (a
+        static batch's fake slots, ``stages.train.rank.graphed_sampling``)."""
+        c = self.counters
+        c.requested_rows -= rows
+        c.cache_hits -= rows
+        c.cached_bytes -= rows * self.store.row_bytes
+
     def gather(self, n_id: Tensor) -> Tensor:
         """Rows of ``n_id`` (gids, any owner, may repeat) in order, as ``[len, F]`` on the device. Collective."""
         n_id = n_id.to(device=self.device, dtype=torch.long)
         n = n_id.numel()
-        if self.world_size == 1 and self.cache.num_rows == self.num_nodes:
+        if self.holds_every_row:
             # every row cached (the device budget's aim on one GPU: [4/5] item 1) and no peer to serve: the gid is
             # the cache slot, one gather with no lookup and no host synchronisation
             with phase("gather_cache"):

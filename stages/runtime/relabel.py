@@ -18,7 +18,7 @@ from torch import Tensor
 
 from stages.runtime.segments import steps_of
 
-_SENTINEL = torch.iinfo(torch.int32).max  # "not in this batch"; also the identity of the amin below
+SENTINEL = torch.iinfo(torch.int32).max  # "not in this batch"; also the identity of the amin below
 _DENSE_TABLE_MAX_BYTES = 1 << 30
 
 
@@ -60,17 +60,17 @@ class NodeMap(ABC):
 
 
 class DenseNodeMap(NodeMap):
-    """The table holds each gid's batch position (``_SENTINEL``: not in this batch). Candidates must be gids below
+    """The table holds each gid's batch position (``SENTINEL``: not in this batch). Candidates must be gids below
     ``num_nodes`` (the CSR's sources are)."""
 
     def __init__(self, num_nodes: int, device: torch.device | str = "cpu") -> None:
         self.num_nodes = num_nodes
-        self.table = torch.full((num_nodes,), _SENTINEL, dtype=torch.int32, device=device)
+        self.table = torch.full((num_nodes,), SENTINEL, dtype=torch.int32, device=device)
         self._touched_gid: list[Tensor] = []
 
     def start(self, seed_gid: Tensor, *, checked: bool = False) -> None:
         if self._touched_gid:                             # reset only what the previous batch wrote
-            self.table.index_fill_(0, torch.cat(self._touched_gid), _SENTINEL)
+            self.table.index_fill_(0, torch.cat(self._touched_gid), SENTINEL)
         self._touched_gid = [seed_gid]
         num_seeds = seed_gid.numel()
         seed_pos = steps_of(0, num_seeds, seed_gid.device, torch.int32)
@@ -85,14 +85,14 @@ class DenseNodeMap(NodeMap):
         the unknown candidates first cost a second one (``nonzero``) a hop."""
         # index_select / scatter_ rather than ``t[idx]`` / ``t[idx] = v``: 4-10x faster on CPU for 1-D tensors
         table = self.table
-        is_new = table.index_select(0, cand_gid) == _SENTINEL
+        is_new = table.index_select(0, cand_gid) == SENTINEL
         cand_idx = steps_of(0, cand_gid.numel(), cand_gid.device, torch.int32)
         # amin of the candidate index per unknown gid picks its first occurrence deterministically (a plain
         # scatter with repeated indices leaves an unspecified writer, and CUDA/OpenMP do not agree on one); a
-        # known candidate offers _SENTINEL, the amin's identity, so its entry keeps its position. Each candidate
+        # known candidate offers SENTINEL, the amin's identity, so its entry keeps its position. Each candidate
         # writes to its own gid's entry, so a GPU's atomics spread as the gids do (sending all the known ones to
         # one spare entry once queued a hop's ~300 k on one address), in 1 op where spreading them took 3
-        table.scatter_reduce_(0, cand_gid, torch.where(is_new, cand_idx, _SENTINEL), reduce="amin")
+        table.scatter_reduce_(0, cand_gid, torch.where(is_new, cand_idx, SENTINEL), reduce="amin")
         is_first = is_new & (table.index_select(0, cand_gid) == cand_idx)
         new_gid = cand_gid.masked_select(is_first)        # ascending candidate index = discovery order
         num_new = new_gid.numel()

@@ -43,12 +43,12 @@ from stages.runtime.relabel import NodeMap, make_node_map
 from stages.runtime.segments import expand_rows, offsets_of, repeat_positions, stable_order, steps_of
 from stages.runtime.weighted import sample_weighted_edges
 
-__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "check_seed_range", "iter_seed_batches",
-           "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts", "sample_typed",
-           "sample_typed_edges", "shuffled"]
+__all__ = ["HopEdges", "LocalCSR", "MultiHopSampler", "NeighborSampler", "check_seed_range", "floyd_offsets",
+           "iter_seed_batches", "sample_edges_with_counts", "sample_neighbors", "sample_neighbors_with_counts",
+           "sample_typed", "sample_typed_edges", "shuffled", "uniform_below"]
 
 
-def _uniform_below(n: Tensor, u: Tensor) -> Tensor:
+def uniform_below(n: Tensor, u: Tensor) -> Tensor:
     """``floor(u * n)`` in ``[0, n)`` for ``u`` in [0, 1) (float64: exact enough for any degree)."""
     return torch.minimum((u * n).long(), n - 1)
 
@@ -61,7 +61,7 @@ _JUMP_FROM_K = 6
 _JUMP_MAX_PAIRS = 2**26   # its [k, k, rows] compare (bytes); products' largest, hop 3 at k = 5: 3.8 M
 
 
-def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None, *,
+def floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None, *,
                    by_jumping: bool | None = None) -> Tensor:
     """[k, rows] offsets in ``[0, deg)``, a uniform k-subset per row (all ``deg > k``), by Floyd's algorithm.
 
@@ -72,7 +72,7 @@ def _floyd_offsets(deg: Tensor, k: int, generator: torch.Generator | None, *,
     """
     rand = torch.rand((k, deg.numel()), dtype=torch.float64, device=deg.device, generator=generator)
     hi = deg - torch.arange(k, 0, -1, device=deg.device).unsqueeze(1)   # [k, rows]: step j's upper end
-    drawn = torch.minimum((rand * (hi + 1)).long(), hi)   # _uniform_below(hi + 1): each step's draw, j >= 1 may
+    drawn = torch.minimum((rand * (hi + 1)).long(), hi)   # uniform_below(hi + 1): each step's draw, j >= 1 may
     # repeat a pick (the bound hi given, not hi + 1 - 1: one op less a hop)
     if k < 2:
         return drawn
@@ -162,13 +162,13 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
         total, num_big = torch.stack([slot_offsets[-1], big.sum()]).tolist()
     if replace and fanout != -1:
         row_pos = repeat_positions(count, total)
-        offset = _uniform_below(deg.index_select(0, row_pos),
+        offset = uniform_below(deg.index_select(0, row_pos),
                                 torch.rand(total, dtype=torch.float64, device=device, generator=generator))
         return count, row_pos, row_start.index_select(0, row_pos) + offset
     row_pos, edge_idx = expand_rows(count, row_start, total, first_slot=first_slot)
     if big is not None and first_slot is not None and num_big:
         big_row_pos = torch.nonzero_static(big, size=num_big).squeeze(1)   # its size known: no second sync
-        offset = _floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
+        offset = floyd_offsets(deg.index_select(0, big_row_pos), fanout, generator)          # [fanout, rows]
         # a subset row's slots hold row_start + j (expand_rows): add offset - j to make them row_start + offset
         steps = steps_of(0, fanout, device).unsqueeze(1)
         slot_pos = first_slot.index_select(0, big_row_pos) + steps

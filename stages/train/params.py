@@ -150,12 +150,15 @@ class Params(StageParams):
                                                                   "less the model's and the largest batch's "
                                                                   "reserve, else uva")
     # off until a GPU has timed it beside the eager step (benchmarks/RESULTS.md, [4/5]); the report names each
-    # rank's choice, or why its step cannot be a graph (stages.train.rank.graphed)
-    cuda_graph: CudaGraph = runtime("off", description="CUDA ranks: auto replays each training step as one "
+    # rank's choice, or why its step (stages.train.rank.graphed) or sampling (graphed_sampling) cannot be a graph
+    cuda_graph: CudaGraph = runtime("off", description="CUDA ranks: step replays each training step as one "
                                                        "captured CUDA graph on batches padded to a static shape, "
                                                        "where the step allows it (a lone rank, task=node, "
                                                        "cross_entropy, the built-in sage, float32, positive "
-                                                       "fanouts); off: every op launched from Python")
+                                                       "fanouts); auto also samples each batch by one graph "
+                                                       "(static shapes, no host read) where every feature row is "
+                                                       "on the device and the sampler is uniform; off: every op "
+                                                       "launched from Python")
 
     @property
     def num_layers(self) -> int:

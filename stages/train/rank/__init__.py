@@ -10,8 +10,9 @@
   while the model computes.
 - ``trainer``: task, model, DDP, optimiser and the run; ``loop``: the epoch and evaluation loops; ``recipe``:
   best-validation selection, early stopping, the LR schedule; ``stats``: an epoch's metrics, all-reduced.
-- ``graphed``: a lone CUDA rank's training step as one captured CUDA graph (``cuda_graph=auto``);
-  ``static_batch``: the batches padded to the static shape it replays.
+- ``graphed``: a lone CUDA rank's training step as one captured CUDA graph (``cuda_graph=step`` or ``auto``);
+  ``static_batch``: the batches padded to the static shape it replays; ``graphed_sampling``: the sampling of a
+  batch as one captured graph too (``cuda_graph=auto``).
 - ``checkpoint``: atomic save and resume agreement; ``guard``: a NaN/Inf loss stops every rank; ``rng``: per-epoch
   reseeded streams; ``faults``: test-only fault injection.
 """

@@ -32,9 +32,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.train.rank.static_batch import StaticShape, pad_batch, pad_labels
+from stages.runtime.static_shape import StaticShape
+from stages.train.rank.static_batch import pad_batch, pad_labels
 
-__all__ = ["GraphedStep", "StepGraph", "why_not_graphed"]
+__all__ = ["CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]
 
 Outputs = tuple[Tensor, Tensor]   # the padded seeds' logits and the batch's mean loss, detached
 WARMUP_STEPS = 2                  # eager steps before the first capture of a rank (PyTorch's CUDA graph notes)
@@ -46,17 +47,22 @@ class StepGraph(Protocol):
     def replay(self) -> Outputs: ...
 
 
-class CudaStepGraph:
-    """``step`` captured into a ``torch.cuda.CUDAGraph`` (its outputs are tensors the replays overwrite)."""
+class CudaGraphOf:
+    """``fn`` captured into a ``torch.cuda.CUDAGraph``: ``replay()`` reruns it and returns its outputs, tensors that
+    each replay overwrites. ``generator``: a non-default CUDA generator ``fn`` draws from, registered with the graph
+    (each replay then advances it); ``stream``: the capture's own (default: PyTorch's one capture stream)."""
 
-    def __init__(self, step: Callable[[], Outputs]) -> None:
+    def __init__(self, fn: Callable[[], Any], *, generator: torch.Generator | None = None,
+                 stream: torch.cuda.Stream | None = None) -> None:
         self.graph = torch.cuda.CUDAGraph()
+        if generator is not None and generator.device.type == "cuda":
+            self.graph.register_generator_state(generator)
         # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
         # the capture; under the default global mode any such call in another thread fails the capture
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.outputs = step()
+        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+            self.outputs = fn()
 
-    def replay(self) -> Outputs:
+    def replay(self) -> Any:
         self.graph.replay()
         return self.outputs
 
@@ -69,11 +75,11 @@ class GraphedStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, shape: StaticShape,
                  device: torch.device, *, warmup: int = WARMUP_STEPS,
                  capture: Callable[[Callable[[], Outputs]], StepGraph] | None = None) -> None:
-        """``capture``: makes the ``StepGraph`` of a step (default ``CudaStepGraph``)."""
+        """``capture``: makes the ``StepGraph`` of a step (default ``CudaGraphOf``)."""
         self.model, self.optimizer, self.task, self.shape = model, optimizer, task, shape
         self.device, self.warmup = device, warmup
         self.lr = float(optimizer.param_groups[0]["lr"])   # what a capture bakes in (a scheduler changes it)
-        self.capture = capture if capture is not None else CudaStepGraph
+        self.capture = capture if capture is not None else CudaGraphOf
         self.fake_edges = shape.fake_edge_index(device)
         self.graph: StepGraph | None = None
         self.failed: str | None = None   # why the capture failed (then every step is eager)
@@ -87,13 +93,15 @@ class GraphedStep:
         return self.graph is not None
 
     def pad(self, batch: Data, target: Tensor) -> Data:
-        """The producer's half: ``batch`` padded to the static shape, its labels ``target`` as ``y``."""
-        padded = pad_batch(batch, self.shape, self.fake_edges)
+        """The producer's half: ``batch`` padded to the static shape (unless a static sampler's, ``static``, sampled
+        it so: ``graphed_sampling``), its labels ``target`` as ``y``."""
+        padded = batch if getattr(batch, "static", False) else pad_batch(batch, self.shape, self.fake_edges)
         padded.y = pad_labels(target, self.shape.nodes[0])
         return padded
 
     def __call__(self, batch: Data, x: Tensor) -> Outputs:
-        """One step on a padded ``batch`` (``pad``) and the rows ``x`` of its real nodes."""
+        """One step on a padded ``batch`` (``pad``) and the rows ``x`` of its real nodes (every slot's, for a static
+        sampler's batch, which has no ``pad_pos``)."""
         self._load(batch, x)
         if self.graph is None:
             if self.eager_steps < self.warmup or self.failed is not None:
@@ -119,7 +127,10 @@ class GraphedStep:
         else:
             self._batch.edge_index.copy_(batch.edge_index)
             self._batch.y.copy_(batch.y)
-        self._x.index_copy_(0, batch.pad_pos, x)
+        if getattr(batch, "pad_pos", None) is None:
+            self._x.copy_(x)
+        else:
+            self._x.index_copy_(0, batch.pad_pos, x)
 
     def _step(self) -> Outputs:
         """The step on the buffers: zero_grad(set_to_none) makes the backward write fresh gradients, which in a

@@ -51,6 +51,9 @@ class EpochSums:
     seeds: int = 0            # what the loss is a mean over (``Task.size``: seed nodes, positive edges)
     batches: int = 0          # all batches run, padding included
     sampled_edges: int = 0    # all batches
+    # rows gathered for the fake slots of a static sampler's batches (graphed_sampling), which the feature
+    # counters counted: the trainer takes them back out
+    padding_rows: int = 0
     wall_s: float = 0.0
     # seconds per phase of the pass (``stages.runtime.phases``; ``other``: the wall time not in any phase): the model's
     # thread, and the prefetch producer's (empty without one); not summed over ranks, each rank's is its own
@@ -119,6 +122,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
     model.train()
     sums = EpochSums(metric_sums=[0.0] * len(task.sum_names))
     running = RunningSums(1 + len(task.sum_names))   # the loss sum, then the task's: read once, at the end
+    counts = RunningSums(2)   # every batch's sampled edges and padding rows (device counts under a static sampler)
     clock = PhaseClock(device)
     start = time.perf_counter()
     with measuring(clock):
@@ -133,14 +137,15 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
                 if ready is None:
                     break
                 if graph is not None:
-                    _graphed_step(b, ready, graph, task, sums, running, on_batch=on_batch, check_loss=check_loss,
-                                  real=b < num_real_batches)
+                    _graphed_step(b, ready, graph, task, sums, (running, counts), on_batch=on_batch,
+                                  check_loss=check_loss, real=b < num_real_batches)
                     continue
-                _train_step(b, ready, model, optimizer, task, sums, running, on_batch=on_batch,
+                _train_step(b, ready, model, optimizer, task, sums, (running, counts), on_batch=on_batch,
                             check_loss=check_loss, after_step=after_step, real=b < num_real_batches)
             if check_loss is not None:
                 check_loss.finish()
     sums.loss_sum, *sums.metric_sums = running.values()
+    sums.sampled_edges, sums.padding_rows = (int(v) for v in counts.values())
     _sync(device)
     sums.wall_s = time.perf_counter() - start
     sums.phases_s = clock.totals()
@@ -151,8 +156,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed_b
 
 
 def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Task,
-                sums: EpochSums, running: RunningSums, *, on_batch: OnBatch | None, check_loss: CheckLoss | None,
-                after_step: Callable[[], None] | None, real: bool) -> None:
+                sums: EpochSums, running: tuple[RunningSums, RunningSums], *, on_batch: OnBatch | None,
+                check_loss: CheckLoss | None, after_step: Callable[[], None] | None, real: bool) -> None:
     """One batch's model work, the step and the sums (``real``: a batch whose loss and metric count)."""
     if on_batch is not None:
         on_batch(b)
@@ -169,11 +174,12 @@ def _train_step(b: int, ready: Prepared, model: torch.nn.Module, optimizer: torc
         optimizer.step()
         if after_step is not None:
             after_step()
-    _count_batch(sums, running, task, out, y, loss, int(ready.batch.edge_index.shape[1]), real=real)
+    _count_batch(sums, running, task, out, y, loss, int(ready.batch.edge_index.shape[1]), 0, real=real)
 
 
-def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums: EpochSums, running: RunningSums,
-                  *, on_batch: OnBatch | None, check_loss: CheckLoss | None, real: bool) -> None:
+def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums: EpochSums,
+                  running: tuple[RunningSums, RunningSums], *, on_batch: OnBatch | None,
+                  check_loss: CheckLoss | None, real: bool) -> None:
     """``_train_step`` through ``graph``: the step on the padded batch, the sums over its real seeds."""
     if on_batch is not None:
         on_batch(b)
@@ -183,17 +189,20 @@ def _graphed_step(b: int, ready: Prepared, graph: GraphedStep, task: Task, sums:
         out, loss = graph(batch, x)
     if check_loss is not None:
         check_loss(b, loss)
-    _count_batch(sums, running, task, out[:batch.real_batch_size], y, loss, int(batch.real_edges), real=real)
+    # a static sampler's counts are device tensors, added on the device (no read a batch)
+    _count_batch(sums, running, task, out[:batch.real_batch_size], y, loss, batch.real_edges,
+                 getattr(batch, "padding_rows", 0), real=real)
 
 
-def _count_batch(sums: EpochSums, running: RunningSums, task: Task, out: Any, y: Any, loss: Tensor,
-                 sampled_edges: int, *, real: bool) -> None:
-    """A stepped batch in the pass's sums; its loss and metric only when ``real``."""
+def _count_batch(sums: EpochSums, running: tuple[RunningSums, RunningSums], task: Task, out: Any, y: Any,
+                 loss: Tensor, sampled_edges: int | Tensor, padding_rows: int | Tensor, *, real: bool) -> None:
+    """A stepped batch in the pass's sums (``running``: the loss and metric sums, then the counts); its loss and
+    metric only when ``real``."""
     sums.batches += 1
-    sums.sampled_edges += sampled_edges
+    running[1].add([sampled_edges, padding_rows])
     if real:   # on the device, no synchronisation: the float64 loss times the count is what float() * n was
         size = task.size(y)
-        running.add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
+        running[0].add([loss.detach().to(torch.float64) * size, *task.metric_sums(out, y)])
         sums.seeds += size
 
 

@@ -15,29 +15,30 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.collectives import all_reduce_f64
-from stages.runtime.dist_features import FeatureCounters
+from stages.runtime.dist_features import DistFeatures, FeatureCounters
 from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.phases import clock_kind
+from stages.runtime.static_shape import StaticShape
 from stages.runtime.typed_rows import TypedRows
 from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees
 from stages.train.params import Params
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, why_not_graphed
+from stages.train.rank.graphed_sampling import SampleGraph, make_sample_graph, why_not_graphed_sampling
 from stages.train.rank.guard import LossGuard
 from stages.train.rank.loader import NodeLoader
 from stages.train.rank.loop import EpochSums, OnBatch, eval_sums, train_epoch
 from stages.train.rank.rank_data import RankData
 from stages.train.rank.recipe import BestModel, make_scheduler
 from stages.train.rank.rng import RngStreams
-from stages.train.rank.static_batch import StaticShape
 from stages.train.rank.stats import EpochStats, or_none
 from stages.train.spec import TrainSpec
 from stages.train.tasks import task_def
@@ -103,6 +104,13 @@ class Trainer:
             precision=params.precision, model=self.model, fanouts=fanouts, typed=not data.schema.is_homogeneous,
             edge_features=self.edge_dim > 0)
         self._graph: GraphedStep | None = None   # the captured step, kept across passes while it holds
+        # None: the producer's sampling is a captured graph too (graphed_sampling), else why it is not
+        features = data.features
+        self.not_graphed_sampling = why_not_graphed_sampling(
+            self.not_graphed, setting=params.cuda_graph, csr=data.csr, fanouts=list(fanouts),
+            num_nodes=data.schema.num_nodes,
+            every_row_on_device=isinstance(features, DistFeatures) and features.holds_every_row)
+        self._sample_graph: SampleGraph | None = None   # made and captured once, for every pass
         # fused on a GPU: one kernel a step for all the weights, where the default's per-op kernels are ~10 more
         # launches a batch on a launch-bound path (benchmarks/RESULTS.md, [4/5]); capturable for a graphed step
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=params.lr, weight_decay=params.weight_decay,
@@ -169,14 +177,29 @@ class Trainer:
             if hook is not None:
                 hook(b)
         graph = self._graph_step() if self.not_graphed is None else None
-        sums = train_epoch(self.train_module, self.optimizer, items, self.loader.sample, self.loader.gather_rows,
+        sample = self._graphed_sampling() if graph is not None and self.not_graphed_sampling is None else None
+        sums = train_epoch(self.train_module, self.optimizer, items, sample or self.loader.sample,
+                           self.loader.gather_rows,
                            self.task, num_real_batches=num_real, device=self.device, on_batch=on_batch,
                            check_loss=LossGuard(self.rank, self.world, epoch),
                            after_step=None if graph is not None else self.loader.step_embeddings,
                            prefetch=self.prefetch, gather_after_step=bool(self.embeddings), graph=graph)
         if graph is not None and graph.failed is not None:   # the next passes train eagerly from the start
             self.not_graphed, self._graph = graph.failed, None
+            self.not_graphed_sampling = f"the step is not graphed ({graph.failed})"
+        if sums.padding_rows and isinstance(self.data.features, DistFeatures):   # the counters: real rows only
+            self.data.features.uncount_cached(sums.padding_rows)
         return sums
+
+    def _graphed_sampling(self) -> SampleGraph:
+        """The rank's sampling graph, made and captured before its first graphed pass (graphed_sampling)."""
+        if self._sample_graph is None:
+            shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
+            fanouts = cast(list[int], list(self.fanouts))   # one count a hop: why_not_graphed_sampling checked
+            self._sample_graph = make_sample_graph(self.data.csr, fanouts, shape,
+                                                   replace=self.loader.sampler.replace, generator=self.rng.sampler)
+            self._sample_graph.prepare()
+        return self._sample_graph
 
     def _graph_step(self) -> GraphedStep:
         """The graphed step of the next pass: the last pass's while its learning rate holds (a capture costs a
@@ -323,5 +346,12 @@ class Trainer:
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
                 "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
                 "cuda_graph": "on" if self.not_graphed is None else f"off: {self.not_graphed}",
+                "graphed_sampling": self.sampling_report(),
                 "ranks_per_gpu": params.ranks_per_gpu if self.device.type == "cuda" else None}
 
+    def sampling_report(self) -> str:
+        """``metrics.json``'s ``graphed_sampling``: on, eager static sampling after a failed capture, or off: why."""
+        if self.not_graphed_sampling is not None:
+            return f"off: {self.not_graphed_sampling}"
+        failed = self._sample_graph.failed if self._sample_graph is not None else None
+        return "on" if failed is None else f"static, eager: {failed}"

@@ -1,0 +1,130 @@
+"""The producer's half of a graphed training step as one captured CUDA graph too (``cuda_graph=auto``): a batch's
+whole sampling, with no host read (``stages.runtime.static_sampler``), replayed per batch.
+
+With the step graphed (``stages.train.rank.graphed``), the prefetch thread's eager sampling set the pace of a
+1-GPU products epoch: ~166 launches and 6 host reads a batch (``benchmarks/RESULTS.md``, [4/5]). Here the host
+copies the batch's seeds into a buffer, replays one graph, and clones its three outputs (the static sampler's
+buffers are the next batch's), ~7 launches and no read.
+
+The graph is captured before the rank's first graphed pass, in the training thread, after ``WARMUP_STEPS`` eager
+runs on a batch of no seeds (lazy initialisations must happen outside a capture). So the prefetch thread only
+ever replays it, and no two captures run at once. The warm-up and the capture draw from the sampler's generator,
+whose state is put back afterwards: a pass's batches draw what an eager static sampler's would, on any device.
+A capture that fails leaves the static sampler running eagerly (still no host read), and the report says why.
+
+What may be graphed (``why_not_graphed_sampling``): a graphed step whose rank holds every feature row on its
+device (the gather of a padded ``n_id`` is then one ``index_select``, with no read), and a CSR the static sampler
+takes (``stages.runtime.static_sampler.why_not_static``).
+
+Feature counters: the gather reads every padded slot's row (a fake slot's is gid 0's, which no real node reads),
+so the pass subtracts the fake slots (``padding_rows``, kept on the device) from its counters at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from stages.runtime.csr import LocalCSR
+from stages.runtime.static_sampler import StaticBatch, StaticSampler, why_not_static
+from stages.runtime.static_shape import StaticShape
+from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf
+
+__all__ = ["SampleGraph", "why_not_graphed_sampling"]
+
+Capture = Callable[[Callable[[], StaticBatch], "torch.Generator | None"], Any]   # -> an object with replay()
+
+
+class SampleGraph:
+    """A rank's batches sampled by ``sampler`` through one captured graph (module docstring). ``__call__(seed_gid)``
+    is the loop's ``Sample`` on a padded batch's way: a ``Data`` in the static shape."""
+
+    def __init__(self, sampler: StaticSampler, *, warmup: int = WARMUP_STEPS, capture: Capture | None = None) -> None:
+        """``capture(fn, generator)``: an object whose ``replay()`` reruns ``fn`` and returns its outputs (default:
+        ``CudaGraphOf``, with ``generator`` registered on the graph)."""
+        self.sampler, self.warmup = sampler, warmup
+        self.shape: StaticShape = sampler.shape
+        device = sampler.device
+        self.seed_buf = torch.zeros(sampler.capacity[0], dtype=torch.long, device=device)
+        self.num_seeds = torch.zeros((), dtype=torch.long, device=device)
+        self.capture = capture if capture is not None else _cuda_capture
+        self.graph: Any = None
+        self.failed: str | None = None
+        self.prepared = False
+
+    def prepare(self) -> None:
+        """Warm up and capture (on a batch of no seeds: the same kernels on the same sizes), leaving the generator
+        as it was."""
+        if self.prepared:
+            return
+        self.prepared = True
+        generator = self.sampler.generator
+        state = generator.get_state() if generator is not None else None
+        self._load(self.seed_buf[:0])
+        with _side_stream(self.sampler.device):   # eager warm-up on a side stream, as PyTorch's notes ask
+            for _ in range(self.warmup):
+                self.sampler.sample(self.seed_buf, self.num_seeds)
+        try:
+            self.graph = self.capture(lambda: self.sampler.sample(self.seed_buf, self.num_seeds), generator)
+        except Exception as error:   # noqa: BLE001 - any capture failure: the static sampler runs eagerly
+            self.failed = f"the capture failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            print(f"cuda_graph: sampling: {self.failed}; sampling eagerly", flush=True)
+        if generator is not None and state is not None:
+            generator.set_state(state)
+
+    def __call__(self, seed_gid: Tensor) -> Data:
+        self._load(seed_gid)
+        out = self.graph.replay() if self.graph is not None else self.sampler.sample(self.seed_buf, self.num_seeds)
+        shape = self.shape
+        return Data(edge_index=out.edge_index.clone(), n_id=out.n_id.clone(), batch_size=shape.nodes[0],
+                    num_nodes=shape.num_nodes, num_sampled_nodes=list(shape.nodes),
+                    num_sampled_edges=list(shape.edges), edges_by_target=True, static=True,
+                    real_batch_size=seed_gid.numel(), real_edges=out.real_edges.clone(),
+                    padding_rows=shape.num_nodes - out.real_nodes)
+
+    def _load(self, seed_gid: Tensor) -> None:
+        n = seed_gid.numel()
+        if n > self.seed_buf.numel():
+            raise ValueError(f"a batch of {n} seeds for a static shape of {self.seed_buf.numel()}")
+        self.seed_buf[:n].copy_(seed_gid)
+        self.num_seeds.fill_(n)
+
+
+def _cuda_capture(fn: Callable[[], StaticBatch], generator: torch.Generator | None) -> CudaGraphOf:
+    # its own capture stream: the step's capture (graphed) uses PyTorch's shared one
+    return CudaGraphOf(fn, generator=generator, stream=torch.cuda.Stream())
+
+
+@contextlib.contextmanager
+def _side_stream(device: torch.device) -> Iterator[None]:
+    if device.type != "cuda":
+        yield
+        return
+    main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        yield
+    main.wait_stream(side)
+
+
+def why_not_graphed_sampling(not_graphed: str | None, *, csr: LocalCSR, fanouts: list[Any], num_nodes: int,
+                             every_row_on_device: bool, setting: str) -> str | None:
+    """None when a rank's sampling can be graphed too, else why not (the report's words)."""
+    if not_graphed is not None:
+        return f"the step is not graphed ({not_graphed})"
+    if setting != "auto":
+        return f"cuda_graph={setting}"
+    if not every_row_on_device:
+        return "the device holds only part of the feature rows (the gather reads sizes back)"
+    return why_not_static(csr, fanouts, num_nodes)
+
+
+def make_sample_graph(csr: LocalCSR, fanouts: list[int], shape: StaticShape, *, replace: bool,
+                      generator: torch.Generator | None) -> SampleGraph:
+    """The rank's ``SampleGraph`` over its whole-graph ``csr``."""
+    return SampleGraph(StaticSampler(csr, fanouts, shape, replace=replace, generator=generator))

@@ -1,9 +1,10 @@
-"""The training step as one captured CUDA graph (``cuda_graph=auto``): the host launches a whole step, forward,
-backward and Adam, with one call instead of ~94 ops (issue [4/5] item 3: a products batch on one GPU is
+"""The training step as one captured CUDA graph (``cuda_graph=step`` or ``auto``): the host launches a whole step,
+forward, backward and Adam, with one call instead of ~94 ops (issue [4/5] item 3: a products batch on one GPU is
 launch-bound; benchmarks/RESULTS.md, "[4/5] Launches and host reads a batch").
 
 A graph replays fixed tensor sizes at fixed addresses. So each batch is padded to the pass's static shape
-(``stages.train.rank.static_batch``) by the producer, after sampling and before the gather, and the step copies its
+(``stages.train.rank.static_batch``) by the producer, after sampling and before the gather (or sampled so, by a
+static sampler's graph under ``auto``: ``graphed_sampling``), and the step copies its
 edges, rows and labels into buffers made at the first batch: three copies, then the replay. The first batches of a
 rank's first pass run eagerly on those buffers (lazy initialisations, e.g. cuBLAS's workspace and Adam's state,
 must happen outside a capture); the next one is captured, and each later batch replays it, in later passes too.

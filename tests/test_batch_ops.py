@@ -72,3 +72,24 @@ def test_graphed_sampling_launches_its_replay_and_reads_nothing(counts):
     assert graphed["batch"]["host_reads"] == 0, graphed
     # the step: the graphed one's 16 at most, and 2 ops each to add the batch's two device counts (edges, padding)
     assert graphed["gather"]["ops"] == 1 and graphed["step"]["ops"] <= 20, graphed["step"]["top"]
+
+
+def test_the_static_sampler_itself_reads_nothing_back():
+    """What the sampling graph holds, run eagerly and counted: no host read (a replay's ops run uncounted above)."""
+    import torch
+    from bench_batch_ops import HOST_READS, counting_mode
+
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.static_sampler import StaticSampler
+    from stages.runtime.static_shape import StaticShape
+    from tests._sampler_graphs import power_law_graph
+
+    csr = LocalCSR.from_numpy(*power_law_graph())
+    for replace in (False, True):
+        sampler = StaticSampler(csr, (15, 10, 5), StaticShape.bound(64, (15, 10, 5), csr.num_nodes), replace=replace)
+        with gpu_ways():
+            counter = counting_mode()()
+            with counter:
+                sampler.sample(torch.randperm(csr.num_nodes)[:64], torch.tensor(64))
+        reads = {k: v for k, v in counter.ops.items() if k in HOST_READS}
+        assert not reads and sum(counter.ops.values()) > 50, (reads, counter.ops)

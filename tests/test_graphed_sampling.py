@@ -69,6 +69,24 @@ def test_a_failed_sampling_capture_samples_eagerly_with_the_same_batches():
     assert torch.equal(graph(seeds).edge_index, eager(seeds).edge_index)
 
 
+def test_a_static_sampler_that_fails_its_warm_up_leaves_the_pass_to_the_eager_sampler(one_rank_group, tmp_path,
+                                                                                         monkeypatch):
+    """Out of memory in the static sampler's first run, say: the pass samples eagerly (padding its batches for
+    the graphed step), and the report says why."""
+    def oom(self, seed_gid, num_seeds):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(StaticSampler, "sample", oom)
+    trainer = _trainer(tmp_path, "oom", cuda_graph="auto")
+    trainer.not_graphed, trainer.not_graphed_sampling = None, None
+    trainer.rng.seed_epoch(0)
+    sums = trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)
+    assert sums.batches == 3 and sums.padding_rows == 0 and trainer._sample_graph is None
+    trainer.history = [{"val_metric": 0.5}]
+    assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, [{}])["graphed_sampling"] == \
+        "off: the static sampler failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_a_pass_on_graphed_sampling_trains_as_the_padded_eager_sampling(one_rank_group, tmp_path, monkeypatch,
                                                                          prefetch):
@@ -116,7 +134,7 @@ def test_the_sampling_graph_serves_every_pass_and_the_report_says_so(one_rank_gr
     assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, [{}])["graphed_sampling"] == "on"
 
 
-def test_which_ranks_sample_through_a_graph(one_rank_group, tmp_path):
+def test_which_ranks_sample_through_a_graph(one_rank_group, tmp_path, monkeypatch):
     csr = LocalCSR.from_numpy(*power_law_graph())
     ok = {"csr": csr, "fanouts": [5, 4], "num_nodes": 1500, "every_row_on_device": True, "setting": "auto"}
     assert why_not_graphed_sampling(None, **ok) is None
@@ -124,7 +142,32 @@ def test_which_ranks_sample_through_a_graph(one_rank_group, tmp_path):
     assert why_not_graphed_sampling(None, **{**ok, "setting": "step"}) == "cuda_graph=step"
     assert "only part of the feature rows" in why_not_graphed_sampling(None, **{**ok, "every_row_on_device": False})
     assert "fanout -1" in why_not_graphed_sampling(None, **{**ok, "fanouts": [5, -1]})
+    monkeypatch.setattr(graphed_sampling, "_torch_version", lambda: (2, 6))
+    assert why_not_graphed_sampling(None, **ok).startswith("torch ")
     trainer = _trainer(tmp_path, "cpu", cuda_graph="auto")
     trainer.history = [{"val_metric": 0.5}]
     assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, [{}])["graphed_sampling"] == \
         "off: the step is not graphed (a CPU rank)"
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_group, tmp_path, monkeypatch, cached):
+    """The rank's own answer (``DistFeatures.holds_every_row``) decides, the step's graph given."""
+    from stages.train.rank import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "why_not_graphed", lambda *a, **k: None)   # as on a lone CUDA rank
+    from tests.test_blocks import one_rank_data
+
+    real_one_rank_data = one_rank_data
+
+    def data_with_cache(graph=None):
+        data = real_one_rank_data(graph)
+        if cached:
+            data.features.build_cache(torch.arange(1500))
+        return data
+    monkeypatch.setattr("tests.test_graphed.one_rank_data", data_with_cache)
+    trainer = _trainer(tmp_path, f"wired{cached}", cuda_graph="auto")
+    if cached:
+        assert trainer.not_graphed_sampling is None
+    else:
+        assert "only part of the feature rows" in trainer.not_graphed_sampling

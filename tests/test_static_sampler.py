@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from stages.runtime.csr import LocalCSR
+from stages.runtime.relabel import SENTINEL
 from stages.runtime.sampler import NeighborSampler
 from stages.runtime.static_sampler import StaticSampler, why_not_static
 from stages.runtime.static_shape import StaticShape
@@ -169,3 +170,18 @@ def test_what_the_static_sampler_refuses():
         StaticSampler(csr, [5, -1], StaticShape.bound(4, (5, 5), n))
     with pytest.raises(ValueError, match="a shape of 2 hops for 1 fanouts"):
         StaticSampler(csr, [5], StaticShape.bound(4, (5, 5), n))
+    with pytest.raises(ValueError, match="cannot hold the up to 9 new nodes"):   # a shape made for a smaller graph
+        StaticSampler(csr, [9, 2], StaticShape.bound(1, (9, 2), 4))
+
+
+def test_fake_slots_spread_their_writes_and_leave_no_trace():
+    """Every write of a fake slot lands on a spare entry, spread over many (one address would queue a GPU's
+    writes), and the next batch resets what the last one wrote: no table entry of the graph stays set."""
+    csr = LocalCSR.from_numpy(*power_law_graph())
+    static = StaticSampler(csr, (5, 4), StaticShape.bound(64, (5, 4), csr.num_nodes))
+    got = _sample(static, torch.tensor([1490, 1491]))   # isolated seeds: every other slot is fake
+    assert int(got.real_nodes) == 2 and int(got.real_edges) == 0
+    assert int((static.table[csr.num_nodes:] != SENTINEL).sum()) > 100, "the spares took the fake writes"
+    _sample(static, torch.arange(0))
+    static.sample(torch.zeros(64, dtype=torch.long), torch.tensor(0))
+    assert bool((static.table[:csr.num_nodes] == SENTINEL).all())

@@ -60,8 +60,15 @@ class CudaGraphOf:
             self.graph.register_generator_state(generator)
         # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
         # the capture; under the default global mode any such call in another thread fails the capture
-        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-            self.outputs = fn()
+        current = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+                self.outputs = fn()
+        except BaseException:
+            # a failed capture can raise in its end before the context gives the stream back: the caller, which
+            # goes on eagerly, must not be left on the capture's stream
+            torch.cuda.set_stream(current)
+            raise
 
     def replay(self) -> Any:
         self.graph.replay()

@@ -54,28 +54,35 @@ class SampleGraph:
         self.num_seeds = torch.zeros((), dtype=torch.long, device=device)
         self.capture = capture if capture is not None else _cuda_capture
         self.graph: Any = None
-        self.failed: str | None = None
+        self.failed: str | None = None     # why the capture failed (then the static sampler runs eagerly)
+        self.unusable: str | None = None   # why the static sampler itself failed (then the eager sampler runs)
         self.prepared = False
 
-    def prepare(self) -> None:
+    def prepare(self) -> bool:
         """Warm up and capture (on a batch of no seeds: the same kernels on the same sizes), leaving the generator
-        as it was."""
+        as it was. False when the warm-up itself failed (``unusable`` says why): the rank then samples eagerly."""
         if self.prepared:
-            return
+            return self.unusable is None
         self.prepared = True
         generator = self.sampler.generator
         state = generator.get_state() if generator is not None else None
         self._load(self.seed_buf[:0])
-        with _side_stream(self.sampler.device):   # eager warm-up on a side stream, as PyTorch's notes ask
-            for _ in range(self.warmup):
-                self.sampler.sample(self.seed_buf, self.num_seeds)
+        try:
+            with _side_stream(self.sampler.device):   # eager warm-up on a side stream, as PyTorch's notes ask
+                for _ in range(self.warmup):
+                    self.sampler.sample(self.seed_buf, self.num_seeds)
+        except Exception as error:   # noqa: BLE001 - e.g. out of memory: the eager sampler needs less
+            self.unusable = f"the static sampler failed: {_first_line(error)}"
+            print(f"cuda_graph: sampling: {self.unusable}; sampling eagerly", flush=True)
+            return False
         try:
             self.graph = self.capture(lambda: self.sampler.sample(self.seed_buf, self.num_seeds), generator)
         except Exception as error:   # noqa: BLE001 - any capture failure: the static sampler runs eagerly
-            self.failed = f"the capture failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-            print(f"cuda_graph: sampling: {self.failed}; sampling eagerly", flush=True)
+            self.failed = f"the capture failed: {_first_line(error)}"
+            print(f"cuda_graph: sampling: {self.failed}; sampling eagerly on static shapes", flush=True)
         if generator is not None and state is not None:
             generator.set_state(state)
+        return True
 
     def __call__(self, seed_gid: Tensor) -> Data:
         self._load(seed_gid)
@@ -93,6 +100,10 @@ class SampleGraph:
             raise ValueError(f"a batch of {n} seeds for a static shape of {self.seed_buf.numel()}")
         self.seed_buf[:n].copy_(seed_gid)
         self.num_seeds.fill_(n)
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
 def _cuda_capture(fn: Callable[[], StaticBatch], generator: torch.Generator | None) -> CudaGraphOf:
@@ -119,6 +130,10 @@ def why_not_graphed_sampling(not_graphed: str | None, *, csr: LocalCSR, fanouts:
         return f"the step is not graphed ({not_graphed})"
     if setting != "auto":
         return f"cuda_graph={setting}"
+    if _torch_version() < (2, 7):
+        # before 2.7 every replay updated the default generator, which fails while the training thread captures
+        # its step (pytorch/pytorch#143777 skips a graph that draws nothing from it)
+        return f"torch {torch.__version__} (graphed sampling needs 2.7 or later)"
     if not every_row_on_device:
         return "the device holds only part of the feature rows (the gather reads sizes back)"
     return why_not_static(csr, fanouts, num_nodes)
@@ -128,3 +143,8 @@ def make_sample_graph(csr: LocalCSR, fanouts: list[int], shape: StaticShape, *, 
                       generator: torch.Generator | None) -> SampleGraph:
     """The rank's ``SampleGraph`` over its whole-graph ``csr``."""
     return SampleGraph(StaticSampler(csr, fanouts, shape, replace=replace, generator=generator))
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)

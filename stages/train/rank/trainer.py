@@ -191,14 +191,18 @@ class Trainer:
             self.data.features.uncount_cached(sums.padding_rows)
         return sums
 
-    def _graphed_sampling(self) -> SampleGraph:
-        """The rank's sampling graph, made and captured before its first graphed pass (graphed_sampling)."""
+    def _graphed_sampling(self) -> SampleGraph | None:
+        """The rank's sampling graph, made and captured before its first graphed pass (graphed_sampling); None
+        when the static sampler itself failed there (the eager sampler serves this pass and the next)."""
         if self._sample_graph is None:
             shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
             fanouts = cast(list[int], list(self.fanouts))   # one count a hop: why_not_graphed_sampling checked
-            self._sample_graph = make_sample_graph(self.data.csr, fanouts, shape,
-                                                   replace=self.loader.sampler.replace, generator=self.rng.sampler)
-            self._sample_graph.prepare()
+            sample_graph = make_sample_graph(self.data.csr, fanouts, shape, replace=self.loader.sampler.replace,
+                                             generator=self.rng.sampler)
+            if not sample_graph.prepare():
+                self.not_graphed_sampling = sample_graph.unusable
+                return None
+            self._sample_graph = sample_graph
         return self._sample_graph
 
     def _graph_step(self) -> GraphedStep:

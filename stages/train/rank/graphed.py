@@ -120,7 +120,7 @@ class GraphedStep:
             except Exception as error:   # noqa: BLE001 - any capture failure: the step runs eagerly instead
                 # a capture runs nothing (the gradients it set to None are set again by the next step), so the
                 # batch is stepped eagerly, and so are the pass's others; the trainer reports why
-                self.failed = f"the capture failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                self.failed = f"the capture failed: {first_line(error)}"
                 print(f"cuda_graph: {self.failed}; training eagerly", flush=True)
                 return self._eager()
         return self.graph.replay()
@@ -163,6 +163,12 @@ class GraphedStep:
             outputs = self._step()
         main.wait_stream(side)
         return outputs
+
+
+def first_line(error: BaseException) -> str:
+    """An error in a report's words: its type and its message's first line (200 characters at most)."""
+    message = str(error)
+    return f"{type(error).__name__}: {message.splitlines()[0][:200] if message else ''}"
 
 
 def graphable_model(model: torch.nn.Module) -> bool:

@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 from stages.runtime.csr import LocalCSR
 from stages.runtime.static_sampler import StaticBatch, StaticSampler, why_not_static
 from stages.runtime.static_shape import StaticShape
-from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf
+from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf, first_line
 
 __all__ = ["SampleGraph", "why_not_graphed_sampling"]
 
@@ -72,17 +72,18 @@ class SampleGraph:
                 for _ in range(self.warmup):
                     self.sampler.sample(self.seed_buf, self.num_seeds)
         except Exception as error:   # noqa: BLE001 - e.g. out of memory: the eager sampler needs less
-            self.unusable = f"the static sampler failed: {_first_line(error)}"
+            self.unusable = f"the static sampler failed: {first_line(error)}"
             print(f"cuda_graph: sampling: {self.unusable}; sampling eagerly", flush=True)
-            return False
-        try:
-            self.graph = self.capture(lambda: self.sampler.sample(self.seed_buf, self.num_seeds), generator)
-        except Exception as error:   # noqa: BLE001 - any capture failure: the static sampler runs eagerly
-            self.failed = f"the capture failed: {_first_line(error)}"
-            print(f"cuda_graph: sampling: {self.failed}; sampling eagerly on static shapes", flush=True)
-        if generator is not None and state is not None:
-            generator.set_state(state)
-        return True
+        else:
+            try:
+                self.graph = self.capture(lambda: self.sampler.sample(self.seed_buf, self.num_seeds), generator)
+            except Exception as error:   # noqa: BLE001 - any capture failure: the static sampler runs eagerly
+                self.failed = f"the capture failed: {first_line(error)}"
+                print(f"cuda_graph: sampling: {self.failed}; sampling eagerly on static shapes", flush=True)
+        finally:
+            if generator is not None and state is not None:
+                generator.set_state(state)
+        return self.unusable is None
 
     def __call__(self, seed_gid: Tensor) -> Data:
         self._load(seed_gid)
@@ -100,10 +101,6 @@ class SampleGraph:
             raise ValueError(f"a batch of {n} seeds for a static shape of {self.seed_buf.numel()}")
         self.seed_buf[:n].copy_(seed_gid)
         self.num_seeds.fill_(n)
-
-
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
 def _cuda_capture(fn: Callable[[], StaticBatch], generator: torch.Generator | None) -> CudaGraphOf:

@@ -72,12 +72,13 @@ def why_not_static(csr: LocalCSR, fanouts: Sequence[object], num_nodes: int) -> 
         return "several edge types"
     if any(not isinstance(f, int) or f <= 0 for f in fanouts):
         return "fanout -1 or per edge type (no static bound)"
-    if (num_nodes + 1) * 4 > _TABLE_MAX_BYTES:
-        return f"its node table of {num_nodes + 1} int32 entries is over {_TABLE_MAX_BYTES >> 30} GiB"
+    if (num_nodes + SPARE) * 4 > _TABLE_MAX_BYTES:
+        return f"its node table of {num_nodes + SPARE} int32 entries is over {_TABLE_MAX_BYTES >> 30} GiB"
     return None
 
 
 _TABLE_MAX_BYTES = 1 << 30   # relabel's dense map's limit: 268 M nodes
+SPARE = 1024   # spare entries a fake slot's writes spread over, as relabel's once were (RESULTS.md, [4/5] H200)
 
 
 class StaticSampler:
@@ -177,9 +178,6 @@ class StaticSampler:
         table.scatter_(0, torch.where(is_first, cand, hop.spare_gid), pos.to(torch.int32))
         self.slot_gid.scatter_(0, torch.where(is_first, pos, hop.spare_slot), cand)
         return rank[-1], table.index_select(0, cand)
-
-
-SPARE = 1024   # spare entries a fake slot's writes spread over (relabel's spare entries took 1 024 too)
 
 
 @dataclass(frozen=True)

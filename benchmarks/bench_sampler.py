@@ -124,8 +124,9 @@ def _run_batches(sampler, train_gid: np.ndarray, args: argparse.Namespace, devic
         batch = sampler.sample(seed_gid)
         _sync(device)
         batch_s.append(time.perf_counter() - start)
-        edges += batch.edge_index.shape[1]
-        nodes += batch.num_nodes
+        # a static batch counts its real edges and nodes, not its padded slots
+        edges += int(batch.real_edges) if hasattr(batch, "real_edges") else batch.edge_index.shape[1]
+        nodes += int(batch.real_nodes) if hasattr(batch, "real_nodes") else batch.num_nodes
     cpu_s = time.process_time() - cpu_start
     wall_s, num = sum(batch_s), len(batch_s)
     return {"batches_per_s": round(num / wall_s, 3), "sampled_edges_per_s": round(edges / wall_s),
@@ -133,6 +134,27 @@ def _run_batches(sampler, train_gid: np.ndarray, args: argparse.Namespace, devic
             "median_s_per_batch": round(float(np.median(batch_s)), 4), "min_s_per_batch": round(min(batch_s), 4),
             "cpu_s_per_batch": round(cpu_s / num, 4), "edges_per_batch": round(edges / num),
             "nodes_per_batch": round(nodes / num)}
+
+
+class _Static:
+    """The static-shape sampler (``stages.runtime.static_sampler``, eagerly: what ``cuda_graph=auto`` captures) with
+    the eager one's ``sample(seed_gid)``."""
+
+    def __init__(self, csr: Any, args: argparse.Namespace, gen: Any) -> None:
+        import torch
+
+        from stages.runtime.static_sampler import StaticSampler
+        from stages.runtime.static_shape import StaticShape
+
+        shape = StaticShape.bound(args.batch_size, args.fanouts, csr.num_nodes)
+        self.sampler = StaticSampler(csr, args.fanouts, shape, replace=args.replace, generator=gen)
+        self.seed_buf = torch.zeros(args.batch_size, dtype=torch.long, device=csr.device)
+        self.num_seeds = torch.zeros((), dtype=torch.long, device=csr.device)
+
+    def sample(self, seed_gid: Any) -> Any:
+        self.seed_buf[:seed_gid.numel()].copy_(seed_gid)
+        self.num_seeds.fill_(seed_gid.numel())
+        return self.sampler.sample(self.seed_buf, self.num_seeds)
 
 
 def _sync(device: str) -> None:
@@ -153,7 +175,9 @@ def run_single(args: argparse.Namespace, indptr: np.ndarray, indices: np.ndarray
     # graph_placement, issue [4/5] item 7)
     csr = csr.pinned_on(torch.device(args.device)) if args.graph_placement == "uva" else csr.to_device(args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
-    sampler = NeighborSampler(csr, args.fanouts, replace=args.replace, generator=gen, node_map=args.node_map)
+    sampler: Any = NeighborSampler(csr, args.fanouts, replace=args.replace, generator=gen, node_map=args.node_map)
+    if args.static:
+        sampler = _Static(csr, args, gen)
     need = (args.batches + args.warmup) * args.batch_size
     return _run_batches(sampler, _train_gid(0, csr.num_nodes, need, args.seed), args, args.device)
 
@@ -267,6 +291,8 @@ def main() -> None:
     parser.add_argument("--graph-placement", choices=["device", "uva"], default="device",
                         help="single mode on cuda: the CSR in device memory, or pinned host memory read in place")
     parser.add_argument("--replace", action="store_true")
+    parser.add_argument("--static", action="store_true", help="single mode: the static-shape sampler of "
+                                                              "cuda_graph=auto, run eagerly (no host read)")
     parser.add_argument("--edge-features", type=int, default=0, help="dist mode: batches also carry e_id and this "
                         "many float32 edge features a sampled edge (0: neither)")
     parser.add_argument("--edge-path", choices=["ride", "gather"], default="ride", help="edge features: sent with "
@@ -284,7 +310,7 @@ def main() -> None:
     result = {"mode": args.mode, "device": args.device, "nodes": int(indptr.shape[0] - 1),
               "edges": int(indices.shape[0]), "fanouts": args.fanouts, "batch_size": args.batch_size,
               "batches": args.batches, "replace": args.replace, "node_map": args.node_map,
-              "graph_placement": args.graph_placement,
+              "graph_placement": args.graph_placement, "static": args.static,
               "edge_features": args.edge_features, "edge_path": args.edge_path,
               "load_s": round(time.perf_counter() - start, 1)}
     if args.prepare_only:

@@ -185,3 +185,27 @@ def test_fake_slots_spread_their_writes_and_leave_no_trace():
     _sample(static, torch.arange(0))
     static.sample(torch.zeros(64, dtype=torch.long), torch.tensor(0))
     assert bool((static.table[:csr.num_nodes] == SENTINEL).all())
+
+
+def test_the_sampler_benchmark_counts_a_static_batchs_real_edges(tmp_path):
+    """``bench_sampler.py --static``: sampled edges/s of the real edges, not the padded slots (the same law as the
+    eager sampler's, so about as many a batch)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    results = []
+    for static in ([], ["--static"]):
+        done = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_sampler.py"), "--nodes", "3000",
+                               "--avg-degree", "8", "--graph", str(tmp_path / "g.npz"), "--batch-size", "64",
+                               "--batches", "4", "--threads", "1", *static], cwd=repo, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    eager, static_result = results
+    assert static_result["static"] and not eager["static"]
+    slots = StaticShape.bound(64, (15, 10, 5), 3000).num_edges
+    assert static_result["edges_per_batch"] < slots / 2
+    assert abs(static_result["edges_per_batch"] - eager["edges_per_batch"]) < 0.1 * eager["edges_per_batch"]

@@ -171,3 +171,21 @@ def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_gr
         assert trainer.not_graphed_sampling is None
     else:
         assert "only part of the feature rows" in trainer.not_graphed_sampling
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_evaluation_samples_through_the_graph_with_the_eager_result(one_rank_group, tmp_path, monkeypatch, prefetch):
+    """A rank whose sampling is graphed evaluates on its static batches too (the test pass of products is ~2 100
+    batches): without draws, the same metric sums as the eager sampler's, padding and short batches included."""
+    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed_sampling, "_cuda_capture", _RerunSampling)
+    _RerunSampling.captures = 0
+    sums = []
+    for mode in ("eager", "static"):
+        trainer = _trainer(tmp_path, f"eval{mode}", graph=low_degree_graph(), fanouts=(4, 4), prefetch=prefetch)
+        trainer.data.features.build_cache(torch.arange(1500))
+        if mode == "static":
+            trainer.not_graphed, trainer.not_graphed_sampling = None, None   # as on a CUDA rank, cuda_graph=auto
+        sums.append((trainer.evaluate("valid"), trainer.test()))
+    assert _RerunSampling.captures == 1, "the static run sampled through the graph"
+    assert sums[1] == sums[0] and sums[0][0][1] == 1500, sums

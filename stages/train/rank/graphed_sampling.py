@@ -12,6 +12,10 @@ ever replays it, and no two captures run at once. The warm-up and the capture dr
 whose state is put back afterwards: a pass's batches draw what an eager static sampler's would, on any device.
 A capture that fails leaves the static sampler running eagerly (still no host read), and the report says why.
 
+The rank's evaluation passes sample through the same graph (their batches are seeds of one split too, checked
+once by the loader), the model computing eagerly on the padded batch and its real seeds' outputs kept
+(``loop.eval_sums``).
+
 What may be graphed (``why_not_graphed_sampling``): a graphed step whose rank holds every feature row on its
 device (the gather of a padded ``n_id`` is then one ``index_select``, with no read), and a CSR the static sampler
 takes (``stages.runtime.static_sampler.why_not_static``).

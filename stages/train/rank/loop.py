@@ -211,7 +211,8 @@ def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sa
               task: Task, *, prefetch: int = 0, device: torch.device | None = None) -> list[float]:
     """The task's metric sums over all batches (this rank's; the caller all-reduces). Empty batches still sample
     and gather (those are collectives in the distributed runtime) but skip the model, which has no collective
-    outside DDP's backward. ``prefetch`` as in ``train_epoch``; ``device``: the model's (default CPU)."""
+    outside DDP's backward. ``prefetch`` as in ``train_epoch``; ``device``: the model's (default CPU). A static
+    sampler's padded batches (``graphed_sampling``) are computed whole and scored on their real seeds."""
     model.eval()
     sums = RunningSums(len(task.sum_names))
     # task.batch is a collective for some tasks (filtered negatives): every batch is prepared, empty ones too
@@ -222,5 +223,7 @@ def eval_sums(model: torch.nn.Module, seed_batches: Iterable[Tensor], sample: Sa
             if task.size(ready.target) == 0:
                 continue
             out = task.forward(model, ready.x, ready.batch, ready.target)
+            if getattr(ready.batch, "static", False):   # a static sampler's padded batch: its real seeds' rows
+                out = out[:ready.batch.real_batch_size]
             sums.add(task.metric_sums(out, ready.target))
     return sums.values()

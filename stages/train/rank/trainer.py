@@ -228,8 +228,10 @@ class Trainer:
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""
-        local = eval_sums(self.model, self.loader.eval_batches(split), self.loader.sample, self.loader.gather_rows,
-                          self.task, prefetch=self.prefetch, device=self.device)
+        # the training passes' sampling graph serves the evaluation too: a test pass of products is ~2 100 batches
+        sample = self._graphed_sampling() if self.not_graphed is None and self.not_graphed_sampling is None else None
+        local = eval_sums(self.model, self.loader.eval_batches(split), sample or self.loader.sample,
+                          self.loader.gather_rows, self.task, prefetch=self.prefetch, device=self.device)
         return all_reduce_f64(local)
 
     def test(self) -> list[float]:

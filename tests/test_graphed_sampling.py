@@ -175,7 +175,7 @@ def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_gr
 
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_evaluation_samples_through_the_graph_with_the_eager_result(one_rank_group, tmp_path, monkeypatch, prefetch):
-    """A rank whose sampling is graphed evaluates on its static batches too (the test pass of products is ~2 100
+    """A rank whose sampling is graphed evaluates on its static batches too (the test pass of products is ~2 160
     batches): without draws, the same metric sums as the eager sampler's, padding and short batches included."""
     monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
     monkeypatch.setattr(graphed_sampling, "_cuda_capture", _RerunSampling)

@@ -228,7 +228,7 @@ class Trainer:
 
     def evaluate(self, split: str) -> list[float]:
         """The task's metric sums on ``split``, every rank's added (a collective)."""
-        # the training passes' sampling graph serves the evaluation too: a test pass of products is ~2 100 batches
+        # the training passes' sampling graph serves the evaluation too: a test pass of products is ~2 160 batches
         sample = self._graphed_sampling() if self.not_graphed is None and self.not_graphed_sampling is None else None
         local = eval_sums(self.model, self.loader.eval_batches(split), sample or self.loader.sample,
                           self.loader.gather_rows, self.task, prefetch=self.prefetch, device=self.device)

@@ -87,6 +87,20 @@ def test_a_static_sampler_that_fails_its_warm_up_leaves_the_pass_to_the_eager_sa
         "off: the static sampler failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
+def test_a_static_sampler_whose_buffers_do_not_fit_leaves_the_run_to_the_eager_sampler(one_rank_group, tmp_path,
+                                                                                          monkeypatch):
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 420.00 MiB")
+    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr("stages.train.rank.trainer.make_sample_graph", no_room)
+    trainer = _trainer(tmp_path, "noroom", cuda_graph="auto")
+    trainer.not_graphed, trainer.not_graphed_sampling = None, None
+    trainer.rng.seed_epoch(0)
+    assert trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0).batches == 3
+    assert trainer.not_graphed_sampling.startswith("the static sampler's buffers do not fit: OutOfMemoryError")
+    assert len(trainer.evaluate("valid")) == 2, "evaluation samples eagerly too"
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_a_pass_on_graphed_sampling_trains_as_the_padded_eager_sampling(one_rank_group, tmp_path, monkeypatch,
                                                                          prefetch):

@@ -119,9 +119,11 @@ def _side_stream(device: torch.device) -> Iterator[None]:
         return
     main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        yield
-    main.wait_stream(side)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
+        main.wait_stream(side)
 
 
 def why_not_graphed_sampling(not_graphed: str | None, *, csr: LocalCSR, fanouts: list[Any], num_nodes: int,

@@ -31,7 +31,7 @@ from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees
 from stages.train.params import Params
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
-from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, why_not_graphed
+from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, first_line, why_not_graphed
 from stages.train.rank.graphed_sampling import SampleGraph, make_sample_graph, why_not_graphed_sampling
 from stages.train.rank.guard import LossGuard
 from stages.train.rank.loader import NodeLoader
@@ -197,8 +197,12 @@ class Trainer:
         if self._sample_graph is None:
             shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
             fanouts = cast(list[int], list(self.fanouts))   # one count a hop: why_not_graphed_sampling checked
-            sample_graph = make_sample_graph(self.data.csr, fanouts, shape, replace=self.loader.sampler.replace,
-                                             generator=self.rng.sampler)
+            try:   # its buffers: 4 bytes a node and the batch's slots, on a device the cache has filled
+                sample_graph = make_sample_graph(self.data.csr, fanouts, shape, replace=self.loader.sampler.replace,
+                                                 generator=self.rng.sampler)
+            except torch.OutOfMemoryError as error:
+                self.not_graphed_sampling = f"the static sampler's buffers do not fit: {first_line(error)}"
+                return None
             if not sample_graph.prepare():
                 self.not_graphed_sampling = sample_graph.unusable
                 return None

@@ -12,6 +12,7 @@ weights equal, so the result is the same on every rank. Determinism (per-epoch r
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -191,15 +192,20 @@ class Trainer:
             self.data.features.uncount_cached(sums.padding_rows)
         return sums
 
+    @functools.cached_property
+    def static_shape(self) -> StaticShape:
+        """The padded layout of a graphed rank's batches: what its step computes on and its static sampler
+        writes, one shape for both (asked for only where ``why_not_graphed`` let the step be graphed)."""
+        return StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
+
     def _graphed_sampling(self) -> SampleGraph | None:
         """The rank's sampling graph, made and captured before its first graphed pass (graphed_sampling); None
         when the static sampler itself failed there (the eager sampler serves this pass and the next)."""
         if self._sample_graph is None:
-            shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
             fanouts = cast(list[int], list(self.fanouts))   # one count a hop: why_not_graphed_sampling checked
             try:   # its buffers: 4 bytes a node and the batch's slots, on a device the cache has filled
-                sample_graph = make_sample_graph(self.data.csr, fanouts, shape, replace=self.loader.sampler.replace,
-                                                 generator=self.rng.sampler)
+                sample_graph = make_sample_graph(self.data.csr, fanouts, self.static_shape,
+                                                 replace=self.loader.sampler.replace, generator=self.rng.sampler)
             except torch.OutOfMemoryError as error:
                 self.not_graphed_sampling = f"the static sampler's buffers do not fit: {first_line(error)}"
                 return None
@@ -214,8 +220,7 @@ class Trainer:
         device synchronisation and the allocator's cache), else a new one, warmed up by the rank's first."""
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self._graph is None or self._graph.lr != lr:
-            shape = StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
-            self._graph = GraphedStep(self.model, self.optimizer, self.task, shape, self.device,
+            self._graph = GraphedStep(self.model, self.optimizer, self.task, self.static_shape, self.device,
                                       warmup=WARMUP_STEPS if self._graph is None else 0)
         return self._graph
 

@@ -13,6 +13,13 @@ what crossed host -> device, and ``--feature-dtype`` picks the stored rows' dtyp
 
     python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --feature-dtype float16
 
+The step's settings ``--cuda-graph``, ``--precision`` and ``--matmul-precision`` each take a comma list, and every
+combination is timed on one load of the rank data (``variants`` in the JSON, by name, e.g. ``auto/float32/high``):
+the first under every policy, the others on the first policy's cache::
+
+    python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --policies runtime \
+        --cuda-graph off,step,auto --matmul-precision highest,high --profile 10
+
 Small scale (a smoke test, ~1 min)::
 
     python benchmarks/bench_train.py --nodes 20000 --avg-degree 20 --features 32 --classes 8 --batch-size 128 \
@@ -41,6 +48,17 @@ from stages.choices import CACHE_POLICIES, CudaGraph, Device, HostGather, Precis
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
 RUNTIME = "runtime"   # the cache the train stage builds itself
+VARIED = ("cuda_graph", "precision", "matmul_precision")   # the step's settings a run may list several of
+
+
+def choice_list(choices: tuple[str, ...]):
+    """An argparse type: a comma list of ``choices``."""
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        if bad := [v for v in values if v not in choices]:
+            raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(choices)}")
+        return values
+    return parse
 
 
 def _time_batches(run, seed_batches, args) -> dict:
@@ -53,11 +71,8 @@ def _time_batches(run, seed_batches, args) -> dict:
         raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
                          f"--batch-size")
     return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges,
-            # this rank's split of the timed batches (stages.runtime.phases: CUDA events on a GPU), per batch
-            "phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3) for k, v in sums.phases_s.items()},
-            # the prefetch thread's (sampling and gathering ahead; empty without prefetch)
-            "prefetch_phases_ms_per_batch": {k: round(v * 1e3 / sums.batches, 3)
-                                             for k, v in sums.prefetch_phases_s.items() if v}}
+            # the split of the timed batches (stages.runtime.phases), and the prefetch thread's
+            "phases_s": dict(sums.phases_s), "prefetch_phases_s": dict(sums.prefetch_phases_s)}
 
 
 def _profile(trainer, seeds, device, args) -> dict:
@@ -71,26 +86,32 @@ def _profile(trainer, seeds, device, args) -> dict:
     return profile_batches(run, cuda=device.type == "cuda")
 
 
+def variants(args: argparse.Namespace) -> list[dict[str, str]]:
+    """Every combination of the listed step settings, in the order given: the first is the one every policy runs
+    under; the others time the first policy's cache only (``rank_main``)."""
+    return [dict(zip(VARIED, combination)) for combination in itertools.product(*(getattr(args, n) for n in VARIED))]
+
+
+def variant_name(variant: dict[str, str]) -> str:
+    return "/".join(variant.values())   # e.g. auto/float32/high
+
+
 def rank_main(args: argparse.Namespace) -> None:
-    """One torchrun rank: load partition r exactly as the train worker does, then time each cache policy."""
+    """One torchrun rank: load partition r exactly as the train worker does, then time each cache policy, and the
+    first policy's cache under each further variant of the step's settings (one load serves them all: ~30 s of a
+    products-scale run on an H200, where 30 batches take ~0.5 s)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    from stages.runtime.collectives import all_reduce
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.dist_sampler import equal_batch_count
     from stages.train.params import Params
-    from stages.train.rank.cache_policy import cache_gids
     from stages.train.rank.prefetch import producer_group
     from stages.train.rank.rank_data import RankData
-    from stages.train.rank.trainer import Trainer
     from stages.train.rank.worker import pick_device, rank_backend
     from stages.train.spec import TrainSpec
-    from storage import ArtifactStore
-    from storage.hotness import HotnessArtifact
-    from storage.partition import PartitionArtifact
 
     spec = TrainSpec.load(args.spec)
     params = Params(**spec.params)
@@ -98,62 +119,144 @@ def rank_main(args: argparse.Namespace) -> None:
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(params.threads_per_rank or 1)
-    torch.set_float32_matmul_precision(args.matmul_precision)
     dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
     data = RankData.open(spec, rank, world, local_world, device,
                          group=producer_group(params.prefetch_depth(device.type, world)))
     if not isinstance(data.features, DistFeatures):
         raise SystemExit("bench_train compares cache policies on a homogeneous graph's feature store")
-    features = data.features
-    trainer = Trainer(spec, params, data)
-    loader = trainer.loader
-    store = ArtifactStore(spec.artifacts)
-    partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
-    hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
-    batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), params.batch_size)
-    results = {}
-    for policy in args.policies.split(","):
-        # "runtime": the cache RankData built, as the train stage does (on a GPU: sized by the device's free memory
-        # and the caps); the others: that policy's plan (stages.train.rank.cache_policy), rebuilt here
-        cache = features.cache if policy == RUNTIME else features.build_cache(
-            torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank)))
-        trainer.rng.seed_epoch(0)
-        seeds = loader.train_batches()
-        data.features.reset_counters()
-        # the stage's own pass: its loss guard, prefetch and (one rank) no DDP wrapper
-        timing = _time_batches(lambda items, n: trainer.run_batches(items, n, epoch=0), seeds, args)
-        c = data.features.reset_counters()   # warm-up and timed batches: the rates below are per batch
-        sums = torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, timing["sampled_edges"],
-                             c.local_bytes], dtype=torch.float64)
-        sums = all_reduce(sums)
-        wall = all_reduce(torch.tensor([timing["wall_s"]], dtype=torch.float64), dist.ReduceOp.MAX)
-        counted = args.warmup + args.max_batches
-        req, hits, remote, remote_bytes, edges, local_bytes = sums.tolist()
-        s_per_batch = wall.item() / timing["batches"]
-        results[policy] = {"cache_rows_per_rank": cache.num_rows, "cache_bytes_per_rank": cache.nbytes,
-                           "s_per_batch": round(s_per_batch, 4), "epoch_s": round(s_per_batch * batches_per_epoch, 1),
-                           "hit_rate": round(hits / max(req, 1), 4),
-                           "remote_rows_per_epoch": round(remote / counted * batches_per_epoch),
-                           "remote_MiB_per_epoch": round(remote_bytes / counted * batches_per_epoch / 2**20, 1),
-                           # rows that did not come from the device cache: on a GPU, what crossed host -> device
-                           "uncached_MiB_per_epoch": round((local_bytes + remote_bytes) / counted * batches_per_epoch
-                                                           / 2**20, 1),
-                           "sampled_edges_per_s": round(edges / wall.item()),   # timed batches, all ranks
-                           "phases_ms_per_batch": timing["phases_ms_per_batch"],   # rank 0's
-                           "prefetch_phases_ms_per_batch": timing["prefetch_phases_ms_per_batch"]}
-        if policy == args.policies.split(",")[0] and args.profile:   # one rank (main checks)
-            results[policy]["profile"] = _profile(trainer, seeds, device, args)
+    runs = [(policy, v) for i, policy in enumerate(args.policies.split(","))
+            for v in (variants(args) if i == 0 else variants(args)[:1])]
+    timed = _time_runs(runs, spec, params, data, args)
     if rank == 0:
-        out = {"world_size": world, "batches_per_epoch": batches_per_epoch, "device": str(device),
-               "prefetch": trainer.prefetch, "precision": params.precision, "matmul_precision": args.matmul_precision,
-               "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
-               "graphed_sampling": trainer.sampling_report() if hasattr(trainer, "sampling_report") else None,
+        first = timed[0][1]
+        out = {"world_size": world, "device": str(device),
+               "batches_per_epoch": equal_batch_count(data.split_gid["train"].numel(), params.batch_size),
+               **{k: first[k] for k in ("prefetch", "precision", "matmul_precision", "cuda_graph",
+                                        "graphed_sampling")},
                "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
-               "graph_placement": data.setup.get("graph_placement"), "policies": results}
+               "graph_placement": data.setup.get("graph_placement"),
+               # every policy under the first variant; then the first policy under each other variant, by name
+               "policies": {policy: figures for (policy, v), figures in timed if v == runs[0][1]},
+               "variants": {variant_name(v): figures for (policy, v), figures in timed[1:] if policy == runs[0][0]}}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)   # as the train worker: skip the process-group teardown
+
+
+def _time_runs(runs, spec, params, data, args) -> list[tuple[tuple[str, dict], dict]]:
+    """Time each (policy, variant) of ``runs`` on the loaded rank data: a trainer per run (released before the
+    next: a captured graph holds its own memory pool), the policy's cache built where it changes. The first
+    policy's variants run ``args.rounds`` times in alternating order (forward, backward, ...), so that the
+    machine's drift weighs on each alike (on a CPU, 6 eager runs of one setting drifted 10 % in order); their
+    figures are over all their rounds' batches, with each round's ms a batch beside them."""
+    import gc
+
+    import torch
+
+    from stages.train.rank.cache_policy import cache_gids
+    from stages.train.rank.trainer import Trainer
+    from storage import ArtifactStore
+    from storage.hotness import HotnessArtifact
+    from storage.partition import PartitionArtifact
+
+    store = ArtifactStore(spec.artifacts)
+    partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
+    hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
+    first = [i for i, (policy, _) in enumerate(runs) if policy == runs[0][0]]
+    order = [i for k in range(args.rounds) for i in (first if k % 2 == 0 else first[::-1])] + \
+        list(range(len(first), len(runs)))
+    features, cached = data.features, RUNTIME
+    measured: dict[int, dict] = {}
+    profiles: dict[int, dict] = {}
+    settings: dict[int, dict] = {}
+    for i in order:
+        policy, variant = runs[i]
+        if policy != cached:   # "runtime": the cache RankData built (on a GPU: sized by the free memory and the
+            # caps), as the train stage does; the others: that policy's plan (stages.train.rank.cache_policy)
+            features.build_cache(torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness,
+                                                             rank=data.rank)))
+            cached = policy
+        torch.set_float32_matmul_precision(variant["matmul_precision"])
+        trainer = Trainer(spec, params.model_copy(update={k: variant[k] for k in ("cuda_graph", "precision")}),
+                          data)
+        trainer.rng.seed_epoch(0)
+        seeds = trainer.loader.train_batches()
+        raw = _measure(trainer, seeds, data, args)
+        measured[i] = _add(measured[i], raw) if i in measured else raw
+        if args.profile and i in first and i not in profiles:   # one rank (main checks)
+            profiles[i] = _profile(trainer, seeds, data.device, args)
+        settings[i] = _settings(trainer)
+        del trainer
+        gc.collect()
+        if data.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return [(run, {**_figures(measured[i], data, args), **settings[i],
+                   **({"profile": profiles[i]} if i in profiles else {})}) for i, run in enumerate(runs)]
+
+
+def _settings(trainer) -> dict:
+    """The trainer's settings as it ran them."""
+    import torch
+
+    return {"prefetch": trainer.prefetch, "precision": trainer.params.precision,
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
+            "graphed_sampling": trainer.sampling_report()}
+
+
+def _measure(trainer, seeds, data, args) -> dict:
+    """The stage's own pass (its loss guard, prefetch and, one rank, no DDP wrapper) over the first batches of
+    ``seeds``: every rank's sums (the slowest rank's wall time) and rank 0's split of the time."""
+    import torch
+    import torch.distributed as dist
+
+    from stages.runtime.collectives import all_reduce
+
+    data.features.reset_counters()
+    timing = _time_batches(lambda items, n: trainer.run_batches(items, n, epoch=0), seeds, args)
+    c = data.features.reset_counters()   # warm-up and timed batches
+    sums = all_reduce(torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, c.local_bytes,
+                                    timing["sampled_edges"]], dtype=torch.float64)).tolist()
+    wall = all_reduce(torch.tensor([timing["wall_s"]], dtype=torch.float64), dist.ReduceOp.MAX).item()
+    return {**dict(zip(("requested_rows", "cache_hits", "remote_rows", "remote_bytes", "local_bytes",
+                        "sampled_edges"), sums)),
+            "wall_s": wall, "batches": timing["batches"], "counted": args.warmup + args.max_batches,
+            "phases_s": timing["phases_s"], "prefetch_phases_s": timing["prefetch_phases_s"],
+            "round_ms": [round(wall * 1e3 / timing["batches"], 2)]}
+
+
+def _add(a: dict, b: dict) -> dict:
+    """Two measurements summed field by field: numbers add, lists join, dicts (the phases) add key by key."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = value if key not in out else _add(out[key], value) if isinstance(value, dict) else \
+            out[key] + value
+    return out
+
+
+def _figures(raw: dict, data, args) -> dict:
+    """Per-batch rates of a measurement (``_measure``, summed over rounds) and its feature traffic per epoch."""
+    from stages.runtime.dist_sampler import equal_batch_count
+
+    batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), args.batch_size)
+    s_per_batch, counted = raw["wall_s"] / raw["batches"], raw["counted"]   # counted: warm-up batches too
+    cache = data.features.cache
+    return {"cache_rows_per_rank": cache.num_rows, "cache_bytes_per_rank": cache.nbytes,
+            "s_per_batch": round(s_per_batch, 4), "epoch_s": round(s_per_batch * batches_per_epoch, 1),
+            "rounds_ms_per_batch": raw["round_ms"],
+            "hit_rate": round(raw["cache_hits"] / max(raw["requested_rows"], 1), 4),
+            "remote_rows_per_epoch": round(raw["remote_rows"] / counted * batches_per_epoch),
+            "remote_MiB_per_epoch": round(raw["remote_bytes"] / counted * batches_per_epoch / 2**20, 1),
+            # rows that did not come from the device cache: on a GPU, what crossed host -> device
+            "uncached_MiB_per_epoch": round((raw["local_bytes"] + raw["remote_bytes"]) / counted
+                                            * batches_per_epoch / 2**20, 1),
+            "sampled_edges_per_s": round(raw["sampled_edges"] / raw["wall_s"]),   # timed batches, all ranks
+            # rank 0's split of the timed batches (stages.runtime.phases: CUDA events on a GPU), per batch
+            "phases_ms_per_batch": {k: round(v * 1e3 / raw["batches"], 3) for k, v in raw["phases_s"].items()},
+            # the prefetch thread's (sampling and gathering ahead; empty without prefetch)
+            "prefetch_phases_ms_per_batch": {k: round(v * 1e3 / raw["batches"], 3)
+                                             for k, v in raw["prefetch_phases_s"].items() if v}}
 
 
 def single_main(args: argparse.Namespace, manifests: dict) -> dict:
@@ -206,13 +309,14 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     # prefetch: the train stage's default unless --prefetch (bench_prefetch times the depths against each other)
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), device=args.device, host_gather=args.host_gather,
                     batch_size=args.batch_size, epochs=1, threads_per_rank=args.threads_per_rank,
-                    prefetch=args.prefetch, ranks_per_gpu=args.ranks_per_gpu, precision=args.precision,
-                    device_cache_ratio=args.device_cache_ratio, cuda_graph=args.cuda_graph)
+                    prefetch=args.prefetch, ranks_per_gpu=args.ranks_per_gpu, precision=args.precision[0],
+                    device_cache_ratio=args.device_cache_ratio, cuda_graph=args.cuda_graph[0])
     return run_ranks(__file__, args, manifests, params, args.parts,
                      # what the rank worker reads from its own argv (the rest travels in the params)
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup),
-                      "--profile", str(args.profile), "--policies", args.policies,
-                      "--matmul-precision", args.matmul_precision])
+                      "--profile", str(args.profile), "--policies", args.policies, "--rounds", str(args.rounds),
+                      *(arg for name in VARIED for arg in (f"--{name.replace('_', '-')}",
+                                                           ",".join(getattr(args, name))))])
 
 
 def main() -> None:
@@ -233,15 +337,21 @@ def main() -> None:
                          f"{', '.join(CACHE_POLICIES)}")
     ap.add_argument("--device-cache-ratio", type=float, default=None, help=f"cap on the {RUNTIME} cache (rows)")
     ap.add_argument("--prefetch", type=int, default=None, help="batches prepared ahead (default: the stage's auto)")
-    ap.add_argument("--precision", choices=get_args(Precision), default="float32", help="the model's products")
-    ap.add_argument("--cuda-graph", choices=get_args(CudaGraph), default="off",
-                    help="auto: each training step replayed as one captured CUDA graph (stages.train.rank.graphed)")
-    ap.add_argument("--matmul-precision", choices=("highest", "high", "medium"), default="highest",
+    # the step's settings: each a comma list; every combination is timed, on one load of the rank data (variants)
+    ap.add_argument("--precision", type=choice_list(get_args(Precision)), default=["float32"],
+                    help="the model's products")
+    ap.add_argument("--cuda-graph", type=choice_list(get_args(CudaGraph)), default=["off"],
+                    help="step: each training step replayed as one captured CUDA graph (stages.train.rank.graphed); "
+                         "auto: its sampling too (graphed_sampling); e.g. off,step,auto")
+    ap.add_argument("--matmul-precision", type=choice_list(("highest", "high", "medium")), default=["highest"],
                     help="torch.set_float32_matmul_precision in the ranks (high: TF32 GEMMs)")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the first policy's variants this many times, in alternating order (drift)")
     ap.add_argument("--profile", type=int, default=0,
-                    help="one rank: profile this many more batches of the first policy (torch.profiler summary)")
+                    help="one rank: profile this many more batches of the first policy under each variant "
+                         "(torch.profiler summary)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="single-process baseline")
     ap.add_argument("--threads-per-rank", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--timeout-s", type=float, default=6 * 3600)

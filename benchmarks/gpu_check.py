@@ -18,8 +18,13 @@ exits 0. On a GPU machine (no network needed) it:
      read in place (``--graph-placement uva``);
    - ``train``: a products-scale training epoch on 1 GPU with the train stage's defaults (the device cache sized
      by the free memory, ``host_gather`` and ``prefetch`` auto) for each stored feature dtype of ``--dtypes``
-     (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype profiled (``--profile 10``),
-     and capped at 0.2 of the rows beside the plans of that size of each cache policy;
+     (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype also with the step's other
+     settings on the same load (``cuda_graph`` off, step and auto, each with and without TF32 GEMMs: the JSON's
+     ``variants``), each profiled (``--profile 10``), and capped at 0.2 of the rows beside the plans of that size
+     of each cache policy;
+   - ``baseline``: with ``--baseline TREE.tar`` (``git archive <rev> -o TREE.tar``), that older tree's own
+     ``bench_train.py`` times the first dtype's defaults on the same artifacts, profiled: issue [4/5] item 3's
+     before and after, in the same call;
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0 and 1, 2 rounds (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures, and the whole check's seconds (the
    goal: 8 minutes on a fresh machine, [4/5] item 6).
@@ -35,6 +40,7 @@ a GPU, to check the command itself); ``--steps`` picks steps, e.g. to split a ru
     make gpu-check GPU_OUT=/tmp/gpu                         # all steps, products scale
     python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,gather,sampler
     python3 benchmarks/gpu_check.py --out $OUT --steps train --dtypes float32,float16
+    python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,train,baseline --baseline old_tree.tar
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -56,12 +63,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = REPO / "benchmarks" / "work" / "gpu-site"
-STEPS = ("env", "tests", "gather", "sampler", "train", "prefetch", "infer")
+STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer")
 UNTIMED = ("env", "tests")   # the steps that time nothing: the timed ones' inputs are prepared beside them
 GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream builds included ([4/5] item 6)
+# the train step's settings timed beside the defaults, on one load (bench_train's variants: every combination)
+# in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
+VARIANTS = ("--cuda-graph", "off,step,auto", "--matmul-precision", "highest,high", "--rounds", "2")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
 NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
-         "train": ("zarr", "pydantic", "pymetis"), "prefetch": ("zarr", "pydantic", "pymetis"),
+         "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),
+         "prefetch": ("zarr", "pydantic", "pymetis"),
          "infer": ("zarr", "pydantic", "pymetis", "pyarrow")}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
@@ -138,13 +149,14 @@ def install_wheels(env: dict[str, str], needed: tuple[str, ...], log: Callable[[
         env["PYTHONPATH"] = os.pathsep.join((str(SITE), env["PYTHONPATH"]))
 
 
-def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_s: float) -> dict[str, object]:
-    """Run ``cmd`` in its own session (SIGTERM then SIGKILL to its group at the limit); its output goes to
-    ``<out>/<name>.log``, and its last stdout line, when it is JSON, to ``<out>/<name>.json``."""
+def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_s: float,
+             cwd: Path = REPO) -> dict[str, object]:
+    """Run ``cmd`` in ``cwd``, in its own session (SIGTERM then SIGKILL to its group at the limit); its output
+    goes to ``<out>/<name>.log``, and its last stdout line, when it is JSON, to ``<out>/<name>.json``."""
     start = time.perf_counter()
     log_path = out / f"{name}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
         try:
             stdout, _ = proc.communicate(timeout=timeout_s)
@@ -176,6 +188,23 @@ def junit_counts(path: Path) -> dict[str, int]:
     return {k: int(attrs.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 
 
+def baseline_tree(work: Path) -> Path:
+    """Where ``--baseline``'s older tree is unpacked, inside the work folder."""
+    return work / "baseline-tree"
+
+
+def unpack_baseline(tar: Path, work: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """``tar`` (``git archive`` of an older revision) unpacked afresh, and the steps' environment with that tree
+    on ``PYTHONPATH`` in place of this one (the installed wheels stay)."""
+    tree = baseline_tree(work)
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
+    with tarfile.open(tar) as archive:
+        archive.extractall(tree, filter="data")
+    paths = [str(tree) if p == str(REPO) else p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return tree, dict(env, PYTHONPATH=os.pathsep.join(paths))
+
+
 def cuda_test_files() -> list[str]:
     """The test files that hold a test marked ``cuda``."""
     return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
@@ -203,11 +232,10 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     sampler_graph = ["--graph", str(work / f"sampler-{args.scale}.npz")]
     prepare = [(f"prepare-{dtype}", [*cmd, "--prepare-only"]) for (_, cmd), dtype in zip(train, args.dtypes.split(","))]
     prepare.append(("prepare-sampler", [py, f"{bench}/bench_sampler.py", *graph, *sampler_graph, "--prepare-only"]))
-    train[0] = (train[0][0], [*plain, "--profile", "10"])
+    # the step's settings (item 3) on the same load, each profiled: the first of each list is the stage's default
+    train[0] = (train[0][0], [*plain, *VARIANTS, "--profile", "10"])
     cap = ["--device-cache-ratio", "0.2"]
     train.append((f"train-{first}-cap0.2", [*plain[:-1], ",".join(("runtime", "hotness", "degree", "none")), *cap]))
-    # the defaults with each step one captured CUDA graph (item 3), profiled beside the eager run above
-    train.insert(1, (f"train-{first}-graph", [*plain, "--cuda-graph", "auto", "--profile", "10"]))
     return {
         "prepare": prepare,
         "env": [("env", [py, "-c", "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
@@ -224,6 +252,9 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                     for name, placement in (("sampler", "device"), ("sampler-uva", "uva"))
                     if placement == "device" or not args.allow_cpu],
         "train": train,
+        # the older tree's own benchmark, run in that tree (main), on this check's artifacts
+        "baseline": [("baseline", [py, str(baseline_tree(work) / "benchmarks" / "bench_train.py"), *plain[2:],
+                                   "--profile", "10"])] if args.baseline else [],
         "prefetch": [("prefetch", [py, f"{bench}/bench_prefetch.py", *graph, "--features", str(s["features"]),
                                    "--classes", str(s["classes"]), "--ranks", "1", "--device", device,
                                    "--hidden", "256", "--depths", "0,1", "--rounds", "2",
@@ -264,7 +295,7 @@ def prepare_while_testing(steps: list[str], runs: list[tuple[str, list[str]]], o
     if "tests" not in steps:
         return None
     chosen = []
-    if {"train", "prefetch", "infer"} & set(steps) and not missing(NEEDS["train"], env):
+    if {"train", "baseline", "prefetch", "infer"} & set(steps) and not missing(NEEDS["train"], env):
         chosen += [r for r in runs if r[0] != "prepare-sampler"]
     if "sampler" in steps and not missing(NEEDS["sampler"], env):
         chosen += [r for r in runs if r[0] == "prepare-sampler"]
@@ -283,6 +314,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,int8",
                     help="train step: the stored feature dtypes (also: float16, bfloat16, float8_e4m3)")
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "work" / "gpu"), help="cached graphs and artifacts")
+    ap.add_argument("--baseline", type=Path, metavar="TREE.tar",
+                    help="an older tree (git archive REV -o TREE.tar) timed beside this one: the baseline step")
     ap.add_argument("--step-timeout-s", type=float, default=1800)
     ap.add_argument("--allow-cpu", action="store_true", help="run the steps on the CPU (checks this command)")
     args = ap.parse_args()
@@ -294,6 +327,10 @@ def main() -> int:
     steps = args.steps.split(",")
     if unknown := [s for s in steps if s not in STEPS]:
         print(f"error: unknown step {unknown[0]!r}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    if args.baseline is not None and not (args.baseline.is_file() and tarfile.is_tarfile(args.baseline)):
+        print(f"error: --baseline {args.baseline}: no such tar file; make one with `git archive <rev> -o "
+              f"{args.baseline}`", file=sys.stderr)
         return 2
     started = time.perf_counter()
     out = Path(args.out).resolve()
@@ -324,8 +361,11 @@ def main() -> int:
             preparing = None
         if lacking := missing(NEEDS[step], env):
             results[step] = {"status": f"skipped: no {', '.join(lacking)} (run `make gpu-wheels` where pip works)"}
+        elif not commands[step]:
+            results[step] = {"status": "skipped: no --baseline TREE.tar given"}
         else:
-            runs = [run_step(name, cmd, out, env, args.step_timeout_s) for name, cmd in commands[step]]
+            cwd, step_env = (REPO, env) if step != "baseline" else unpack_baseline(args.baseline, Path(args.work), env)
+            runs = [run_step(name, cmd, out, step_env, args.step_timeout_s, cwd) for name, cmd in commands[step]]
             if step == "tests" and (out / "tests.xml").exists():
                 runs[0]["figures"] = junit_counts(out / "tests.xml")
             results[step] = runs[0] if len(runs) == 1 else runs

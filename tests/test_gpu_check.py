@@ -4,6 +4,7 @@ zero-copy (UVA) gather against the host rows where CUDA exists."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: unknown step 'warp'; choose from env, tests, gather, "
-                                                "sampler, train, prefetch, infer"]
+                                                "sampler, train, baseline, prefetch, infer"]
 
 
 def test_uva_needs_cuda_and_pinned_rows():
@@ -135,7 +136,7 @@ def _args(tmp_path: Path, **kw):
     import argparse
 
     return argparse.Namespace(**{"scale": "small", "dtypes": "float32,int8", "work": str(tmp_path), "allow_cpu": True,
-                                 **kw})
+                                 "baseline": None, **kw})
 
 
 def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
@@ -145,14 +146,57 @@ def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     prepare = dict(commands["prepare"])
     assert list(prepare) == ["prepare-float32", "prepare-int8", "prepare-sampler"]
     train = dict(commands["train"])
-    assert prepare["prepare-float32"] == [*train["train-float32"][:-2], "--prepare-only"]   # less --profile 10
+    # the first dtype's run times the step's other settings on the same load (item 3), each profiled
+    variants = train["train-float32"][-8:-2]
+    assert variants == ["--cuda-graph", "off,step,auto", "--matmul-precision", "highest,high", "--rounds", "2"]
+    assert prepare["prepare-float32"] == [*train["train-float32"][:-8], "--prepare-only"]
     assert prepare["prepare-int8"] == [*train["train-int8"], "--prepare-only"]
-    # the graphed step beside the eager one: the same run but for --cuda-graph auto (item 3)
-    assert list(train) == ["train-float32", "train-float32-graph", "train-int8", "train-float32-cap0.2"]
-    assert train["train-float32-graph"] == [*train["train-float32"][:-2], "--cuda-graph", "auto", "--profile", "10"]
+    assert list(train) == ["train-float32", "train-int8", "train-float32-cap0.2"]
+    assert commands["baseline"] == [], "no older tree given"
     sampler = dict(commands["sampler"])["sampler"]
     graph = sampler[sampler.index("--graph") + 1]
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]
+
+
+def test_the_baseline_runs_the_older_trees_benchmark_on_the_same_artifacts(tmp_path: Path):
+    """``--baseline``: the older tree's own bench_train with the first dtype's default run (no variants: an
+    older tree need not know them), profiled, on this check's artifacts."""
+    check = _gpu_check()
+    commands = check.step_commands(_args(tmp_path, baseline=tmp_path / "old.tar"), tmp_path)
+    plain = dict(commands["train"])["train-float32"][:-8]
+    (name, cmd), = commands["baseline"]
+    assert name == "baseline" and cmd[1] == str(tmp_path / "baseline-tree" / "benchmarks" / "bench_train.py")
+    assert cmd[2:] == [*plain[2:], "--profile", "10"] and str(tmp_path / "artifacts-small") in cmd
+
+
+def test_the_baseline_tree_is_unpacked_afresh_and_imported_in_place_of_this_one(tmp_path: Path):
+    import tarfile
+
+    check = _gpu_check()
+    src = tmp_path / "src" / "benchmarks"
+    src.mkdir(parents=True)
+    (src / "bench_train.py").write_text("print('old')\n")
+    with tarfile.open(tmp_path / "old.tar", "w") as tar:
+        tar.add(src, arcname="benchmarks")
+    work = tmp_path / "work"
+    (check.baseline_tree(work) / "stale").mkdir(parents=True)
+    env = {"PYTHONPATH": os.pathsep.join(("/site", str(REPO))), "HOME": "/h"}
+    tree, tree_env = check.unpack_baseline(tmp_path / "old.tar", work, env)
+    assert tree == check.baseline_tree(work)
+    assert (tree / "benchmarks" / "bench_train.py").read_text() == "print('old')\n"
+    assert not (tree / "stale").exists(), "a tree left by an earlier check is replaced"
+    assert tree_env == {"PYTHONPATH": os.pathsep.join(("/site", str(tree))), "HOME": "/h"}
+    assert env["PYTHONPATH"].endswith(str(REPO)), "the other steps' environment is left as it was"
+
+
+def test_a_baseline_that_is_not_a_tar_file_is_refused(tmp_path: Path):
+    (tmp_path / "old.tar").write_text("not a tar")
+    for path in (tmp_path / "old.tar", tmp_path / "missing.tar"):
+        done = subprocess.run([*CHECK, "--out", str(tmp_path / "out"), "--baseline", str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and not (tmp_path / "out").exists()
+        assert done.stderr.strip().splitlines() == [f"error: --baseline {path}: no such tar file; make one with "
+                                                    f"`git archive <rev> -o {path}`"]
 
 
 def test_the_preparation_runs_beside_the_tests_only(tmp_path: Path, monkeypatch):

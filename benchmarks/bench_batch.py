@@ -105,7 +105,8 @@ def accuracy_check(args: argparse.Namespace) -> None:
     from torch_geometric.nn.models import GraphSAGE
 
     from stages.download.synthetic import generate_synthetic
-    from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
     from stages.train.models.model import build_model
     from stages.train.rank.loop import eval_sums, train_epoch
     from stages.train.tasks import NodeClassification
@@ -167,7 +168,8 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from stages.runtime.sampler import LocalCSR, NeighborSampler
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.sampler import NeighborSampler
     from stages.train.models.model import build_model, seed_logits
 
     torch.set_num_threads(args.threads)

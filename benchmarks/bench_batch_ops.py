@@ -96,8 +96,14 @@ def counting_mode() -> Any:
 def gpu_ways() -> Iterator[None]:
     """The paths a GPU takes, on this CPU, while the context lasts: segments' GPU way, Floyd's jumping (when this
     tree has it)."""
-    import stages.runtime.sampler as sampler
+    import importlib
+
     import stages.runtime.segments as segments
+
+    try:   # one hop's draws: their own module since the samplers' sub-room, stages.runtime.sampler before
+        sampler: Any = importlib.import_module("stages.runtime.sampling.uniform")
+    except ModuleNotFoundError:
+        sampler = importlib.import_module("stages.runtime.sampler")
 
     patches: list[tuple[Any, str, Any]] = [(segments, "_gpu_way", lambda t, by_repeat: by_repeat is not False)]
     if hasattr(sampler, "_JUMP_FROM_K"):
@@ -125,9 +131,9 @@ def rank_data(args: argparse.Namespace) -> Any:
     import torch
 
     from stages.download.synthetic import generate_synthetic
+    from stages.runtime.csr import LocalCSR
     from stages.runtime.dist_features import DistFeatures
     from stages.runtime.feature_store import InMemoryFeatureStore
-    from stages.runtime.sampler import LocalCSR
     from stages.train.rank.rank_data import RankData, degree_path
     from storage.schema import GraphSchema
 
@@ -243,7 +249,7 @@ def _graph(args: argparse.Namespace, trainer: Any) -> tuple[Any, Any, dict[str, 
         return None, trainer.loader.sample, replaying
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from stages.runtime.static_shape import StaticShape
+    from stages.runtime.sampling.static_shape import StaticShape
     from stages.train.rank import graphed
 
     def counted(part: str) -> Any:
@@ -262,7 +268,7 @@ def _graph(args: argparse.Namespace, trainer: Any) -> tuple[Any, Any, dict[str, 
                                capture=counted("step"))
     if args.cuda_graph == "step":
         return step, trainer.loader.sample, replaying
-    from stages.runtime.static_sampler import StaticSampler
+    from stages.runtime.sampling.static_sampler import StaticSampler
     from stages.train.rank.graphed_sampling import SampleGraph
 
     sampling = SampleGraph(StaticSampler(trainer.data.csr, list(trainer.fanouts), shape, generator=trainer.rng.sampler),

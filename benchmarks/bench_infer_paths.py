@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stages.infer.layerwise import Inference  # noqa: E402
+from stages.runtime.csr import LocalCSR  # noqa: E402
 from stages.runtime.dist_features import DistFeatures  # noqa: E402
 from stages.runtime.feature_store import InMemoryFeatureStore  # noqa: E402
-from stages.runtime.sampler import LocalCSR  # noqa: E402
 from stages.train.models.model import build_model, needs_degrees  # noqa: E402
 from stages.train.rank.rank_data import degree_path  # noqa: E402
 

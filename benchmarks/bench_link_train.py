@@ -45,8 +45,9 @@ def single_process(args: argparse.Namespace, manifests: dict[str, Any]) -> dict[
     import numpy as np
     import torch
 
+    from stages.runtime.csr import LocalCSR
     from stages.runtime.negatives import NegativeDraws
-    from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+    from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
     from stages.train.models.plugins import make_decoder, make_model
     from stages.train.rank.loop import train_epoch
     from stages.train.tasks.link import LinkModel, LinkPrediction

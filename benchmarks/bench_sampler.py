@@ -107,7 +107,7 @@ def _run_batches(sampler, train_gid: np.ndarray, args: argparse.Namespace, devic
     """
     import torch
 
-    from stages.runtime.sampler import iter_seed_batches
+    from stages.runtime.sampling.sampler import iter_seed_batches
 
     gen = torch.Generator(device=device).manual_seed(args.seed)
     seed_batches = list(iter_seed_batches(torch.from_numpy(train_gid).to(device), args.batch_size, generator=gen,
@@ -137,14 +137,14 @@ def _run_batches(sampler, train_gid: np.ndarray, args: argparse.Namespace, devic
 
 
 class _Static:
-    """The static-shape sampler (``stages.runtime.static_sampler``, eagerly: what ``cuda_graph=auto`` captures) with
-    the eager one's ``sample(seed_gid)``."""
+    """The static-shape sampler (``stages.runtime.sampling.static_sampler``, eagerly: what ``cuda_graph=auto``
+    captures) with the eager one's ``sample(seed_gid)``."""
 
     def __init__(self, csr: Any, args: argparse.Namespace, gen: Any) -> None:
         import torch
 
-        from stages.runtime.static_sampler import StaticSampler
-        from stages.runtime.static_shape import StaticShape
+        from stages.runtime.sampling.static_sampler import StaticSampler
+        from stages.runtime.sampling.static_shape import StaticShape
 
         shape = StaticShape.bound(args.batch_size, args.fanouts, csr.num_nodes)
         self.sampler = StaticSampler(csr, args.fanouts, shape, replace=args.replace, generator=gen)
@@ -167,7 +167,8 @@ def _sync(device: str) -> None:
 def run_single(args: argparse.Namespace, indptr: np.ndarray, indices: np.ndarray, threads: int) -> dict:
     import torch
 
-    from stages.runtime.sampler import LocalCSR, NeighborSampler
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.sampler import NeighborSampler
 
     torch.set_num_threads(threads)
     csr = LocalCSR.from_numpy(indptr, indices, 0)
@@ -186,8 +187,8 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
     import torch
     import torch.distributed as dist
 
-    from stages.runtime.dist_sampler import DistNeighborSampler
-    from stages.runtime.sampler import LocalCSR
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 
     torch.set_num_threads(args.threads_per_rank)
     device = "cpu"

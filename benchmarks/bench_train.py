@@ -106,7 +106,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from stages.runtime.dist_features import DistFeatures
-    from stages.runtime.dist_sampler import equal_batch_count
+    from stages.runtime.sampling.dist_sampler import equal_batch_count
     from stages.train.params import Params
     from stages.train.rank.prefetch import producer_group
     from stages.train.rank.rank_data import RankData
@@ -237,7 +237,7 @@ def _add(a: dict, b: dict) -> dict:
 
 def _figures(raw: dict, data, args) -> dict:
     """Per-batch rates of a measurement (``_measure``, summed over rounds) and its feature traffic per epoch."""
-    from stages.runtime.dist_sampler import equal_batch_count
+    from stages.runtime.sampling.dist_sampler import equal_batch_count
 
     batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), args.batch_size)
     s_per_batch, counted = raw["wall_s"] / raw["batches"], raw["counted"]   # counted: warm-up batches too
@@ -264,7 +264,8 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     import numpy as np
     import torch
 
-    from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
     from stages.train.models.model import build_model
     from stages.train.rank.loop import train_epoch
     from stages.train.tasks import NodeClassification

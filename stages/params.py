@@ -34,7 +34,7 @@ from pydantic.fields import FieldInfo
 
 from stages import executor
 from stages.memory import parse_bytes
-from stages.runtime.fanouts import check_edge_fanouts, graph_fanouts, validate_fanouts
+from stages.runtime.sampling.fanouts import check_edge_fanouts, graph_fanouts, validate_fanouts
 from storage.errors import InputError
 from storage.schema import GraphSchema
 
@@ -51,7 +51,8 @@ Fanouts = Annotated[tuple[int, ...], AfterValidator(_fanouts)]
 
 EdgeFanouts = Annotated[dict[str, tuple[int, ...]], AfterValidator(check_edge_fanouts)]
 """Typed graphs: per-hop fanouts of the edge types named (``src___rel___dst`` or a unique relation name), in place
-of ``fanouts`` for those types; 0 = that type is not sampled on that hop (``stages.runtime.fanouts.hop_fanouts``)."""
+of ``fanouts`` for those types; 0 = that type is not sampled on that hop
+(``stages.runtime.sampling.fanouts.hop_fanouts``)."""
 
 def check_graph_fanouts(fanouts: tuple[int, ...], edge_fanouts: dict[str, tuple[int, ...]],
                         schema: GraphSchema) -> None:

@@ -3,8 +3,8 @@
 Which layer raises what:
 
 - ``InputError`` where user input enters: the stages' Params (a ``stages.params.ParamsError``; a library validator
-  they call, such as ``stages.runtime.fanouts``, raises ValueError, which the Params turn into the user's error)
-  and each ``stage.run``'s checks of them against its upstream, input files
+  they call, such as ``stages.runtime.sampling.fanouts``, raises ValueError, which the Params turn into the user's
+  error) and each ``stage.run``'s checks of them against its upstream, input files
   (``stages.download``), the CLI and config, and the train worker's checks of its spec against the artifacts and
   the cluster. The check runs there, before any library call needs it.
 - ``ArtifactError`` where a stored artifact is read and found missing, incomplete or corrupted.

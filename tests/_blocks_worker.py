@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stages.runtime.dist_sampler import DistNeighborSampler
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 from stages.train.models.model import build_model, seed_logits
 from stages.train.rank.loader import with_degrees
 from stages.train.rank.rank_data import degree_path

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
 from tests._sampler_graphs import BOUNDS, NUM_NODES, power_law_graph, split_csr
 
 WORLD_SIZE = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stages.runtime.dist_sampler import DistNeighborSampler
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 from tests._rank import run_gloo_rank
 from tests._sampler_graphs import BOUNDS, NUM_NODES, power_law_graph, split_csr
 

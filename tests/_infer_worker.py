@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from stages.infer.layerwise import Inference
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.runtime.sampler import LocalCSR
 from stages.train.models.model import build_model, needs_degrees
 from stages.train.rank.rank_data import degree_path
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
 from stages.runtime.feature_store import open_feature_store
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
 from stages.train.models.plugins import make_decoder, make_model
 from stages.train.rank.loop import eval_sums, train_epoch
 from stages.train.tasks.link import LinkModel, LinkPrediction

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
 from stages.runtime.feature_store import open_feature_store
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
 from stages.train.rank.cache_policy import cache_gids
 from storage import ArtifactStore
 from storage.features import FeaturesArtifact

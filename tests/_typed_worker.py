@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from stages.download.edge_split import edge_entries
 from stages.download.synthetic_hetero import generate_synthetic_hetero
-from stages.runtime.dist_sampler import DistNeighborSampler
+from stages.runtime.csr import LocalCSR
 from stages.runtime.negatives import EdgeMembership
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.train.rank.checkpoint import resume_part, save_part, save_replicated_part
 from storage.graph import Graph

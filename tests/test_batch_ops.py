@@ -52,7 +52,7 @@ def test_a_graphed_step_launches_its_replay_and_a_few_copies_and_sums(counts):
 def test_the_gpu_ways_are_undone_afterwards():
     import torch
 
-    import stages.runtime.sampler as sampler
+    import stages.runtime.sampling.uniform as sampler
     import stages.runtime.segments as segments
 
     before = (segments._gpu_way, sampler.floyd_offsets)
@@ -80,8 +80,8 @@ def test_the_static_sampler_itself_reads_nothing_back():
     from bench_batch_ops import HOST_READS, counting_mode
 
     from stages.runtime.csr import LocalCSR
-    from stages.runtime.static_sampler import StaticSampler
-    from stages.runtime.static_shape import StaticShape
+    from stages.runtime.sampling.static_sampler import StaticSampler
+    from stages.runtime.sampling.static_shape import StaticShape
     from tests._sampler_graphs import power_law_graph
 
     csr = LocalCSR.from_numpy(*power_law_graph())

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
-from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
 from stages.train.models.blocks import BatchGraph, Block, _keep_mask, make_blocks, relu_dropout
 from stages.train.models.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
 from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, worker

@@ -11,8 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-from stages.runtime.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
-from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler, iter_equal_seed_batches
+from stages.runtime.sampling.sampler import NeighborSampler
 from tests._dist_sampler_worker import BATCH_SIZE, SMALL_FANOUTS, TIMEOUT_S, UNEVEN_TRAIN, WORLD_SIZE, fields_of, worker
 from tests._sampler_graphs import BOUNDS, NUM_NODES, check_batch, power_law_graph
 from tests._spawn import spawn_ranks
@@ -117,7 +118,7 @@ def test_one_rank_is_exactly_the_single_sampler_without_a_collective(one_rank_gr
     def no_collective(*args, **kwargs):
         raise AssertionError("a 1-rank sampler exchanges nothing")
 
-    monkeypatch.setattr("stages.runtime.dist_sampler.all_to_all", no_collective)
+    monkeypatch.setattr("stages.runtime.sampling.dist_sampler.all_to_all", no_collective)
     csr = LocalCSR.from_numpy(*graph)
     edge_attr = torch.randn(csr.indices.numel(), 3)
     dist_sampler = DistNeighborSampler(csr, [0, NUM_NODES], [10, 5], generator=torch.Generator().manual_seed(3))

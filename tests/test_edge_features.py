@@ -17,7 +17,8 @@ from stages.download.canonical import csr_with_edge_attr
 from stages.download.edge_split import split_edges
 from stages.download.files_source import load_files
 from stages.download.synthetic import generate_synthetic
-from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
 from stages.train.models.model import build_model, seed_logits
 from storage import InputError
 from storage.graph import GraphArtifact

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from stages.infer import stage as infer
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
 from stages.train import stage as train
 from stages.train.rank.rank_data import weighted_csr
 from stages.train.stage import check_edge_weight

@@ -14,10 +14,10 @@ import torch
 
 from stages.features.schemes import QUANTISED, encode_rows, fit_codec
 from stages.infer.layerwise import Inference
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_codec import FeatureCodec
 from stages.runtime.feature_store import InMemoryFeatureStore, open_feature_store, open_part_store
-from stages.runtime.sampler import LocalCSR
 from stages.train import stage as train
 from stages.train.models.model import build_model
 from storage import ArtifactStore, InputError

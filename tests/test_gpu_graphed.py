@@ -10,9 +10,10 @@ import json
 import pytest
 import torch
 
-from stages.runtime.sampler import LocalCSR, NeighborSampler
-from stages.runtime.static_sampler import StaticSampler
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
+from stages.runtime.sampling.static_sampler import StaticSampler
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.train import stage as train
 from stages.train.models.model import build_model
 from stages.train.rank.graphed import GraphedStep

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from stages.features.schemes import fit_codec
-from stages.runtime.sampler import LocalCSR, NeighborSampler, sample_edges_with_counts
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
+from stages.runtime.sampling.uniform import sample_edges_with_counts
 from tests._edge_worker import edge_truth
 from tests._sampler_graphs import power_law_graph
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from stages.runtime.sampler import LocalCSR, NeighborSampler
-from stages.runtime.static_shape import FAKE_EDGES_PER_SLOT, StaticShape
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
+from stages.runtime.sampling.static_shape import FAKE_EDGES_PER_SLOT, StaticShape
 from stages.train.models.model import BlockGraphSAGE, build_model, seed_logits
 from stages.train.rank import graphed
 from stages.train.rank.static_batch import IGNORE_LABEL, pad_batch, pad_labels

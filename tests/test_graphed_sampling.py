@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from stages.runtime.csr import LocalCSR
-from stages.runtime.static_sampler import StaticSampler
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling.static_sampler import StaticSampler
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank import graphed, graphed_sampling
 from stages.train.rank.graphed_sampling import SampleGraph, why_not_graphed_sampling
 from tests._sampler_graphs import power_law_graph

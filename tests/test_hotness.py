@@ -10,7 +10,8 @@ from stages.hotness import plan as planning
 from stages.hotness import stage as hotness
 from stages.hotness import units
 from stages.hotness.counting import count_requests
-from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
 from storage import InputError
 from storage.hotness import CURVE_PNG, HotnessArtifact
 from storage.manifest import stage_key

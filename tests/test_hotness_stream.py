@@ -14,7 +14,8 @@ import torch
 
 from stages.hotness import stage as hotness
 from stages.hotness.whole_csr import CsrLayout
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from storage import ArtifactStore, InputError, Manifest
 from storage.partition import PartitionArtifact
 from tests._sampler_graphs import power_law_graph

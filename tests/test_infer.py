@@ -19,9 +19,9 @@ from stages.infer.halo import Halo
 from stages.infer.layerwise import Inference
 from stages.infer.params import Params
 from stages.jobs.launcher import RankFailure, failure_message, launch
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.runtime.sampler import LocalCSR
 from stages.train.models.model import build_model, needs_degrees
 from stages.train.rank.rank_data import degree_path
 from storage import ArtifactStore, InputError, Manifest
@@ -398,7 +398,7 @@ def test_sampled_inference_with_every_neighbour_is_exact_and_a_sample_does_not_d
 def test_a_padding_chunk_is_empty_in_sampled_inference_too():
     """A rank with fewer chunks than the largest runs empty ones ``(n, n)``; sampled inference refused them (its
     chunks must start at a sampling block), which failed every products-scale run whose ranks' counts differed."""
-    from stages.runtime.sampler import LocalCSR
+    from stages.runtime.csr import LocalCSR
 
     indptr, indices, _ = _random_graph(3000, 15000)
     csr = LocalCSR.from_numpy(indptr, indices)

@@ -13,9 +13,10 @@ import torch
 
 from stages.download import stage as download
 from stages.jobs.errors import TrainingError
+from stages.runtime.csr import LocalCSR
 from stages.runtime.link_batch import link_seeds
 from stages.runtime.negatives import EdgeMembership, NegativeDraws
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.train import stage as train
 from stages.train.rank.faults import FAULT_ENV
 from stages.train.tasks.link import LinkPrediction

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.negatives import EdgeMembership, NegativeDraws, has_local_edge
-from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from storage.schema import RangeTable
 from tests._typed_worker import membership_queries, membership_truth, typed_graph

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from stages.runtime import phases as phases_module
+from stages.runtime.csr import LocalCSR
 from stages.runtime.phases import PhaseClock, clock_kind, current_clock, measuring, phase
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.train.models.model import build_model
 from stages.train.rank.loop import EpochSums, train_epoch
 from stages.train.tasks import NodeClassification

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.train.models.model import build_model
 from stages.train.rank.loop import eval_sums, train_epoch
 from stages.train.rank.prefetch import PrefetchStream, batch_stream

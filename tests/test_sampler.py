@@ -9,8 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from stages.runtime.relabel import make_node_map, unique_first_occurrence
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches, sample_neighbors
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.relabel import make_node_map, unique_first_occurrence
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
+from stages.runtime.sampling.uniform import sample_neighbors
 from tests._sampler_graphs import NUM_NODES, check_batch, edge_keys, expected_counts, power_law_graph
 
 HUB_GID = 3
@@ -93,7 +95,7 @@ def test_without_replacement_subsets_are_uniform():
 def test_floyd_repeats_by_jumping_are_the_steps_picks(monkeypatch):
     """The GPU's pointer jumping finds the same repeats as Floyd's steps, to the last pick: every k from 1 to 25 and
     degrees from k + 1 (many repeats) to hubs, on the same draws."""
-    from stages.runtime.sampler import floyd_offsets
+    from stages.runtime.sampling.uniform import floyd_offsets
 
     cases = 0
     for trial in range(600):
@@ -110,7 +112,7 @@ def test_floyd_repeats_by_jumping_are_the_steps_picks(monkeypatch):
 
     def no_jumping(*args):
         raise AssertionError("a CPU takes the steps")
-    monkeypatch.setattr("stages.runtime.sampler._repeats_by_jumping", no_jumping)
+    monkeypatch.setattr("stages.runtime.sampling.uniform._repeats_by_jumping", no_jumping)
     floyd_offsets(torch.tensor([20, 40]), 15, _gen(1))
 
 
@@ -246,7 +248,7 @@ def test_cuda_matches_cpu_contract(graph):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_floyd_on_a_gpu_jumps_to_the_steps_picks():
-    from stages.runtime.sampler import floyd_offsets
+    from stages.runtime.sampling.uniform import floyd_offsets
 
     deg = torch.randint(16, 60, (5000,), device="cuda")
     for k in (5, 10, 15):   # 5: below _JUMP_FROM_K, the steps

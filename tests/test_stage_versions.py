@@ -45,7 +45,7 @@ def test_the_digest_sees_code_but_not_comments_or_docstrings(tree_copy: Path):
     assert stage_digest("partition", tree_copy) != before["partition"]
     assert stage_digest("download", tree_copy) == before["download"], "download does not import the partition code"
     # a module the stage only reaches through a function-level import, and the ranks' program, count too
-    sampler = tree_copy / "stages" / "runtime" / "sampler.py"
+    sampler = tree_copy / "stages" / "runtime" / "sampling" / "sampler.py"
     sampler.write_text(sampler.read_text() + "\nX = 1\n")
     assert stage_digest("hotness", tree_copy) != before["hotness"]
     assert stage_digest("train", tree_copy) != before["train"]
@@ -53,5 +53,5 @@ def test_the_digest_sees_code_but_not_comments_or_docstrings(tree_copy: Path):
 
 def test_the_train_stage_covers_the_code_its_ranks_run():
     files = {str(p.relative_to(REPO)) for p in closure(("stages.train.stage", "stages.train.rank.worker"))}
-    assert {"stages/train/rank/worker.py", "stages/runtime/sampler.py", "stages/runtime/dist_features.py",
+    assert {"stages/train/rank/worker.py", "stages/runtime/sampling/uniform.py", "stages/runtime/dist_features.py",
             "storage/store.py"} <= files

@@ -1,4 +1,5 @@
-"""The static-shape sampler (``stages.runtime.static_sampler``): every batch in the padded layout, no host read.
+"""The static-shape sampler (``stages.runtime.sampling.static_sampler``): every batch in the padded layout, no host
+read.
 
 Without draws (every fanout at least every degree) it must give the padded eager batch exactly; with draws, a
 valid batch of the eager kernel's law: real edges of the graph, a uniform subset per row, first-occurrence node
@@ -14,10 +15,10 @@ import pytest
 import torch
 
 from stages.runtime.csr import LocalCSR
-from stages.runtime.relabel import SENTINEL
-from stages.runtime.sampler import NeighborSampler
-from stages.runtime.static_sampler import StaticSampler, why_not_static
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling.relabel import SENTINEL
+from stages.runtime.sampling.sampler import NeighborSampler
+from stages.runtime.sampling.static_sampler import StaticSampler, why_not_static
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch
 from tests._sampler_graphs import edge_keys, power_law_graph
 

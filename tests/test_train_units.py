@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.sampler import LocalCSR, NeighborSampler, iter_seed_batches
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.runtime.seeds import stream_seed
 from stages.train.models.model import MODELS, build_model, seed_logits
 from stages.train.rank.checkpoint import load_latest_checkpoint, save_checkpoint

@@ -14,7 +14,7 @@ import torch
 from stages.infer import stage as infer
 from stages.infer.chunks import SAMPLE_BLOCK, chunk_edges_of
 from stages.infer.params import Params
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.rank.typed_data import embeddings_in_dataset_order
 from storage import ArtifactStore, Manifest

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.fanouts import hop_fanouts
-from stages.runtime.sampler import LocalCSR, NeighborSampler
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.fanouts import hop_fanouts
+from stages.runtime.sampling.sampler import NeighborSampler
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_batch import set_types, to_hetero_data
 from stages.train.models.blocks import BatchGraph, Block

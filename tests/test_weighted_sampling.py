@@ -1,4 +1,5 @@
-"""Weighted neighbour sampling (``stages.runtime.weighted``): empirical frequencies against the exact probabilities.
+"""Weighted neighbour sampling (``stages.runtime.sampling.weighted``): empirical frequencies against the exact
+probabilities.
 
 One target row of weights ``W`` (a zero among them) is sampled ``N`` times at once (the target repeated), so each
 frequency is a mean of N independent indicators: it must lie within ``Z`` standard errors ``sqrt(p (1 - p) / N)``
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.sampler import LocalCSR, sample_edges_with_counts
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.uniform import sample_edges_with_counts
 
 W = [1.0, 0.0, 2.0, 3.0, 4.0]   # the weights of node 1's in-edges (sources 0, 2, 3, 4, 5)
 N = 20_000

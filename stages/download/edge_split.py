@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from stages.runtime.fanouts import match_edge_type
+from stages.runtime.sampling.fanouts import match_edge_type
 from storage.errors import InputError
 from storage.graph import SPLITS, Graph
 from storage.schema import EdgeType

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stages.runtime.sampler import NeighborSampler, iter_seed_batches
+from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.train.tasks.base import SeedsOf
 from storage.progress import progress as tqdm
 

@@ -25,7 +25,7 @@ from stages.hotness import plan as planning
 from stages.hotness.whole_csr import CsrLayout, assemble, choose_mapped
 from stages.memory import MemoryBudget
 from stages.meter import anon_rss_bytes, measure
-from stages.runtime.fanouts import graph_fanouts
+from stages.runtime.sampling.fanouts import graph_fanouts
 from stages.runtime.seeds import STREAM_HOTNESS_EVAL, STREAM_HOTNESS_FIT, stream_seed
 from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from stages.hotness.stage import Params
-    from stages.runtime.sampler import NeighborSampler
+    from stages.runtime.sampling.sampler import NeighborSampler
     from stages.train.tasks.base import SeedsOf
 
 
@@ -179,7 +179,8 @@ def plan_parts(job: PlanJob) -> dict[str, Any]:
     Returns each part's summary row (``rows``) and curve (``curves``), whether the CSR was mapped, and the unit's
     wall time and memory (``base_anon_bytes``: the interpreter's and torch's own, before the unit's arrays)."""
     # torch and torch_geometric load in seconds: only when a unit really runs, not for `status`
-    from stages.runtime.sampler import LocalCSR, NeighborSampler
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.sampling.sampler import NeighborSampler
 
     store = ArtifactStore(job.root)
     partition, features = PartitionArtifact(store, job.partition), FeaturesArtifact(store, job.features)

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from stages.runtime.collectives import max_over_ranks
-from stages.runtime.sampler import LocalCSR, sample_typed_edges
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.uniform import sample_typed_edges
 from stages.runtime.segments import repeat_positions
 
 _CPU = torch.device("cpu")

@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 from stages.infer.matrices import MatrixSpace
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.runtime.sampler import LocalCSR
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,10 @@ from stages.infer.chunks import (
 from stages.infer.halo import Halo, chunk_rows, extended_degrees, layer0_matrix, placement
 from stages.infer.layer_steps import has_layer_steps, layer_step, layer_width
 from stages.infer.matrices import MatrixSpace
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.dist_sampler import DistNeighborSampler
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 from stages.runtime.seeds import STREAM_INFER_SAMPLER, stream_seed
 from stages.runtime.typed_batch import set_types
 from stages.train.models.blocks import BatchGraph, Block

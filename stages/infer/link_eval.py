@@ -101,8 +101,8 @@ def real_edges(partition: PartitionArtifact, book: PartitionBook, src_gid: np.nd
                ) -> np.ndarray:
     """bool [E, K]: whether ``src_gid[i] -> neg_gid[i, j]`` is an edge of link prediction's type in the
     message-passing graph, asked of each destination's part (one part's CSR in memory at a time)."""
+    from stages.runtime.csr import LocalCSR
     from stages.runtime.negatives import has_local_edge
-    from stages.runtime.sampler import LocalCSR
 
     key = partition.link_edge_type
     assert key is not None

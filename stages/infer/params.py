@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from stages.choices import Device
 from stages.params import ExecutorParams, Seed, runtime
-from stages.runtime.fanouts import validate_fanouts
+from stages.runtime.sampling.fanouts import validate_fanouts
 from stages.train.params import Params as TrainParams
 from storage import Manifest
 

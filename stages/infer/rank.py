@@ -22,8 +22,8 @@ from stages.infer.rank_outputs import RankPart
 from stages.infer.spec import InferSpec
 from stages.infer.tasks import infer_task
 from stages.meter import measure
+from stages.runtime.csr import LocalCSR
 from stages.runtime.feature_store import host_budget
-from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from stages.train.models.encoder import build_encoder, encoder_edge_dim
 from stages.train.models.model import needs_degrees

@@ -1,16 +1,9 @@
 """The rank's runtime: code that runs inside each rank of the hotness, train and infer stages.
 
-- ``sampler``: uniform neighbour sampling over a CSR of incoming edges (torch ops only, CPU or CUDA), the multi-hop
-  ``NeighborSampler`` on one partition holding the whole graph, and the per-epoch seed iterator; ``weighted``: the
-  same with edge-weighted draws; ``csr``: a partition's CSR as tensors on one device.
-- ``static_sampler``: the same uniform sampling on a lone rank straight into a batch of static shape
-  (``static_shape``: the sizes every batch of a pass fits), with no host read, so that a CUDA graph can capture it.
-- ``dist_sampler``: the same multi-hop sampler across partitions held by different ranks, with ``all_to_all_single``
-  exchanges in lockstep (no RPC), plus equal per-rank batch counts.
-- ``relabel``: gid -> batch-local position maps (first-occurrence order) used by both samplers; ``segments``: the
-  index helpers over counted rows that the samplers and the model's blocks share, a CPU way and a GPU way without
-  host synchronisations.
-- ``fanouts``: fanout validation without torch imports (config checks).
+- ``sampling``: the samplers' sub-room (uniform and weighted draws, the multi-hop and distributed samplers, the
+  static-shape sampler a CUDA graph captures, fanout checks); ``csr``: a partition's CSR as tensors on one device,
+  what they sample; ``segments``: the index helpers over counted rows that the samplers and the model's blocks
+  share, a CPU way and a GPU way without host synchronisations.
 - ``seeds``: the named random streams of hotness and train, one seed per (seed, rank, epoch, stream); torch-free.
 - ``feature_store``: a rank's own ``x`` rows by lid, in (pinned) RAM or read chunk-wise from Zarr past a budget;
   ``feature_codec``: stored rows → the float32 rows the model computes on; ``uva``: zero-copy GPU reads of pinned

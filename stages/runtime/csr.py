@@ -1,5 +1,5 @@
-"""A partition's CSR of incoming edges as tensors on one device: what the samplers (``stages.runtime.sampler``,
-``stages.runtime.dist_sampler``) and layer-wise inference read.
+"""A partition's CSR of incoming edges as tensors on one device: what the samplers (``stages.runtime.sampling``)
+and layer-wise inference read.
 
 ID spaces: ``gid`` global, ``lid = gid - start_gid`` local; ``elid`` a position in ``indices``, ``egid = start_egid
 + elid`` the edge's global id (``storage.partition``).
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stages.runtime.sampling.weighted import weight_running_sum
 from stages.runtime.uva import UvaUnavailableError, device_view
-from stages.runtime.weighted import weight_running_sum
 from storage.partition import PartCSR
 
 __all__ = ["LocalCSR"]
@@ -39,8 +39,8 @@ class LocalCSR:
     indices: Tensor
     num_edge_types: int = 1
     start_egid: int = 0   # the egid of elid 0: the edges of the parts before this one
-    # weighted sampling (``stages.runtime.weighted``): float [num_edges] by elid, non-negative, and its running sum;
-    # None: the uniform kernel
+    # weighted sampling (``stages.runtime.sampling.weighted``): float [num_edges] by elid, non-negative, and its
+    # running sum; None: the uniform kernel
     edge_weight: Tensor | None = None
     weight_sum: Tensor | None = None
 

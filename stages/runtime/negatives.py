@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.collectives import Owners, all_to_all, comm_device, route_to_owners
-from stages.runtime.sampler import LocalCSR
+from stages.runtime.csr import LocalCSR
 from stages.runtime.typed_rows import TypeIndex
 from storage.schema import EdgeType, GraphSchema
 

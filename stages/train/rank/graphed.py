@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch, pad_labels
 
 __all__ = ["CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]

@@ -1,5 +1,5 @@
 """The producer's half of a graphed training step as one captured CUDA graph too (``cuda_graph=auto``): a batch's
-whole sampling, with no host read (``stages.runtime.static_sampler``), replayed per batch.
+whole sampling, with no host read (``stages.runtime.sampling.static_sampler``), replayed per batch.
 
 With the step graphed (``stages.train.rank.graphed``), the prefetch thread's eager sampling set the pace of a
 1-GPU products epoch: ~166 launches and 6 host reads a batch (``benchmarks/RESULTS.md``, [4/5]). Here the host
@@ -18,7 +18,7 @@ once by the loader), the model computing eagerly on the padded batch and its rea
 
 What may be graphed (``why_not_graphed_sampling``): a graphed step whose rank holds every feature row on its
 device (the gather of a padded ``n_id`` is then one ``index_select``, with no read), and a CSR the static sampler
-takes (``stages.runtime.static_sampler.why_not_static``).
+takes (``stages.runtime.sampling.static_sampler.why_not_static``).
 
 Feature counters: the gather reads every padded slot's row (a fake slot's is gid 0's, which no real node reads),
 so the pass subtracts the fake slots (``padding_rows``, kept on the device) from its counters at the end.
@@ -35,8 +35,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from stages.runtime.csr import LocalCSR
-from stages.runtime.static_sampler import StaticBatch, StaticSampler, why_not_static
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling.static_sampler import StaticBatch, StaticSampler, why_not_static
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf, first_line
 
 __all__ = ["SampleGraph", "why_not_graphed_sampling"]

@@ -24,9 +24,9 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from stages.runtime.dist_features import DistFeatures
-from stages.runtime.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
-from stages.runtime.fanouts import Fanout
-from stages.runtime.sampler import check_seed_range
+from stages.runtime.sampling.dist_sampler import DistNeighborSampler, equal_batch_count, iter_equal_seed_batches
+from stages.runtime.sampling.fanouts import Fanout
+from stages.runtime.sampling.sampler import check_seed_range
 from stages.runtime.typed_batch import set_types
 from stages.runtime.typed_rows import TypedRows
 from stages.train.rank.rank_data import RankData

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
-from stages.runtime.sampler import LocalCSR
 from stages.runtime.typed_rows import TypedRows
 from stages.runtime.uva import UvaUnavailableError
 from stages.train.params import Params
@@ -59,7 +59,7 @@ class LinkEdges:
 class EdgeData:
     """A graph's edge features as a rank holds them: its own edges' rows (the edges into its nodes), read on first
     use, so a run whose model ignores them does not hold them. A sampled edge's row travels from the rank that
-    sampled it, its owner (``stages.runtime.dist_sampler``, exchange 6)."""
+    sampled it, its owner (``stages.runtime.sampling.dist_sampler``, exchange 6)."""
 
     def __init__(self, partition: PartitionArtifact, rank: int) -> None:
         self.partition, self.rank = partition, rank

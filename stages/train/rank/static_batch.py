@@ -1,8 +1,8 @@
 """A sampled batch padded to shapes fixed in advance, which a captured CUDA graph of the training step needs
 (``stages.train.rank.graphed``): every batch of a pass then has the same tensor sizes.
 
-The shape (``stages.runtime.static_shape``) bounds every batch of a pass, so one graph serves them all. A products
-batch (SAGE 3x256, [15, 10, 5], batch 1024, about 653 k nodes and 850 k edges) pads to 945 k nodes and 937 k
+The shape (``stages.runtime.sampling.static_shape``) bounds every batch of a pass, so one graph serves them all. A
+products batch (SAGE 3x256, [15, 10, 5], batch 1024, about 653 k nodes and 850 k edges) pads to 945 k nodes and 937 k
 edges: the layers' GEMMs see +12 % rows (their targets, the first three levels: 174 k instead of 155 k) and the
 sparse products +10 % edges.
 
@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.runtime.segments import steps_of
-from stages.runtime.static_shape import StaticShape
 
 __all__ = ["IGNORE_LABEL", "pad_batch", "pad_labels"]
 

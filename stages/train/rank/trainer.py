@@ -24,9 +24,9 @@ from torch import Tensor
 
 from stages.runtime.collectives import all_reduce_f64
 from stages.runtime.dist_features import DistFeatures, FeatureCounters
-from stages.runtime.fanouts import graph_fanouts
 from stages.runtime.phases import clock_kind
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling.fanouts import graph_fanouts
+from stages.runtime.sampling.static_shape import StaticShape
 from stages.runtime.typed_rows import TypedRows
 from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, needs_degrees

@@ -104,8 +104,8 @@ class LinkDef(TaskDef):
         (as the trainer's ``rank_share``)."""
         import torch
 
-        from stages.runtime.dist_sampler import proportional_share
         from stages.runtime.negatives import NegativeDraws
+        from stages.runtime.sampling.dist_sampler import proportional_share
         from stages.runtime.typed_rows import TypeIndex
         from stages.train.tasks.link import link_seeds_of
 
@@ -125,7 +125,7 @@ class LinkDef(TaskDef):
 def rank_share(total: int, mine: int) -> int:
     """This rank's part of ``total`` items, in proportion to its ``mine`` (a collective: one all-reduce)."""
     from stages.runtime.collectives import all_reduce_f64
-    from stages.runtime.dist_sampler import proportional_share
+    from stages.runtime.sampling.dist_sampler import proportional_share
 
     return proportional_share(total, mine, int(all_reduce_f64([float(mine)])[0]))
 

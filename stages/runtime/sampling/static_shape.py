@@ -1,7 +1,7 @@
 """The static shape of a padded batch: the sizes every batch of a pass fits, fixed in advance from the batch size and
 the fanouts alone, which a captured CUDA graph needs (its tensors keep their sizes and addresses). The padding of an
 eager sampler's batch (``stages.train.rank.static_batch``) and the static-shape sampler
-(``stages.runtime.static_sampler``) both lay their batches out in it.
+(``stages.runtime.sampling.static_sampler``) both lay their batches out in it.
 
 Hop k samples at most ``fanout_k`` edges per node of level k - 1 (its frontier) and finds at most one new node per
 edge, so no batch can exceed the bounds. Level k (the seeds, then each hop's new nodes) gets a reserve of slots

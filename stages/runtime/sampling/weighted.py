@@ -1,8 +1,8 @@
 """Weighted neighbour sampling: each target's in-edges drawn with probability proportional to an edge weight.
 
 The option behind the train stage's ``edge_weight`` (a column of the graph's edge features); the uniform kernel of
-``stages.runtime.sampler`` stays as it is when it is off. ID spaces as there: ``edge_idx`` (elid) positions in the
-CSR's ``indices``, ``row_pos`` positions in the target array.
+``stages.runtime.sampling.uniform`` stays as it is when it is off. ID spaces as there: ``edge_idx`` (elid) positions
+in the CSR's ``indices``, ``row_pos`` positions in the target array.
 
 - with replacement: every draw picks edge e of its row with probability ``w_e / sum of the row's w``: inverse CDF,
   ``searchsorted`` on the running sum of the weights over the CSR (float64; a zero-weight edge is an empty

@@ -38,15 +38,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stages.runtime.collectives import all_to_all, comm_device, max_over_ranks
-from stages.runtime.fanouts import Fanout
-from stages.runtime.sampler import (
-    HopEdges,
-    LocalCSR,
-    MultiHopSampler,
-    sample_own_hop,
-    sample_typed_edges,
-    shuffled,
-)
+from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.fanouts import Fanout
+from stages.runtime.sampling.sampler import HopEdges, MultiHopSampler, sample_own_hop, shuffled
+from stages.runtime.sampling.uniform import sample_typed_edges
 from stages.runtime.segments import offsets_of, repeat_positions
 
 

@@ -1,11 +1,11 @@
 """Multi-hop uniform sampling straight into a batch of static shape, with no host read: capturable as one CUDA graph.
 
-The eager sampler (``stages.runtime.sampler``) sizes every tensor by what it drew: each hop reads its edge total
-and its count of new nodes back to the host, which on a GPU stops the producer thread until the device has caught up
-(6 reads a products batch; the thread set the pace of a 1-GPU epoch on the H200, ``benchmarks/RESULTS.md``). Here
-every size comes from the ``StaticShape`` (the batch size and the fanouts alone) and every count stays on the
-device, so a whole batch is a fixed sequence of kernels on fixed buffers: ``stages.train.rank.graphed`` captures it
-once and replays it per batch.
+The eager sampler (``stages.runtime.sampling.sampler``) sizes every tensor by what it drew: each hop reads its edge
+total and its count of new nodes back to the host, which on a GPU stops the producer thread until the device has
+caught up (6 reads a products batch; the thread set the pace of a 1-GPU epoch on the H200,
+``benchmarks/RESULTS.md``). Here every size comes from the ``StaticShape`` (the batch size and the fanouts alone)
+and every count stays on the device, so a whole batch is a fixed sequence of kernels on fixed buffers:
+``stages.train.rank.graphed`` captures it once and replays it per batch.
 
 Per hop, for the frontier's ``R`` slots (level h's real capacity; its unfilled ones are fake) and fanout ``k``:
 
@@ -38,10 +38,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from stages.runtime import sampler as eager  # its kernels through the module: a benchmark's patch applies here too
 from stages.runtime.csr import LocalCSR
-from stages.runtime.relabel import SENTINEL
-from stages.runtime.static_shape import StaticShape
+from stages.runtime.sampling import (
+    uniform as eager,  # its kernels through the module: a benchmark's patch applies here too
+)
+from stages.runtime.sampling.relabel import SENTINEL
+from stages.runtime.sampling.static_shape import StaticShape
 
 __all__ = ["StaticBatch", "StaticSampler", "why_not_static"]
 

@@ -191,7 +191,7 @@ def _time_runs(runs, spec, params, data, args) -> list[tuple[tuple[str, dict], d
         gc.collect()
         if data.device.type == "cuda":
             torch.cuda.empty_cache()
-    return [(run, {**_figures(measured[i], data, args), **settings[i],
+    return [(run, {"variant": variant_name(run[1]), **_figures(measured[i], data, args), **settings[i],
                    **({"profile": profiles[i]} if i in profiles else {})}) for i, run in enumerate(runs)]
 
 

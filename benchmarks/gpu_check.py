@@ -27,7 +27,8 @@ exits 0. On a GPU machine (no network needed) it:
      before and after, in the same call;
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0 and 1, 2 rounds (``bench_prefetch.py --ranks 1``);
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures, and the whole check's seconds (the
-   goal: 8 minutes on a fresh machine, [4/5] item 6).
+   goal: 8 minutes on a fresh machine, [4/5] item 6); and ``<out>/gpu_check.md``, those figures as the tables
+   that benchmarks/RESULTS.md cites (``_gpu_tables``), both rewritten as each step ends.
 
 While the CUDA tests run (they time nothing), a background thread builds what the timed steps read: each dtype's
 stages up to hotness (``bench_train.py --prepare-only``) and the sampler's graph (``bench_sampler.py
@@ -59,6 +60,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _gpu_tables import markdown  # benchmarks/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
@@ -176,6 +179,12 @@ def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_
         (out / f"{name}.json").write_text(json.dumps(figures, indent=1))
         result["figures"] = figures
     return result
+
+
+def record(out: Path, summary: dict[str, object]) -> None:
+    """The check so far: ``gpu_check.json``, and its figures as tables in ``gpu_check.md`` (``_gpu_tables``)."""
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    (out / "gpu_check.md").write_text(markdown(summary))
 
 
 def junit_counts(path: Path) -> dict[str, int]:
@@ -346,7 +355,7 @@ def main() -> int:
     if not has_cuda and not args.allow_cpu:
         print("gpu-check: no GPU on this machine: nothing to run (skipped)", flush=True)
         summary["status"] = "skipped"
-        (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+        record(out, summary)
         return 0
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     needed = tuple(sorted({m for step in steps for m in NEEDS[step]}))
@@ -371,13 +380,13 @@ def main() -> int:
             results[step] = runs[0] if len(runs) == 1 else runs
         print(f"gpu-check: {step}: {json.dumps(results[step])[:400]}", flush=True)
         summary["steps"] = results
-        (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+        record(out, summary)
     if preparing is not None:
         summary["prepare"] = preparing.join()
     failed = [s for s, r in results.items() if "failed" in json.dumps(r)]
     summary["status"] = "failed: " + ", ".join(failed) if failed else "ok"
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    record(out, summary)
     print(f"gpu-check: {summary['status']} in {summary['seconds']:.0f} s (the goal of a whole check on a fresh "
           f"machine: {GOAL_S} s); results in {out}", flush=True)
     return 1 if failed else 0

@@ -42,6 +42,53 @@ def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path:
     # the profile: the first policy under each combination, not the other policies
     assert "profile" in dist["policies"]["runtime"] and "profile" not in dist["policies"]["degree"]
     assert dist["policies"]["degree"]["matmul_precision"] == "highest", "the other policies run the first"
+    _check_tables(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _tables():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_tables
+
+    return _gpu_tables
+
+
+def _check_tables(result: dict) -> None:
+    """gpu-check's tables of this result (``_gpu_tables``): a row per timed run, each by its cache and setting."""
+    summary = {"what": "cpu", "status": "ok", "seconds": 12.0,
+               "steps": {"train": [{"status": "ok", "seconds": 9.5, "log": "train-float32.log", "figures": result}]}}
+    text = _tables().markdown(summary)
+    dist = result["dist"]
+    runtime = dist["policies"]["runtime"]
+    assert "| train-float32 | ok | 9.5 |" in text
+    row = (f"| train-float32 | runtime | off/float32/highest | {round(runtime['s_per_batch'] * 1e3, 2)} | "
+           f"{' / '.join(map(str, runtime['rounds_ms_per_batch']))} | {runtime['epoch_s']} |")
+    assert row in text, text
+    for variant in dist["variants"]:
+        assert f"| train-float32 | runtime | {variant} |" in text
+    assert "| train-float32 | degree | off/float32/highest |" in text
+    # a profile row for each setting of the first cache; the phases of every run
+    profiles = text.split("### Profiles")[1].split("###")[0]
+    assert profiles.count("| train-float32 |") == 1 + len(dist["variants"])
+    phases = text.split("### Where a batch's time goes")[1]
+    assert phases.count("| train-float32 |") == 2 + len(dist["variants"])
+
+
+def test_the_tables_read_an_older_trees_result_and_leave_out_what_did_not_run():
+    """An older bench_train (the baseline step) states its settings once, with no variants or rounds; a failed step
+    shows in the steps' table only."""
+    older = {"dist": {"cuda_graph": "off: cuda_graph=off", "graphed_sampling": None, "policies": {"runtime": {
+        "s_per_batch": 0.0123, "epoch_s": 2.3, "hit_rate": 1.0, "uncached_MiB_per_epoch": 0.0,
+        "sampled_edges_per_s": 68_400_000, "phases_ms_per_batch": {"sample": 1.5, "forward_backward": 7.6},
+        "prefetch_phases_ms_per_batch": {"sample": 11.1}}}}}
+    summary = {"what": "NVIDIA H200", "status": "failed: infer", "seconds": 470.0, "steps": {
+        "baseline": {"status": "ok", "seconds": 40.0, "log": "baseline.log", "figures": older},
+        "infer": {"status": "failed (exit 1)", "seconds": 3.0, "log": "infer.log"}}}
+    text = _tables().markdown(summary)
+    assert "Status: failed: infer, 470 s in all" in text and "| infer | failed (exit 1) | 3.0 |" in text
+    assert ("| baseline | runtime | as run | 12.3 |  | 2.3 | 100.0% | 0.0 | 68.4 | off: cuda_graph=off |  |"
+            in text), text
+    assert "| baseline | runtime | as run | 1.5 |" in text and text.rstrip().endswith("| 11.1 |")
+    assert "### Inference" not in text and "### Profiles" not in text
 
 
 def test_a_setting_outside_its_choices_is_refused(tmp_path: Path):

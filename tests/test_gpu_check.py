@@ -40,6 +40,10 @@ def test_gpu_check_runs_its_steps_and_records_them(tmp_path: Path):
     assert set(gather["dtypes"]) == {"float32", "float16", "int8"}
     assert gather["dtypes"]["float32"]["row_bytes"] == 4 * gather["cols"]
     assert json.loads((out / "env.json").read_text())["torch"] == torch.__version__
+    # the same figures as the tables RESULTS.md cites
+    tables = (out / "gpu_check.md").read_text()
+    assert "| env | ok |" in tables and "| gather | ok |" in tables
+    assert f"| float32 | 400 | {gather['dtypes']['float32']['GB_per_s']['copy']} |" in tables
 
 
 def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):
@@ -226,3 +230,29 @@ def test_the_sampler_benchmark_prepares_its_graph_only(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert graph.exists() and result["nodes"] == 3000 and "edges_per_s" not in json.dumps(result)
+
+
+def test_the_tables_of_the_sampler_prefetch_and_inference_steps():
+    """``gpu_check.md``'s other tables, from figures shaped as bench_sampler, bench_prefetch and bench_infer print
+    them (their last JSON line; the shapes of a ``--scale small --allow-cpu`` run)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_tables
+
+    sampler = {"graph_placement": "device", "sampled_edges_per_s": 154_000_000, "s_per_batch": 0.0056,
+               "edges_per_batch": 862_000}
+    prefetch = {"dist": {"s_per_batch_median": {"0": 0.0217, "1": 0.018, "prepare": 0.011},
+                         "s_per_batch_rounds": {"0": [0.022, 0.0214], "1": [0.0181, 0.0179], "prepare": [0.011, 0.011]},
+                         "speedup": {"1": 1.206}}}
+    infer = {"mode": "exact", "nodes": 2_400_000, "device": ["cuda:0"], "placement": ["device"], "rank_wall_s": 8.1,
+             "job_wall_s": 21.5, "acc": {"test": 0.71234, "valid": 0.8}}
+    steps = {"sampler": [{"status": "ok", "seconds": 20.0, "log": "sampler.log", "figures": sampler},
+                         {"status": "ok", "seconds": 25.0, "log": "sampler-uva.log",
+                          "figures": {**sampler, "graph_placement": "uva", "sampled_edges_per_s": 91_000_000}}],
+             "prefetch": {"status": "ok", "seconds": 45.0, "log": "prefetch.log", "figures": prefetch},
+             "infer": {"status": "ok", "seconds": 70.0, "log": "infer.log", "figures": infer}}
+    text = _gpu_tables.markdown({"what": "NVIDIA H200", "status": "ok", "steps": steps})
+    assert "| sampler | device | 154.0 | 5.6 | 862000 |" in text and "| sampler-uva | uva | 91.0 | 5.6 |" in text
+    assert "speed-up over depth 0: depth 1: 1.206x" in text
+    assert "| depth 0 | 21.7 | 22.00 / 21.40 |" in text and "| the producer's half alone | 11.0 |" in text
+    assert "| exact | 2400000 | cuda:0 | device | 8.1 | 21.5 | 0.7123 |" in text
+    assert "Status: ok." in text, "no total time before the check ends"

@@ -1,5 +1,5 @@
-"""One rank of the 2-process layer-wise inference test (tests/test_infer.py): partition ``rank`` of a graph split by
-``bounds`` (a rank may own no node), inference of its nodes through the layer matrices and halo."""
+"""One rank of the 2-process layer-wise inference test (tests/test_infer_layerwise.py): partition ``rank`` of a graph
+split by ``bounds`` (a rank may own no node), inference of its nodes through the layer matrices and halo."""
 
 from __future__ import annotations
 

@@ -1,19 +1,27 @@
 """Per-layer (block) computation: equal to PyG's models on the whole sampled batch, GCN with the true degrees equal
-to full-graph GCN (one process and 2 gloo ranks), the sampled GCN unbiased, the fused ReLU + dropout."""
+to full-graph GCN (one process and 2 gloo ranks), the sampled GCN unbiased, the fused ReLU + dropout, bfloat16
+products, and a batch's promise that its edges come by target. The trainer around the blocks:
+``test_block_training.py``."""
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
 import torch
-from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.sampler import NeighborSampler
 from stages.train.models.blocks import BatchGraph, Block, _keep_mask, make_blocks, relu_dropout
 from stages.train.models.model import MODELS, build_model, is_block_model, needs_degrees, seed_logits
+from tests._block_graphs import (
+    PYG,
+    SIZES,
+    features,
+    full_graph_gcn,
+    messy_graph,
+    pyg_twin,
+    true_degrees,
+)
 from tests._blocks_worker import GCN_SIZES, TIMEOUT_S, WORLD_SIZE, seeds_of, worker
 from tests._sampler_graphs import NUM_NODES, power_law_graph
 from tests._spawn import spawn_ranks
@@ -21,35 +29,6 @@ from tests._spawn import spawn_ranks
 # tiny models: one torch thread each (tests/conftest.py's one_torch_thread)
 pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
               pytest.mark.usefixtures("one_torch_thread")]
-PYG = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT}
-SIZES = {"in_channels": 5, "hidden": 8, "out_channels": 3, "dropout": 0.5}
-
-
-def messy_graph(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The sampler tests' power-law graph plus self loops and repeated edges, which PyG's layers treat specially
-    (GCN and GAT drop self loops and add their own; repeats count twice)."""
-    indptr, indices = power_law_graph()
-    dst_gid = np.repeat(np.arange(NUM_NODES), np.diff(indptr))
-    rng = np.random.default_rng(seed)
-    loops = rng.choice(NUM_NODES, 50, replace=False)
-    repeats = rng.choice(indices.shape[0], 200, replace=False)
-    src_gid = np.concatenate([indices, loops, indices[repeats]])
-    dst_gid = np.concatenate([dst_gid, loops, dst_gid[repeats]])
-    order = np.argsort(dst_gid, kind="stable")
-    return np.concatenate([[0], np.cumsum(np.bincount(dst_gid, minlength=NUM_NODES))]), src_gid[order]
-
-
-def features(seed: int = 0) -> torch.Tensor:
-    return torch.randn(NUM_NODES, SIZES["in_channels"], generator=torch.Generator().manual_seed(seed))
-
-
-def pyg_twin(kind: str, model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
-    """PyG's own model class with the block model's weights: its state_dict keys load as they are."""
-    extra = {"heads": 4} if kind == "gat" else {}
-    twin = PYG[kind](SIZES["in_channels"], SIZES["hidden"], num_layers, SIZES["out_channels"],
-                     dropout=model.dropout.p, **extra)
-    twin.load_state_dict(model.state_dict(), strict=True)
-    return twin
 
 
 @pytest.mark.parametrize("fanouts", [[4, 3], [-1, -1], [3, -1, 2], [2]])
@@ -183,22 +162,6 @@ def test_block_sizes_follow_the_hops():
         make_blocks(batch, 4)
 
 
-def graph_edge_index(indptr: np.ndarray, indices: np.ndarray) -> torch.Tensor:
-    dst_gid = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
-    return torch.from_numpy(np.stack([indices, dst_gid]))
-
-
-def true_degrees(indptr: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.diff(indptr) + 1).float()
-
-
-def full_graph_gcn(model: torch.nn.Module, num_layers: int, x: torch.Tensor) -> torch.Tensor:
-    """PyG's GCN on the whole graph (its own degrees), the block model's weights."""
-    twin = pyg_twin("gcn", model, num_layers).eval()
-    with torch.no_grad():
-        return twin(x, graph_edge_index(*power_law_graph()))
-
-
 def test_gcn_with_true_degrees_and_every_neighbour_is_full_graph_gcn():
     indptr, indices = power_law_graph()
     x, deg = features(), true_degrees(indptr)
@@ -276,45 +239,6 @@ def test_relu_dropout_keeps_one_minus_p_and_passes_gradients_where_kept(p):
     assert scale_eval == 1.0 and torch.equal(z_eval, torch.relu(h))
 
 
-def one_rank_data(graph: tuple[np.ndarray, np.ndarray] | None = None):
-    """A ``RankData`` holding the whole power-law graph (or ``graph``, an incoming CSR of ``NUM_NODES`` nodes) as
-    one partition, built without artifacts."""
-    from stages.runtime.dist_features import DistFeatures
-    from stages.runtime.feature_store import InMemoryFeatureStore
-    from stages.train.rank.rank_data import RankData, degree_path
-    from storage.schema import GraphSchema
-
-    indptr, indices = power_law_graph() if graph is None else graph
-    csr, bounds, cpu = LocalCSR.from_numpy(indptr, indices), np.array([0, NUM_NODES]), torch.device("cpu")
-    return RankData(rank=0, world=1, device=cpu, bounds=bounds, csr=csr,
-                    features=DistFeatures(InMemoryFeatureStore(features()), bounds), y_of_lid=torch.zeros(
-                        NUM_NODES, dtype=torch.long), split_gid={s: torch.arange(NUM_NODES) for s in
-                                                                 ("train", "valid", "test")},
-                    num_features=SIZES["in_channels"], num_classes=SIZES["out_channels"], cache_policy="none",
-                    schema=GraphSchema.homogeneous(NUM_NODES, SIZES["in_channels"], SIZES["out_channels"]),
-                    setup={}, degrees=degree_path(csr, bounds, cpu))
-
-
-@pytest.mark.parametrize("kind", MODELS)
-def test_the_trainer_sends_true_degrees_to_the_models_that_need_them(one_rank_group, tmp_path, kind):
-    from stages.train.params import Params
-    from stages.train.rank.trainer import Trainer
-    from stages.train.spec import TrainSpec
-
-    spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
-                     params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
-    trainer = Trainer(spec, Params(model=kind, hidden=8, fanouts=(-1, -1)), one_rank_data())
-    seed_gid = torch.tensor([3, 10, 500, NUM_NODES - 1])
-    batch = trainer.loader.sample(seed_gid)
-    assert hasattr(batch, "deg") == (kind == "gcn")
-    if kind == "gcn":
-        assert torch.equal(batch.deg, true_degrees(power_law_graph()[0])[batch.n_id])
-        model = trainer.model.eval()
-        with torch.no_grad():
-            logits = seed_logits(model, trainer.loader.gather_rows(batch.n_id), batch)
-        assert torch.allclose(logits, full_graph_gcn(model, 2, features())[seed_gid], atol=1e-5)
-
-
 @pytest.mark.parametrize("kind", MODELS)
 def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
     csr, x = LocalCSR.from_numpy(*power_law_graph()), features()
@@ -328,72 +252,6 @@ def test_bfloat16_precision_stays_close_and_returns_float32_logits(kind):
     assert torch.allclose(half, full, atol=0.05 * float(full.abs().max())), kind
     seed_logits(model.train(), x[batch.n_id], batch, precision="bfloat16").sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-
-
-_PAGE_FAULTS = """
-import resource
-import stages.train.rank.worker   # everything the train worker imports, before its first tensor
-import torch
-for _ in range(2):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.ones(154_000, 256)   # 158 MB, a products batch's layer-0 activation
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-def test_the_ranks_environment_puts_big_tensors_on_huge_pages(monkeypatch):
-    """The train stage starts its ranks with ``huge_page_env()``: a 158 MB tensor then takes 341 page faults
-    instead of 38.7 k (2 MiB pages). Fresh processes: torch reads the switch at a process's first CPU allocation."""
-    import os
-    import subprocess
-    import sys
-
-    from stages.jobs.host_memory import THP_ENV, huge_page_env, huge_pages_granted
-    from tests.conftest import REPO
-
-    monkeypatch.delenv(THP_ENV, raising=False)
-    assert huge_page_env() == {THP_ENV: "1"}
-    monkeypatch.setenv(THP_ENV, "0")
-    assert huge_page_env() == {THP_ENV: "0"}, "a user's own setting wins"
-    if not huge_pages_granted():
-        pytest.skip("the kernel grants no transparent huge pages here (THP mode never, or not Linux)")
-
-    def faults(value: str) -> int:
-        out = subprocess.run([sys.executable, "-c", _PAGE_FAULTS], cwd=REPO, env={**os.environ, THP_ENV: value},
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        return int(out.stdout)
-
-    on, off = faults("1"), faults("0")
-    assert off > 30_000, off                   # one fault per 4 KiB page: 38.7 k
-    assert on < off / 4, (on, off)
-
-
-def test_a_lone_rank_trains_without_ddp_to_the_bit(one_rank_group, tmp_path):
-    """One rank steps its model itself, without DDP's hooks and bucket copies: the weights after some batches are
-    DDP-wrapped training's, bit for bit (DDP divides the gradients by a world of 1)."""
-    from stages.train.params import Params
-    from stages.train.rank.trainer import Trainer
-    from stages.train.spec import TrainSpec
-
-    def trained(wrap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
-                         params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
-        trainer = Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64, seed=3),
-                          one_rank_data())
-        assert trainer.train_module is trainer.model, "one rank: no DDP wrapper"
-        initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-        if wrap:
-            trainer.train_module = torch.nn.parallel.DistributedDataParallel(trainer.model)
-        trainer.rng.seed_epoch(0)
-        sums = trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 4), 4, epoch=0)
-        assert sums.batches == 4
-        return initial, {k: v.clone() for k, v in trainer.model.state_dict().items()}
-
-    (initial, plain), (_, wrapped) = trained(False), trained(True)
-    assert plain.keys() == wrapped.keys() == initial.keys()
-    assert all(torch.equal(plain[k], wrapped[k]) for k in plain)
-    assert any(not torch.equal(plain[k], initial[k]) for k in plain), "the steps changed the weights"
 
 
 def _typed_graph(num_nodes: int = 300, num_types: int = 3, seed: int = 0) -> LocalCSR:
@@ -428,22 +286,3 @@ def test_a_batch_that_says_its_edges_are_by_target_has_them_so(typed, fanouts):
             checked = make_blocks(batch, len(fanouts))
             assert torch.equal(trusted[0].graph.crow, checked[0].graph.crow)
             assert torch.equal(trusted[0].graph.col, checked[0].graph.col)
-
-
-def test_a_parameter_the_loss_never_reaches_is_named(one_rank_group, tmp_path):
-    """DDP would fail at the second step without naming it; a lone rank has no DDP: the trainer says which."""
-    from stages.train.params import Params
-    from stages.train.rank.trainer import Trainer
-    from stages.train.spec import TrainSpec
-    from storage.errors import InputError
-
-    spec = TrainSpec(artifacts=str(tmp_path), key="k", partition_key="p", features_key="f", hotness_key="h",
-                     params={}, checkpoint_dir=str(tmp_path / "ckpt"), result_dir=str(tmp_path / "out"))
-    trainer = Trainer(spec, Params(model="sage", hidden=8, fanouts=(3, 2), batch_size=64), one_rank_data())
-    trainer.rng.seed_epoch(0)
-    assert trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0).batches == 3
-    trainer.model.spare = torch.nn.Linear(2, 2)   # in the model, never in its forward
-    trainer.rng.seed_epoch(0)
-    with pytest.raises(InputError, match=r"^model sage: the loss of a training batch reaches no gradient to "
-                                         r"spare\.weight, spare\.bias: every parameter"):
-        trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)

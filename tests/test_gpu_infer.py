@@ -1,6 +1,6 @@
 """The infer stage on a GPU (issue [4/5] item 4; run by ``make gpu-check``, skipped without CUDA): the layer steps on
 the device, the layer matrices there whole when they fit (else each chunk's rows), the exchange on the host; every
-node's outputs within 1e-5 of the CPU's. tests/test_infer.py runs both placements on the CPU."""
+node's outputs within 1e-5 of the CPU's. tests/test_infer_layerwise.py runs both placements on the CPU."""
 
 from __future__ import annotations
 

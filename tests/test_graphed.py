@@ -23,8 +23,8 @@ from stages.train.models.model import BlockGraphSAGE, build_model, seed_logits
 from stages.train.rank import graphed
 from stages.train.rank.static_batch import IGNORE_LABEL, pad_batch, pad_labels
 from stages.train.tasks.node import NodeClassification
+from tests._block_graphs import messy_graph, one_rank_data
 from tests._sampler_graphs import power_law_graph
-from tests.test_blocks import messy_graph, one_rank_data
 
 CPU = torch.device("cpu")
 

@@ -170,7 +170,7 @@ def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_gr
     from stages.train.rank import trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "why_not_graphed", lambda *a, **k: None)   # as on a lone CUDA rank
-    from tests.test_blocks import one_rank_data
+    from tests._block_graphs import one_rank_data
 
     real_one_rank_data = one_rank_data
 

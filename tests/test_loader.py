@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_blocks import one_rank_data
+from tests._block_graphs import one_rank_data
 
 
 def test_the_loader_checks_a_splits_seed_items_once(one_rank_group):

@@ -15,7 +15,7 @@ import torch
 from stages.choices import TaskName
 from stages.train.tasks import TASKS, TaskDef, task_def
 from storage.errors import InputError
-from tests.test_blocks import one_rank_data
+from tests._block_graphs import one_rank_data
 
 ROOT = Path(__file__).resolve().parent.parent
 

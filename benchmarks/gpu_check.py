@@ -18,10 +18,10 @@ exits 0. On a GPU machine (no network needed) it:
      read in place (``--graph-placement uva``);
    - ``train``: a products-scale training epoch on 1 GPU with the train stage's defaults (the device cache sized
      by the free memory, ``host_gather`` and ``prefetch`` auto) for each stored feature dtype of ``--dtypes``
-     (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype also with the step's other
-     settings on the same load (``cuda_graph`` off, step and auto, each with and without TF32 GEMMs: the JSON's
-     ``variants``), each profiled (``--profile 10``), and capped at 0.2 of the rows beside the plans of that size
-     of each cache policy;
+     (``bench_train.py --parts 1``), hit rate and host→device bytes; the first dtype profiled (``--profile 10``)
+     and, with ``--compare``, also with the step's other settings on the same load (``cuda_graph`` off, step and
+     auto, each with and without TF32 GEMMs, in 2 rounds, each profiled: the JSON's ``variants``, ~1 minute more
+     at products scale); then capped at 0.2 of the rows beside the plans of that size of each cache policy;
    - ``baseline``: with ``--baseline TREE.tar`` (``git archive <rev> -o TREE.tar``), that older tree's own
      ``bench_train.py`` times the first dtype's defaults on the same artifacts, profiled: issue [4/5] item 3's
      before and after, in the same call;
@@ -41,7 +41,7 @@ a GPU, to check the command itself); ``--steps`` picks steps, e.g. to split a ru
     make gpu-check GPU_OUT=/tmp/gpu                         # all steps, products scale
     python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,gather,sampler
     python3 benchmarks/gpu_check.py --out $OUT --steps train --dtypes float32,float16
-    python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,train,baseline --baseline old_tree.tar
+    python3 benchmarks/gpu_check.py --out $OUT --steps env,tests,train,baseline --compare --baseline old_tree.tar
 """
 
 from __future__ import annotations
@@ -241,8 +241,8 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     sampler_graph = ["--graph", str(work / f"sampler-{args.scale}.npz")]
     prepare = [(f"prepare-{dtype}", [*cmd, "--prepare-only"]) for (_, cmd), dtype in zip(train, args.dtypes.split(","))]
     prepare.append(("prepare-sampler", [py, f"{bench}/bench_sampler.py", *graph, *sampler_graph, "--prepare-only"]))
-    # the step's settings (item 3) on the same load, each profiled: the first of each list is the stage's default
-    train[0] = (train[0][0], [*plain, *VARIANTS, "--profile", "10"])
+    # --compare: the step's settings (item 3) on the same load, each profiled; the first of each list is the default
+    train[0] = (train[0][0], [*plain, *(VARIANTS if args.compare else ()), "--profile", "10"])
     cap = ["--device-cache-ratio", "0.2"]
     train.append((f"train-{first}-cap0.2", [*plain[:-1], ",".join(("runtime", "hotness", "degree", "none")), *cap]))
     return {
@@ -323,6 +323,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,int8",
                     help="train step: the stored feature dtypes (also: float16, bfloat16, float8_e4m3)")
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "work" / "gpu"), help="cached graphs and artifacts")
+    ap.add_argument("--compare", action="store_true",
+                    help="train step: also time cuda_graph off/step/auto with and without TF32 on the first dtype")
     ap.add_argument("--baseline", type=Path, metavar="TREE.tar",
                     help="an older tree (git archive REV -o TREE.tar) timed beside this one: the baseline step")
     ap.add_argument("--step-timeout-s", type=float, default=1800)

@@ -140,23 +140,25 @@ def _args(tmp_path: Path, **kw):
     import argparse
 
     return argparse.Namespace(**{"scale": "small", "dtypes": "float32,int8", "work": str(tmp_path), "allow_cpu": True,
-                                 "baseline": None, **kw})
+                                 "baseline": None, "compare": False, **kw})
 
 
 def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     """``prepare``: each train dtype's command with --prepare-only (the same artifact keys), and the sampler's
     graph cache at the path the sampler step reads."""
-    commands = _gpu_check().step_commands(_args(tmp_path), tmp_path)
+    check = _gpu_check()
+    commands = check.step_commands(_args(tmp_path), tmp_path)
     prepare = dict(commands["prepare"])
     assert list(prepare) == ["prepare-float32", "prepare-int8", "prepare-sampler"]
     train = dict(commands["train"])
-    # the first dtype's run times the step's other settings on the same load (item 3), each profiled
-    variants = train["train-float32"][-8:-2]
-    assert variants == ["--cuda-graph", "off,step,auto", "--matmul-precision", "highest,high", "--rounds", "2"]
-    assert prepare["prepare-float32"] == [*train["train-float32"][:-8], "--prepare-only"]
+    assert prepare["prepare-float32"] == [*train["train-float32"][:-2], "--prepare-only"]   # less --profile 10
     assert prepare["prepare-int8"] == [*train["train-int8"], "--prepare-only"]
     assert list(train) == ["train-float32", "train-int8", "train-float32-cap0.2"]
     assert commands["baseline"] == [], "no older tree given"
+    # --compare: the first dtype's run times the step's other settings on the same load (item 3), each profiled
+    compared = dict(check.step_commands(_args(tmp_path, compare=True), tmp_path)["train"])["train-float32"]
+    assert compared == [*train["train-float32"][:-2], "--cuda-graph", "off,step,auto", "--matmul-precision",
+                        "highest,high", "--rounds", "2", "--profile", "10"]
     sampler = dict(commands["sampler"])["sampler"]
     graph = sampler[sampler.index("--graph") + 1]
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]
@@ -167,7 +169,7 @@ def test_the_baseline_runs_the_older_trees_benchmark_on_the_same_artifacts(tmp_p
     older tree need not know them), profiled, on this check's artifacts."""
     check = _gpu_check()
     commands = check.step_commands(_args(tmp_path, baseline=tmp_path / "old.tar"), tmp_path)
-    plain = dict(commands["train"])["train-float32"][:-8]
+    plain = dict(commands["train"])["train-float32"][:-2]
     (name, cmd), = commands["baseline"]
     assert name == "baseline" and cmd[1] == str(tmp_path / "baseline-tree" / "benchmarks" / "bench_train.py")
     assert cmd[2:] == [*plain[2:], "--profile", "10"] and str(tmp_path / "artifacts-small") in cmd

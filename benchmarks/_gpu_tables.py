@@ -7,7 +7,7 @@ stdout line was JSON, ``figures``). A step that failed or was skipped shows in t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # the training thread's phases in the order a batch runs them (stages.runtime.phases), then what is left
@@ -22,10 +22,19 @@ def markdown(summary: dict[str, Any]) -> str:
     runs = dict(_runs(summary.get("steps", {})))
     parts = [_header(summary), _steps(summary.get("steps", {}))]
     training = {name: r["figures"] for name, r in runs.items() if _is_training(r)}
-    for section in (_tests(runs), _training(training), _profiles(training), _phases(training), _sampler(runs),
-                    _gather(runs), _prefetch(runs), _infer(runs)):
-        if section:
-            parts.append(section)
+    sections: list[tuple[str, Callable[[], str]]] = [
+        ("tests", lambda: _tests(runs)), ("training", lambda: _training(training)),
+        ("profiles", lambda: _profiles(training)), ("phases", lambda: _phases(training)),
+        ("sampler", lambda: _sampler(runs)), ("gather", lambda: _gather(runs)), ("prefetch", lambda: _prefetch(runs)),
+        ("infer", lambda: _infer(runs))]
+    for name, section in sections:
+        try:
+            text = section()
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as error:
+            # figures of another shape (an older tree's, a step cut short): said, and the other tables go on
+            text = f"({name}: the figures could not be read as a table: {type(error).__name__}: {error})"
+        if text:
+            parts.append(text)
     return "\n\n".join(parts) + "\n"
 
 

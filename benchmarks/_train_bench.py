@@ -13,6 +13,8 @@ from typing import Any
 
 from _graph_args import download_params
 
+RUNTIME = "runtime"   # the cache policy that is the train stage's own cache, as the ranks build it
+
 
 def build_upstream(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",
                    cache_ratio: float = 0.2) -> dict[str, Any]:

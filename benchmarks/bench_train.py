@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import get_args
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
-from _train_bench import build_upstream, run_ranks
+from _train_bench import RUNTIME, build_upstream, run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,7 +47,6 @@ sys.path.insert(0, str(REPO))
 from stages.choices import CACHE_POLICIES, CudaGraph, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
-RUNTIME = "runtime"   # the cache the train stage builds itself
 VARIED = ("cuda_graph", "precision", "matmul_precision")   # the step's settings a run may list several of
 
 
@@ -59,31 +58,6 @@ def choice_list(choices: tuple[str, ...]):
             raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(choices)}")
         return values
     return parse
-
-
-def _time_batches(run, seed_batches, args) -> dict:
-    """Run ``args.warmup`` untimed then ``args.max_batches`` timed training batches: ``run(items, num_real)``
-    trains on them and returns the pass's ``EpochSums``."""
-    batches = iter(seed_batches)
-    run(itertools.islice(batches, args.warmup), args.warmup)
-    sums = run(itertools.islice(batches, args.max_batches), args.max_batches)
-    if sums.batches == 0:
-        raise ValueError(f"an epoch has no batch left after {args.warmup} warm-up batches: lower --warmup or "
-                         f"--batch-size")
-    return {"batches": sums.batches, "wall_s": sums.wall_s, "sampled_edges": sums.sampled_edges,
-            # the split of the timed batches (stages.runtime.phases), and the prefetch thread's
-            "phases_s": dict(sums.phases_s), "prefetch_phases_s": dict(sums.prefetch_phases_s)}
-
-
-def _profile(trainer, seeds, device, args) -> dict:
-    """``args.profile`` more batches of the same epoch under torch.profiler (rank 0 of one rank: a profile of a
-    DDP rank would wait on its peers, which do not run these batches)."""
-    from _profile import profile_batches
-
-    def run() -> tuple[float, int]:
-        sums = trainer.run_batches(itertools.islice(seeds, args.profile), args.profile, epoch=0)
-        return sums.wall_s, sums.batches
-    return profile_batches(run, cuda=device.type == "cuda")
 
 
 def variants(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -124,145 +98,37 @@ def rank_main(args: argparse.Namespace) -> None:
                          group=producer_group(params.prefetch_depth(device.type, world)))
     if not isinstance(data.features, DistFeatures):
         raise SystemExit("bench_train compares cache policies on a homogeneous graph's feature store")
+    from _train_timing import RankTimer, time_runs
+
     runs = [(policy, v) for i, policy in enumerate(args.policies.split(","))
             for v in (variants(args) if i == 0 else variants(args)[:1])]
-    timed = _time_runs(runs, spec, params, data, args)
+    # every rank: equal_batch_count is a collective
+    batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), params.batch_size)
+    timer = RankTimer(spec, params, data, args, batches_per_epoch)
+    timed = time_runs(runs, timer, rounds=args.rounds, profile=args.profile > 0)
     if rank == 0:
-        first = timed[0][1]
-        out = {"world_size": world, "device": str(device),
-               "batches_per_epoch": equal_batch_count(data.split_gid["train"].numel(), params.batch_size),
+        figures = [{"variant": variant_name(v), **f} for (_, v), f in zip(runs, timed)]
+        first = figures[0]
+        out = {"world_size": world, "device": str(device), "batches_per_epoch": batches_per_epoch,
                **{k: first[k] for k in ("prefetch", "precision", "matmul_precision", "cuda_graph",
                                         "graphed_sampling")},
                "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
                "graph_placement": data.setup.get("graph_placement"),
                # every policy under the first variant; then the first policy under each other variant, by name
-               "policies": {policy: figures for (policy, v), figures in timed if v == runs[0][1]},
-               "variants": {variant_name(v): figures for (policy, v), figures in timed[1:] if policy == runs[0][0]}}
+               "policies": {policy: f for (policy, v), f in zip(runs, figures) if v == runs[0][1]},
+               "variants": {f["variant"]: f for (policy, v), f in zip(runs[1:], figures[1:])
+                            if policy == runs[0][0]}}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)   # as the train worker: skip the process-group teardown
 
 
-def _time_runs(runs, spec, params, data, args) -> list[tuple[tuple[str, dict], dict]]:
-    """Time each (policy, variant) of ``runs`` on the loaded rank data: a trainer per run (released before the
-    next: a captured graph holds its own memory pool), the policy's cache built where it changes. The first
-    policy's variants run ``args.rounds`` times in alternating order (forward, backward, ...), so that the
-    machine's drift weighs on each alike (on a CPU, 6 eager runs of one setting drifted 10 % in order); their
-    figures are over all their rounds' batches, with each round's ms a batch beside them."""
-    import gc
-
-    import torch
-
-    from stages.train.rank.cache_policy import cache_gids
-    from stages.train.rank.trainer import Trainer
-    from storage import ArtifactStore
-    from storage.hotness import HotnessArtifact
-    from storage.partition import PartitionArtifact
-
-    store = ArtifactStore(spec.artifacts)
-    partition = PartitionArtifact(store, store.load("partition", spec.partition_key))
-    hotness = HotnessArtifact(store, store.load("hotness", spec.hotness_key))
-    first = [i for i, (policy, _) in enumerate(runs) if policy == runs[0][0]]
-    order = [i for k in range(args.rounds) for i in (first if k % 2 == 0 else first[::-1])] + \
-        list(range(len(first), len(runs)))
-    features, cached = data.features, RUNTIME
-    measured: dict[int, dict] = {}
-    profiles: dict[int, dict] = {}
-    settings: dict[int, dict] = {}
-    for i in order:
-        policy, variant = runs[i]
-        if policy != cached:   # "runtime": the cache RankData built (on a GPU: sized by the free memory and the
-            # caps), as the train stage does; the others: that policy's plan (stages.train.rank.cache_policy)
-            features.build_cache(torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness,
-                                                             rank=data.rank)))
-            cached = policy
-        torch.set_float32_matmul_precision(variant["matmul_precision"])
-        trainer = Trainer(spec, params.model_copy(update={k: variant[k] for k in ("cuda_graph", "precision")}),
-                          data)
-        trainer.rng.seed_epoch(0)
-        seeds = trainer.loader.train_batches()
-        raw = _measure(trainer, seeds, data, args)
-        measured[i] = _add(measured[i], raw) if i in measured else raw
-        if args.profile and i in first and i not in profiles:   # one rank (main checks)
-            profiles[i] = _profile(trainer, seeds, data.device, args)
-        settings[i] = _settings(trainer)
-        del trainer
-        gc.collect()
-        if data.device.type == "cuda":
-            torch.cuda.empty_cache()
-    return [(run, {"variant": variant_name(run[1]), **_figures(measured[i], data, args), **settings[i],
-                   **({"profile": profiles[i]} if i in profiles else {})}) for i, run in enumerate(runs)]
-
-
-def _settings(trainer) -> dict:
-    """The trainer's settings as it ran them."""
-    import torch
-
-    return {"prefetch": trainer.prefetch, "precision": trainer.params.precision,
-            "matmul_precision": torch.get_float32_matmul_precision(),
-            "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
-            "graphed_sampling": trainer.sampling_report()}
-
-
-def _measure(trainer, seeds, data, args) -> dict:
-    """The stage's own pass (its loss guard, prefetch and, one rank, no DDP wrapper) over the first batches of
-    ``seeds``: every rank's sums (the slowest rank's wall time) and rank 0's split of the time."""
-    import torch
-    import torch.distributed as dist
-
-    from stages.runtime.collectives import all_reduce
-
-    data.features.reset_counters()
-    timing = _time_batches(lambda items, n: trainer.run_batches(items, n, epoch=0), seeds, args)
-    c = data.features.reset_counters()   # warm-up and timed batches
-    sums = all_reduce(torch.tensor([c.requested_rows, c.cache_hits, c.remote_rows, c.remote_bytes, c.local_bytes,
-                                    timing["sampled_edges"]], dtype=torch.float64)).tolist()
-    wall = all_reduce(torch.tensor([timing["wall_s"]], dtype=torch.float64), dist.ReduceOp.MAX).item()
-    return {**dict(zip(("requested_rows", "cache_hits", "remote_rows", "remote_bytes", "local_bytes",
-                        "sampled_edges"), sums)),
-            "wall_s": wall, "batches": timing["batches"], "counted": args.warmup + args.max_batches,
-            "phases_s": timing["phases_s"], "prefetch_phases_s": timing["prefetch_phases_s"],
-            "round_ms": [round(wall * 1e3 / timing["batches"], 2)]}
-
-
-def _add(a: dict, b: dict) -> dict:
-    """Two measurements summed field by field: numbers add, lists join, dicts (the phases) add key by key."""
-    out = dict(a)
-    for key, value in b.items():
-        out[key] = value if key not in out else _add(out[key], value) if isinstance(value, dict) else \
-            out[key] + value
-    return out
-
-
-def _figures(raw: dict, data, args) -> dict:
-    """Per-batch rates of a measurement (``_measure``, summed over rounds) and its feature traffic per epoch."""
-    from stages.runtime.sampling.dist_sampler import equal_batch_count
-
-    batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), args.batch_size)
-    s_per_batch, counted = raw["wall_s"] / raw["batches"], raw["counted"]   # counted: warm-up batches too
-    cache = data.features.cache
-    return {"cache_rows_per_rank": cache.num_rows, "cache_bytes_per_rank": cache.nbytes,
-            "s_per_batch": round(s_per_batch, 4), "epoch_s": round(s_per_batch * batches_per_epoch, 1),
-            "rounds_ms_per_batch": raw["round_ms"],
-            "hit_rate": round(raw["cache_hits"] / max(raw["requested_rows"], 1), 4),
-            "remote_rows_per_epoch": round(raw["remote_rows"] / counted * batches_per_epoch),
-            "remote_MiB_per_epoch": round(raw["remote_bytes"] / counted * batches_per_epoch / 2**20, 1),
-            # rows that did not come from the device cache: on a GPU, what crossed host -> device
-            "uncached_MiB_per_epoch": round((raw["local_bytes"] + raw["remote_bytes"]) / counted
-                                            * batches_per_epoch / 2**20, 1),
-            "sampled_edges_per_s": round(raw["sampled_edges"] / raw["wall_s"]),   # timed batches, all ranks
-            # rank 0's split of the timed batches (stages.runtime.phases: CUDA events on a GPU), per batch
-            "phases_ms_per_batch": {k: round(v * 1e3 / raw["batches"], 3) for k, v in raw["phases_s"].items()},
-            # the prefetch thread's (sampling and gathering ahead; empty without prefetch)
-            "prefetch_phases_ms_per_batch": {k: round(v * 1e3 / raw["batches"], 3)
-                                             for k, v in raw["prefetch_phases_s"].items() if v}}
-
-
 def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     """The baseline: the whole graph and all of x in this one process, our sampler, the same model, no DDP."""
     import numpy as np
     import torch
+    from _train_timing import time_batches
 
     from stages.runtime.csr import LocalCSR
     from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
@@ -296,7 +162,7 @@ def single_main(args: argparse.Namespace, manifests: dict) -> dict:
     def run(items, num_real: int):
         return train_epoch(model, optimizer, items, sampler.sample, lambda n_id: x.index_select(0, n_id), task,
                            num_real_batches=num_real, device=torch.device("cpu"))
-    timing = _time_batches(run, seeds, args)
+    timing = time_batches(run, seeds, warmup=args.warmup, max_batches=args.max_batches)
     batches_per_epoch = math.ceil(train_gid.numel() / args.batch_size)
     s_per_batch = timing["wall_s"] / timing["batches"]
     return {"threads": args.threads, "batches_per_epoch": batches_per_epoch, "s_per_batch": round(s_per_batch, 4),
@@ -372,6 +238,11 @@ def main() -> None:
         ap.error(f"unknown policy {unknown[0]!r}: choose from {RUNTIME}, {', '.join(CACHE_POLICIES)}")
     if RUNTIME in policies[1:]:
         ap.error(f"{RUNTIME} must come first: the other policies replace the cache the ranks built")
+    for name, values in (("policies", policies), *((n, getattr(args, n)) for n in VARIED)):
+        if len(set(values)) < len(values):
+            ap.error(f"--{name.replace('_', '-')} lists a value twice: {','.join(values)}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if not args.skip_single and "hotness" not in policies:
         ap.error("the single-process baseline is compared with the hotness policy: add it or pass --skip-single")
     if args.profile and args.parts != 1:

@@ -58,14 +58,12 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from _gpu_tables import markdown  # benchmarks/ is on sys.path when run as a script
+from _gpu_wheels import download_wheels, install_wheels, missing
 
 REPO = Path(__file__).resolve().parents[1]
-WHEELS = REPO / ".whl"
-SITE = REPO / "benchmarks" / "work" / "gpu-site"
 STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer")
 UNTIMED = ("env", "tests")   # the steps that time nothing: the timed ones' inputs are prepared beside them
 GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream builds included ([4/5] item 6)
@@ -83,36 +81,6 @@ SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "c
                     "gather_rows": 200_000, "batch_rows": 50_000}}
 
 
-# what the GPU machines' python lacks of our runtime's imports, by distribution name; ``--download-wheels`` fetches
-# them at the versions installed here (the ones our tests ran with): 13 MB, far under the 64 MiB the tree may carry
-DEVICE_LACKS = ("zarr", "numcodecs", "crc32c", "google-crc32c", "donfig", "pydantic", "pydantic-core",
-                "annotated-types", "typing-inspection", "typing-extensions", "pymetis")
-DEVICE_PYTHON = "3.12"
-DEVICE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-                    "manylinux2014_x86_64", "manylinux1_x86_64")
-
-
-def download_wheels() -> int:
-    """Fetch DEVICE_LACKS for the GPU machines' platform into ``.whl/`` (run where pip reaches an index)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        pins = [f"{name}=={version(name)}" for name in DEVICE_LACKS]
-    except PackageNotFoundError as err:
-        print(f"error: {err.name} is not installed in {sys.executable}; run `make venv` first", file=sys.stderr)
-        return 2
-    platform = [arg for p in DEVICE_PLATFORMS for arg in ("--platform", p)]
-    WHEELS.mkdir(exist_ok=True)
-    for stale in WHEELS.glob("*.whl"):   # one version of each: two would stop the install on the GPU machine
-        stale.unlink()
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--implementation",
-           "cp", "--python-version", DEVICE_PYTHON, *platform, "-d", str(WHEELS), *pins]
-    subprocess.run(cmd, check=True)
-    size = sum(w.stat().st_size for w in WHEELS.glob("*.whl"))
-    print(f"gpu-wheels: {len(pins)} wheels, {size / 2**20:.1f} MiB in {WHEELS}")
-    return 0
-
-
 def cuda_status() -> tuple[bool, str]:
     """Whether torch sees a CUDA device here, and a line saying what it sees."""
     if importlib.util.find_spec("torch") is None:
@@ -122,34 +90,6 @@ def cuda_status() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, f"torch {torch.__version__} sees no CUDA device"
     return True, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
-
-
-def missing(modules: tuple[str, ...], env: dict[str, str]) -> list[str]:
-    """Which of ``modules`` the steps' python cannot import under ``env`` (its PYTHONPATH)."""
-    code = "import importlib.util, sys; print(','.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
-    out = subprocess.run([sys.executable, "-c", code, *modules], env=env, capture_output=True, text=True, check=True)
-    return [m for m in out.stdout.strip().split(",") if m]
-
-
-def install_wheels(env: dict[str, str], needed: tuple[str, ...], log: Callable[[str], None]) -> None:
-    """When the steps' python lacks some of ``needed``: install ``.whl/*.whl`` into SITE (no index, no dependencies:
-    the folder holds them all) and prepend SITE to the steps' PYTHONPATH. A failed install is logged; the steps
-    that still lack a module then skip, saying which."""
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    if not missing(needed, env):
-        return
-    wheels = sorted(WHEELS.glob("*.whl"))
-    if wheels and not (SITE / ".installed").exists():
-        log(f"installing {len(wheels)} wheels from {WHEELS} into {SITE}")
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                               "--no-cache-dir", "--upgrade", "--target", str(SITE), *map(str, wheels)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            log(f"the wheels did not install: {done.stderr.strip().splitlines()[-1:]}")
-            return
-        (SITE / ".installed").touch()
-    if SITE.exists():
-        env["PYTHONPATH"] = os.pathsep.join((str(SITE), env["PYTHONPATH"]))
 
 
 def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_s: float,
@@ -224,7 +164,7 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     """Each step's runs: (the run's name, for its log and figures; its command)."""
     py, bench = sys.executable, str(REPO / "benchmarks")
     s = SCALES[args.scale]
-    work = Path(args.work)
+    work = Path(args.work).resolve()   # absolute: the baseline step runs in another tree
     graph = ["--nodes", str(s["nodes"]), "--avg-degree", str(s["avg_degree"])]
     device = "cuda" if not args.allow_cpu else "cpu"
     train = [(f"train-{dtype}", [py, f"{bench}/bench_train.py", *graph, "--features", str(s["features"]),
@@ -311,6 +251,22 @@ def prepare_while_testing(steps: list[str], runs: list[tuple[str, list[str]]], o
     return Preparing(chosen, out, env, timeout_s) if chosen else None
 
 
+def run_runs(step: str, runs: list[tuple[str, list[str]]], out: Path, env: dict[str, str],
+             args: argparse.Namespace) -> object:
+    """A step's runs, one after the other: its result (a list for several runs). The baseline's run in the older
+    tree, unpacked first; an archive that does not unpack fails the step, not the check."""
+    cwd, step_env = REPO, env
+    if step == "baseline":
+        try:
+            cwd, step_env = unpack_baseline(args.baseline, Path(args.work).resolve(), env)
+        except (OSError, tarfile.TarError) as error:
+            return {"status": f"failed: --baseline {args.baseline} did not unpack: {error}"}
+    results = [run_step(name, cmd, out, step_env, args.step_timeout_s, cwd) for name, cmd in runs]
+    if step == "tests" and (out / "tests.xml").exists():
+        results[0]["figures"] = junit_counts(out / "tests.xml")
+    return results[0] if len(results) == 1 else results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="where the logs and figures go (created)")
@@ -375,11 +331,7 @@ def main() -> int:
         elif not commands[step]:
             results[step] = {"status": "skipped: no --baseline TREE.tar given"}
         else:
-            cwd, step_env = (REPO, env) if step != "baseline" else unpack_baseline(args.baseline, Path(args.work), env)
-            runs = [run_step(name, cmd, out, step_env, args.step_timeout_s, cwd) for name, cmd in commands[step]]
-            if step == "tests" and (out / "tests.xml").exists():
-                runs[0]["figures"] = junit_counts(out / "tests.xml")
-            results[step] = runs[0] if len(runs) == 1 else runs
+            results[step] = run_runs(step, commands[step], out, env, args)
         print(f"gpu-check: {step}: {json.dumps(results[step])[:400]}", flush=True)
         summary["steps"] = results
         record(out, summary)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, str(REPO / "benchmarks" / "bench_train.py")]
 SMALL = ["--nodes", "3000", "--avg-degree", "8", "--features", "8", "--classes", "4", "--parts", "1", "--device",
@@ -24,6 +26,14 @@ def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path:
     dist = json.loads(done.stdout.strip().splitlines()[-1])["dist"]
     # the first combination: every policy, and the run's own settings at the top
     assert list(dist["policies"]) == ["runtime", "degree"]
+    # each run's own cache: a lone CPU rank's own (none: its rows are all in its RAM), then the degree plan's
+    runtime, degree = dist["policies"]["runtime"], dist["policies"]["degree"]
+    assert runtime["cache_rows_per_rank"] == 0 and runtime["hit_rate"] == 0
+    assert degree["cache_rows_per_rank"] > 0 and degree["hit_rate"] > 0
+    # an epoch is the timed batch's time times the epoch's batches (of --batch-size 64, not the default 1024)
+    assert dist["batches_per_epoch"] > 1
+    for f in [*dist["policies"].values(), *dist["variants"].values()]:
+        assert abs(f["epoch_s"] - f["s_per_batch"] * dist["batches_per_epoch"]) <= 0.05 + 1e-9
     assert (dist["cuda_graph"], dist["matmul_precision"], dist["precision"]) == \
         ("off: cuda_graph=off", "highest", "float32")
     # the others on the first policy's cache, named by their settings, each as it ran
@@ -38,10 +48,10 @@ def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path:
         # two rounds, forward then backward, summed: each round's ms a batch beside the mean
         assert len(figures["rounds_ms_per_batch"]) == 2
         assert abs(sum(figures["rounds_ms_per_batch"]) / 2e3 - figures["s_per_batch"]) < 1e-3
-    assert len(dist["policies"]["degree"]["rounds_ms_per_batch"]) == 1, "the other policies run once"
+    assert len(degree["rounds_ms_per_batch"]) == 1, "the other policies run once"
     # the profile: the first policy under each combination, not the other policies
-    assert "profile" in dist["policies"]["runtime"] and "profile" not in dist["policies"]["degree"]
-    assert dist["policies"]["degree"]["matmul_precision"] == "highest", "the other policies run the first"
+    assert "profile" in runtime and "profile" not in degree
+    assert degree["matmul_precision"] == "highest", "the other policies run the first"
     _check_tables(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -91,9 +101,46 @@ def test_the_tables_read_an_older_trees_result_and_leave_out_what_did_not_run():
     assert "### Inference" not in text and "### Profiles" not in text
 
 
-def test_a_setting_outside_its_choices_is_refused(tmp_path: Path):
-    done = subprocess.run([*BENCH, *SMALL, "--root", str(tmp_path / "art"), "--cuda-graph", "off,sometimes"],
+@pytest.mark.parametrize(("args", "error"), [
+    (["--cuda-graph", "off,sometimes"], "argument --cuda-graph: 'sometimes' is not one of off, step, auto"),
+    (["--cuda-graph", "off,off"], "--cuda-graph lists a value twice: off,off"),
+    (["--policies", "runtime,none,none"], "--policies lists a value twice: runtime,none,none"),
+    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+])
+def test_bad_settings_are_refused_before_anything_is_built(tmp_path: Path, args: list[str], error: str):
+    done = subprocess.run([*BENCH, *SMALL, "--root", str(tmp_path / "art"), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and not (tmp_path / "art").exists()
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        "argument --cuda-graph: 'sometimes' is not one of off, step, auto")
+    assert done.stderr.strip().splitlines()[-1].endswith(error), done.stderr
+
+
+def test_two_ranks_time_every_setting_in_step():
+    """Every rank makes the same collectives in the same order (a rank 0 alone in one hangs the job): two ranks,
+    two settings in two rounds, two caches."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [a if a != "1" or i != SMALL.index("--parts") + 1 else "2" for i, a in enumerate(SMALL)]
+        args[args.index("--nodes") + 1] = "8000"
+        done = subprocess.run([*BENCH, *args, "--root", tmp, "--policies", "runtime,none", "--cuda-graph",
+                               "off,step", "--rounds", "2", "--warmup", "1"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dist = json.loads(done.stdout.strip().splitlines()[-1])["dist"]
+    assert dist["world_size"] == 2 and list(dist["variants"]) == ["step/float32/highest"]
+    assert dist["policies"]["none"]["remote_rows_per_epoch"] > 0, "rows crossed between the ranks"
+
+
+def test_a_graphed_step_warms_up_past_its_capture():
+    """The capture (after the graphed step's eager warm-up steps) falls in the untimed batches: a one-time cost of
+    the pass, not of a batch."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from types import SimpleNamespace
+
+    from _train_timing import warmup_batches
+
+    from stages.train.rank.graphed import WARMUP_STEPS
+
+    assert warmup_batches(SimpleNamespace(not_graphed=None), 2) == WARMUP_STEPS + 1
+    assert warmup_batches(SimpleNamespace(not_graphed=None), 9) == 9
+    assert warmup_batches(SimpleNamespace(not_graphed="a CPU rank"), 2) == 2

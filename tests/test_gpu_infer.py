@@ -12,7 +12,7 @@ import torch
 
 from stages.infer.params import Params
 from stages.train.models.model import build_model
-from tests.test_infer import _case, _random_graph, _run_one_process, check_against_reference
+from tests._infer_cases import check_against_reference, random_graph, run_case, run_one_process
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda", 0)
@@ -22,13 +22,13 @@ CUDA = torch.device("cuda", 0)
                                               ("gat", 1 << 30)])
 def test_the_layer_steps_on_the_gpu_infer_what_the_cpu_does(kind: str, budget: int):
     """``budget``: the matrices whole on the device, or 0: each chunk's rows; GAT gathers per chunk either way."""
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     torch.manual_seed(2)
     x = torch.randn(indptr.shape[0] - 1, 8)
     model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
-    cpu_out, cpu_hidden, _ = _run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
+    cpu_out, cpu_hidden, _ = run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
     gpu_model = copy.deepcopy(model).to(CUDA)
-    out, hidden, engine = _run_one_process(gpu_model, 3, x, indptr, indices, chunk_edges=300, device=CUDA,
+    out, hidden, engine = run_one_process(gpu_model, 3, x, indptr, indices, chunk_edges=300, device=CUDA,
                                            device_budget=budget)
     placement = "chunks" if kind == "gat" or budget == 0 else "device"
     assert [s.placement for s in engine.stats] == [placement] * 3
@@ -39,7 +39,7 @@ def test_the_layer_steps_on_the_gpu_infer_what_the_cpu_does(kind: str, budget: i
 
 
 def test_the_stage_on_one_gpu_infers_every_node_as_the_whole_graph_does(tmp_path: Any):
-    case = _case(str(tmp_path / "art"), 1, {"device": "cuda"})
+    case = run_case(str(tmp_path / "art"), 1, {"device": "cuda"})
     check_against_reference(case, layers=[0])
     ranks = case.manifest.summary["ranks"]
     assert ranks[0]["device"].startswith("cuda") and ranks[0]["placement"] == "device,device"

@@ -4,9 +4,6 @@ The computation's pieces in one process (no torchrun) are ``test_infer_layerwise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -17,104 +14,41 @@ from storage.graph import SPLITS
 from storage.infer_artifact import InferArtifact
 from storage.leftovers import infer_job_dir
 from storage.train_summary import TrainSummary
-from tests._infer_pipeline import Reference, build_to_train, full_graph_reference
+from tests._infer_cases import Case, check_against_reference, run_case
 from tests.conftest import artifact_files
 
-ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph
-
-
 # ---- end to end: torchrun ranks, then the export ----------------------------------------------------------------
-@dataclass
-class Case:
-    store: ArtifactStore
-    manifests: dict[str, Manifest]
-    manifest: Manifest
-    reference: Reference
-    lines: list[str]
 
-    @property
-    def artifact(self) -> InferArtifact:
-        return InferArtifact(self.store, self.manifest)
-
-
-def _case(root: str, num_partitions: int, infer_params: dict[str, Any], **train: Any) -> Case:
-    store, manifests = build_to_train(root, num_partitions, **train)
-    lines: list[str] = []
-    params = Params(threads_per_rank=1, timeout_s=300.0, peer_timeout_s=60.0, **infer_params)
-    manifest = infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lines.append)
-    return Case(store, manifests, manifest, full_graph_reference(store, manifests), lines)
 
 
 @pytest.fixture(scope="module")
 def sage2(tmp_path_factory: pytest.TempPathFactory) -> Case:
     """GraphSAGE, 2 layers, 2 partitions; chunks of ~2 000 edges (several per rank and layer)."""
-    return _case(str(tmp_path_factory.mktemp("sage2")), 2, {"chunk_edges": 2000})
+    return run_case(str(tmp_path_factory.mktemp("sage2")), 2, {"chunk_edges": 2000})
 
 
 @pytest.fixture(scope="module")
 def gcn3(tmp_path_factory: pytest.TempPathFactory) -> Case:
     """GCN (true degrees), 3 layers, 3 partitions, every hidden layer stored; ranks with unequal chunk counts."""
-    return _case(str(tmp_path_factory.mktemp("gcn3")), 3, {"chunk_edges": 1500, "embeddings": "all"},
+    return run_case(str(tmp_path_factory.mktemp("gcn3")), 3, {"chunk_edges": 1500, "embeddings": "all"},
                  model="gcn", fanouts=(5, 5, 5))
 
 
 @pytest.fixture(scope="module")
 def gat2(tmp_path_factory: pytest.TempPathFactory) -> Case:
     """GAT (a conv that adds self loops by position): the per-chunk gather path, 2 partitions."""
-    return _case(str(tmp_path_factory.mktemp("gat2")), 2, {"chunk_edges": 2500}, model="gat")
+    return run_case(str(tmp_path_factory.mktemp("gat2")), 2, {"chunk_edges": 2500}, model="gat")
 
 
 @pytest.fixture(scope="module")
 def plugin2(tmp_path_factory: pytest.TempPathFactory) -> Case:
     """The README's plug-in (a plain PyG model with a skip connection): the whole model per chunk's 2-hop
     neighbourhood."""
-    return _case(str(tmp_path_factory.mktemp("plugin2")), 2, {"chunk_edges": 3000},
+    return run_case(str(tmp_path_factory.mktemp("plugin2")), 2, {"chunk_edges": 3000},
                  model="examples.custom_model:build")
 
 
-def check_against_reference(case: Case, layers: list[int]) -> None:
-    art, ref = case.artifact, case.reference
-    n = ref.y.shape[0]
-    table = art.predictions()
-    orig_id = table["orig_id"].to_numpy()
-    np.testing.assert_array_equal(orig_id, np.arange(n))   # every orig id once, in order
-    prob = np.stack([table[f"prob_{c}"].to_numpy() for c in range(art.num_classes)], axis=1)
-    np.testing.assert_allclose(prob, ref.prob, rtol=0, atol=ATOL)
-    pred = table["pred"].to_numpy()
-    top2 = np.sort(ref.logits, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 1e-4   # a near-tie may flip under reassociation
-    assert clear.mean() > 0.99
-    np.testing.assert_array_equal(pred[clear], ref.logits.argmax(1)[clear])
-    np.testing.assert_array_equal(table["label"].to_numpy(), ref.y)
-    split = table["split"].to_pylist()
-    for name in SPLITS:
-        assert sorted(np.flatnonzero([s == name for s in split]).tolist()) == sorted(ref.splits[name].tolist())
-    assert split.count(None) == n - sum(len(ref.splits[s]) for s in SPLITS)
 
-    np.testing.assert_array_equal(np.asarray(art.node_array("pred")[:]), pred)
-    np.testing.assert_allclose(np.asarray(art.node_array("prob")[:]), prob, atol=0)
-    np.testing.assert_array_equal(np.asarray(art.node_array("label")[:]), ref.y)
-    assert art.embedding_layers == layers
-    for layer in layers:
-        np.testing.assert_allclose(np.asarray(art.embeddings(layer)[:]), ref.hidden[layer], rtol=1e-5, atol=ATOL)
-
-    # the parts: rows by lid, with their orig ids; together every node once
-    parts = list(art.parts())
-    assert len(parts) == art.num_partitions
-    all_orig = np.concatenate([p.orig_id for p in parts if p.orig_id is not None])
-    np.testing.assert_array_equal(np.sort(all_orig), np.arange(n))
-    for p in parts:
-        assert p.orig_id is not None
-        np.testing.assert_array_equal(p.pred, pred[p.orig_id])
-        for layer in layers:
-            np.testing.assert_allclose(p.embeddings[layer], ref.hidden[layer][p.orig_id], rtol=1e-5, atol=ATOL)
-
-    s = case.manifest.summary
-    for name in SPLITS:
-        ids = ref.splits[name]
-        assert s["correct"][name] == int((pred[ids] == ref.y[ids]).sum()) and s["total"][name] == len(ids)
-    assert s["num_nodes"] == n and sum(s["pred_count"]) == n
-    assert s["pred_count"] == np.bincount(pred, minlength=art.num_classes).tolist()
 
 
 @pytest.mark.slow

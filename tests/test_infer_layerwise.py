@@ -21,34 +21,9 @@ from stages.jobs.launcher import RankFailure, failure_message, launch
 from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
 from stages.runtime.feature_store import InMemoryFeatureStore
-from stages.train.models.model import build_model, needs_degrees
-from stages.train.rank.rank_data import degree_path
+from stages.train.models.model import build_model
 from storage import InputError, Manifest
-
-ATOL = 1e-5   # float reassociation: chunked CSR sums and GEMMs against PyG's scatter on the whole graph
-
-
-def _random_graph(n: int = 400, edges: int = 2500, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A symmetric graph without self loops or duplicates: ``(indptr, indices, edge_index)``, incoming CSR."""
-    rng = np.random.default_rng(seed)
-    src, dst = rng.integers(0, n, edges), rng.integers(0, n, edges)
-    keep = src != dst
-    e = np.unique(np.stack([np.r_[src[keep], dst[keep]], np.r_[dst[keep], src[keep]]]), axis=1)
-    e = e[:, np.lexsort((e[0], e[1]))]
-    return np.r_[0, np.cumsum(np.bincount(e[1], minlength=n))], e[0], e
-
-
-def _run_one_process(model: torch.nn.Module, num_layers: int, x: torch.Tensor, indptr: np.ndarray,
-                     indices: np.ndarray, **kwargs: Any) -> tuple[torch.Tensor, dict[int, torch.Tensor], Inference]:
-    n = x.shape[0]
-    csr = LocalCSR.from_numpy(indptr, indices)
-    deg = degree_path(csr, np.array([0, n]), torch.device("cpu")) if needs_degrees(model) else None
-    engine = Inference(model, num_layers, csr, np.array([0, n]), deg, **kwargs)
-    hidden: dict[int, torch.Tensor] = {}
-    with torch.inference_mode():
-        out = engine.run(lambda: DistFeatures(InMemoryFeatureStore(x), [0, n]), list(range(num_layers - 1)),
-                         lambda layer, rows: hidden.__setitem__(layer, rows.clone()))
-    return out, hidden, engine
+from tests._infer_cases import ATOL, random_graph, run_one_process
 
 
 def test_chunks_cover_every_node_within_the_edge_budget():
@@ -66,7 +41,7 @@ def test_chunks_cover_every_node_within_the_edge_budget():
                                                 ("sage", None, True), ("gcn", "batch_norm", True)])
 def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm: str | None, gather: bool):
     """Both layer-wise paths: from layer matrices (SAGE, GCN) and with a per-chunk gather (GAT; any model)."""
-    indptr, indices, edge_index = _random_graph()
+    indptr, indices, edge_index = random_graph()
     torch.manual_seed(0)
     x = torch.randn(indptr.shape[0] - 1, 8)
     kwargs: dict[str, Any] = {} if norm is None else {"norm": norm}
@@ -86,7 +61,7 @@ def test_layerwise_in_one_process_equals_pyg_on_the_whole_graph(kind: str, norm:
         hook.remove()
     if gather:   # what a block model without supports_offset_targets gets
         model.supports_offset_targets = False   # type: ignore[assignment]
-    out, hidden, engine = _run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
+    out, hidden, engine = run_one_process(model, 3, x, indptr, indices, chunk_edges=300)
     assert engine.path == ("layer-wise (per-chunk gather)" if gather else "layer-wise (layer matrices and halo)")
     assert len(engine.chunks) > 3
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=ATOL)
@@ -122,13 +97,13 @@ def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrice
     (a budget it fits) or each chunk's rows gathered (a budget it does not): the same logits and hidden rows as the
     steps reading the host matrix in place, self loops included (a chunk's own sources keep their target
     positions). tests/test_gpu_infer.py runs them on a GPU."""
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     if loops:
         indptr, indices = _with_self_loops(indptr, indices)
     torch.manual_seed(1)
     x = torch.randn(indptr.shape[0] - 1, 8)
     model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
-    runs = {budget: _run_one_process(model, 3, x, indptr, indices, chunk_edges=300, fanouts=fanouts,
+    runs = {budget: run_one_process(model, 3, x, indptr, indices, chunk_edges=300, fanouts=fanouts,
                                      device_budget=budget) for budget in (None, 1 << 30, 0)}
     (host, host_hidden, engine) = runs[None]
     assert [s.placement for s in engine.stats] == ["host"] * 3
@@ -144,7 +119,7 @@ def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrice
 
 
 def test_a_layer_matrix_goes_to_the_device_only_when_it_fits_beside_the_outputs_and_a_chunk():
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     n = indptr.shape[0] - 1
     model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
     engine = Inference(model, 2, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), None, 300)
@@ -162,14 +137,14 @@ def test_a_layer_matrix_goes_to_the_device_only_when_it_fits_beside_the_outputs_
 def test_an_int32_csr_infers_what_an_int64_one_does(gather: bool, fanouts: tuple[int, ...] | None):
     """Ranks hold their part's indices as stored (int32 below 2^31 nodes, ``PartitionArtifact.csr(native=True)``):
     every path widens only a chunk's entries, and gives the same outputs, bit for bit, as from int64."""
-    indptr, indices, _ = _random_graph(3000, 15000)
+    indptr, indices, _ = random_graph(3000, 15000)
     torch.manual_seed(5)
     x = torch.randn(indptr.shape[0] - 1, 8)
     model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
     if gather:
         model.supports_offset_targets = False   # type: ignore[assignment]
-    wide, wide_hidden, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=4000, fanouts=fanouts, seed=1)
-    narrow, narrow_hidden, engine = _run_one_process(model, 2, x, indptr, indices.astype(np.int32),
+    wide, wide_hidden, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=4000, fanouts=fanouts, seed=1)
+    narrow, narrow_hidden, engine = run_one_process(model, 2, x, indptr, indices.astype(np.int32),
                                                      chunk_edges=4000, fanouts=fanouts, seed=1)
     assert engine.csr.indices.dtype == torch.int32 and len(engine.chunks) > 1
     torch.testing.assert_close(narrow, wide, rtol=0, atol=0)
@@ -177,21 +152,21 @@ def test_an_int32_csr_infers_what_an_int64_one_does(gather: bool, fanouts: tuple
 
 
 def test_sampled_inference_with_every_neighbour_is_exact_and_a_sample_does_not_depend_on_the_chunks():
-    indptr, indices, _ = _random_graph(3000, 15000)   # three sampling blocks of SAMPLE_BLOCK lids
+    indptr, indices, _ = random_graph(3000, 15000)   # three sampling blocks of SAMPLE_BLOCK lids
     torch.manual_seed(1)
     x = torch.randn(indptr.shape[0] - 1, 8)
     model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
-    exact, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000)
-    full, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(-1, -1))
+    exact, _, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=5000)
+    full, _, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(-1, -1))
     torch.testing.assert_close(full, exact)
-    one, _, e1 = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
-    two, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
+    one, _, e1 = run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
+    two, _, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=4)
     torch.testing.assert_close(one, two, rtol=0, atol=0)
     assert not torch.allclose(one, exact)
-    other, _, e3 = _run_one_process(model, 2, x, indptr, indices, chunk_edges=10**6, fanouts=(3, 2), seed=4)
+    other, _, e3 = run_one_process(model, 2, x, indptr, indices, chunk_edges=10**6, fanouts=(3, 2), seed=4)
     torch.testing.assert_close(one, other, rtol=1e-6, atol=1e-6)   # the same draws whatever the chunking
     assert len(e1.chunks) > 1 and len(e3.chunks) == 1
-    seeded, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=5)
+    seeded, _, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=5000, fanouts=(3, 2), seed=5)
     assert not torch.allclose(one, seeded)
     n = x.shape[0]
     deg = torch.from_numpy(np.diff(indptr))
@@ -204,7 +179,7 @@ def test_a_padding_chunk_is_empty_in_sampled_inference_too():
     chunks must start at a sampling block), which failed every products-scale run whose ranks' counts differed."""
     from stages.runtime.csr import LocalCSR
 
-    indptr, indices, _ = _random_graph(3000, 15000)
+    indptr, indices, _ = random_graph(3000, 15000)
     csr = LocalCSR.from_numpy(indptr, indices)
     n = csr.num_nodes
     for fanout in (-1, 5):
@@ -280,14 +255,14 @@ def test_layer_matrices_read_a_zarr_feature_store_piece_by_piece(tmp_path):
     from stages.infer.matrices import MatrixSpace
     from stages.runtime.feature_store import ZarrFeatureStore
 
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     torch.manual_seed(2)
     x = torch.randn(indptr.shape[0] - 1, 8)
     array = zarr.open_array(str(tmp_path / "x.zarr"), mode="w", shape=tuple(x.shape), chunks=(37, 8),
                             dtype="float32")
     array[:] = x.numpy()
     model = build_model("gcn", in_channels=8, hidden=16, out_channels=3, num_layers=2, dropout=0.0).eval()
-    in_ram, hidden_ram, engine = _run_one_process(model, 2, x, indptr, indices, chunk_edges=100)
+    in_ram, hidden_ram, engine = run_one_process(model, 2, x, indptr, indices, chunk_edges=100)
     n = x.shape[0]
     assert engine.from_matrices and n > 100 and engine.space.mapped_count == 0
     scratch = tmp_path / "scratch"
@@ -310,16 +285,16 @@ def test_a_layer_matrix_takes_ram_while_it_fits_the_budget_beside_what_is_held(t
     RAM if it fits beside its input, else it is mapped."""
     from stages.infer.matrices import MatrixSpace
 
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     n = indptr.shape[0] - 1
     torch.manual_seed(3)
     x = torch.randn(n, 8)
     model = build_model("sage", in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
-    ref, _, _ = _run_one_process(model, 3, x, indptr, indices, chunk_edges=150)
+    ref, _, _ = run_one_process(model, 3, x, indptr, indices, chunk_edges=150)
     # a budget of 17 columns' rows: x (8) + layer 0's matrix (8) fit; layer 1's [n, 16] does not fit beside its
     # input (8) and is mapped; layer 2's [n, 16] then fits (its input mapped); the logits [n, 3] beside it do not
     budget = n * 4 * 17
-    out, _, engine = _run_one_process(model, 3, x, indptr, indices, chunk_edges=150,
+    out, _, engine = run_one_process(model, 3, x, indptr, indices, chunk_edges=150,
                                       space=MatrixSpace(budget, str(tmp_path)))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     space = engine.space
@@ -337,7 +312,7 @@ def test_layer_matrices_on_two_ranks_equal_one_process(tmp_path, kind, split, fa
     from tests._infer_worker import TIMEOUT_S, WORLD_SIZE, worker
     from tests._spawn import spawn_ranks
 
-    indptr, indices, _ = _random_graph()
+    indptr, indices, _ = random_graph()
     n = indptr.shape[0] - 1
     torch.manual_seed(4)
     x = torch.randn(n, 8)
@@ -349,7 +324,7 @@ def test_layer_matrices_on_two_ranks_equal_one_process(tmp_path, kind, split, fa
     matrices = torch.cat([g["matrices"] for g in got])
     torch.testing.assert_close(matrices, torch.cat([g["gather"] for g in got]), rtol=1e-5, atol=ATOL)
     if fanouts is None:
-        whole, _, _ = _run_one_process(model, 2, x, indptr, indices, chunk_edges=200)
+        whole, _, _ = run_one_process(model, 2, x, indptr, indices, chunk_edges=200)
         torch.testing.assert_close(matrices, whole, rtol=1e-5, atol=ATOL)
 
 

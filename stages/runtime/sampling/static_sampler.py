@@ -12,7 +12,7 @@ Per hop, for the frontier's ``R`` slots (level h's real capacity; its unfilled o
 - an ``[R, k]`` grid of edge slots: slot ``(r, j)`` is real when ``j < count[r]`` (``min(deg, k)``; with replacement
   ``k`` when ``deg > 0``), a fake frontier slot having degree 0;
 - its offsets: ``j`` in a row of ``deg <= k`` (every neighbour, in CSR order), Floyd's j-th pick in a row of
-  ``deg > k`` (``sampler.floyd_offsets``, drawn for every row and kept where needed), ``floor(u * deg)`` with
+  ``deg > k`` (``uniform.floyd_offsets``, drawn for every row and kept where needed), ``floor(u * deg)`` with
   replacement: the eager kernel's law, slot for slot in the same order;
 - the node map of ``relabel.DenseNodeMap`` (first occurrence by the lowest candidate index, an ``amin``), over every
   slot, a fake one writing only to spare table entries; the new nodes' positions are a running sum, not a compaction;

@@ -130,7 +130,7 @@ def sample_edges_with_counts(csr_local: LocalCSR, target_lid: Tensor, fanout: in
                              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The kernel (module docstring): ``(count, row_pos, edge_idx)``, the sampled edges' elids in place of their
     neighbours (``indices[edge_idx]``), the same draws. A CSR with ``edge_weight`` draws in proportion to it
-    (``stages.runtime.weighted``) instead."""
+    (``stages.runtime.sampling.weighted``) instead."""
     check_fanout(fanout)
     device = csr_local.device
     target_lid = target_lid.to(device=device, dtype=torch.long)

@@ -31,7 +31,7 @@ def weight_running_sum(edge_weight: Tensor) -> Tensor:
 
 def sample_weighted_edges(indptr: Tensor, edge_weight: Tensor, weight_sum: Tensor, target_row: Tensor, fanout: int,
                           *, replace: bool, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(count, row_pos, edge_idx)`` as ``sampler.sample_edges_with_counts`` returns them, drawn in proportion to
+    """``(count, row_pos, edge_idx)`` as ``uniform.sample_edges_with_counts`` returns them, drawn in proportion to
     ``edge_weight`` (float [E], non-negative; ``weight_sum = weight_running_sum(edge_weight)``), grouped by
     target in the order of ``target_row``."""
     row_start = indptr.index_select(0, target_row)

@@ -22,10 +22,9 @@ from stages.train.tasks.node import NodeClassification
 from storage import ArtifactStore
 from storage.train import METRICS
 from storage.train_summary import TrainSummary
+from tests._graphed_cases import Rerun, low_degree_graph
 from tests._sampler_graphs import power_law_graph
 from tests._train_pipeline import build_upstream, train_params, train_upstream
-from tests.test_graphed import _Rerun
-from tests.test_static_sampler import low_degree_graph
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -61,7 +60,7 @@ def _steps(capture) -> tuple[dict[str, torch.Tensor], list[float]]:
 
 
 def test_a_captured_step_replays_what_the_eager_step_computes():
-    (captured, losses), (eager, eager_losses) = _steps(None), _steps(_Rerun)
+    (captured, losses), (eager, eager_losses) = _steps(None), _steps(Rerun)
     assert losses == pytest.approx(eager_losses, rel=1e-5)
     for k in eager:
         torch.testing.assert_close(captured[k], eager[k], rtol=1e-5, atol=1e-6)

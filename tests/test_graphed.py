@@ -23,7 +23,8 @@ from stages.train.models.model import BlockGraphSAGE, build_model, seed_logits
 from stages.train.rank import graphed
 from stages.train.rank.static_batch import IGNORE_LABEL, pad_batch, pad_labels
 from stages.train.tasks.node import NodeClassification
-from tests._block_graphs import messy_graph, one_rank_data
+from tests._block_graphs import messy_graph
+from tests._graphed_cases import Rerun, lone_trainer
 from tests._sampler_graphs import power_law_graph
 
 CPU = torch.device("cpu")
@@ -111,36 +112,7 @@ def test_the_static_bound_holds_every_batch_and_padding_refuses_what_it_does_not
         pad_batch(batch, shape, shape.fake_edge_index(CPU))
 
 
-class _Rerun:
-    """A stand-in for a captured graph: each replay runs the step again on the buffers as they are now, which is
-    what a CUDA graph's replay computes; counts its replays."""
 
-    replays = 0
-
-    def __init__(self, step):
-        self.step = step
-
-    def replay(self):
-        type(self).replays += 1
-        return self.step()
-
-
-def _trainer(tmp_path, name, graph=None, **params):
-    """A lone CPU rank's trainer on the power-law graph (or ``graph``), SAGE, fanouts (3, 2) unless ``params``
-    say otherwise."""
-    from stages.train.params import Params
-    from stages.train.rank.prefetch import producer_group
-    from stages.train.rank.trainer import Trainer
-    from stages.train.spec import TrainSpec
-
-    data = one_rank_data(graph)
-    data.group = producer_group(params.get("prefetch", 0))
-    # labels that a model can get wrong: a step that kept an earlier batch's labels changes the correct count
-    data.y_of_lid = torch.randint(0, 3, (data.csr.num_nodes,), generator=torch.Generator().manual_seed(5))
-    spec = TrainSpec(artifacts=str(tmp_path), key=name, partition_key="p", features_key="f", hotness_key="h",
-                     params={}, checkpoint_dir=str(tmp_path / name / "ckpt"), result_dir=str(tmp_path / name))
-    params = {"fanouts": (3, 2), **params}
-    return Trainer(spec, Params(model="sage", hidden=8, batch_size=64, seed=3, dropout=0.0, **params), data)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1])
@@ -148,11 +120,11 @@ def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkey
     """Dropout 0 (its masks are drawn over the padded rows): a whole epoch, its short last batch included, gives
     the same sums and, within float rounding, the same weights; each batch after the warm-up is a replay, and the
     buffers take each new batch (edges, rows and labels)."""
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
-    _Rerun.replays = 0
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
+    Rerun.replays = 0
     results = []
     for mode in ("eager", "graphed"):
-        trainer = _trainer(tmp_path, mode, prefetch=prefetch)
+        trainer = lone_trainer(tmp_path, mode, prefetch=prefetch)
         assert trainer.not_graphed == "cuda_graph=off"
         if mode == "graphed":
             trainer.not_graphed = None   # as on a CUDA rank with cuda_graph=auto
@@ -163,7 +135,7 @@ def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkey
         weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         results.append((sums, weights))
     (eager, w_eager), (graph, w_graph) = results
-    assert _Rerun.replays == len(batches) - graphed.WARMUP_STEPS
+    assert Rerun.replays == len(batches) - graphed.WARMUP_STEPS
     assert (graph.batches, graph.seeds, graph.sampled_edges) == (eager.batches, eager.seeds, eager.sampled_edges)
     assert graph.metric_sums == eager.metric_sums   # correct predictions, seeds
     assert graph.loss_sum == pytest.approx(eager.loss_sum, rel=1e-5)
@@ -203,7 +175,7 @@ def test_which_steps_may_be_graphed():
 
 
 def test_the_report_says_whether_the_step_is_graphed(one_rank_group, tmp_path):
-    trainer = _trainer(tmp_path, "report", cuda_graph="auto")
+    trainer = lone_trainer(tmp_path, "report", cuda_graph="auto")
     assert trainer.not_graphed == "a CPU rank"
     ranks, trainer.history = [trainer.data.setup], [{"val_metric": 0.5}]
     assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, ranks)["cuda_graph"] == "off: a CPU rank"
@@ -226,12 +198,12 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
                                                                                         monkeypatch):
     captures = []
 
-    class Counted(_Rerun):
+    class Counted(Rerun):
         def __init__(self, step):
             super().__init__(step)
             captures.append(self)
     monkeypatch.setattr(graphed, "CudaGraphOf", Counted)
-    trainer = _trainer(tmp_path, "passes")
+    trainer = lone_trainer(tmp_path, "passes")
     trainer.not_graphed = None
 
     def one_pass() -> None:
@@ -257,7 +229,7 @@ def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, 
     monkeypatch.setattr(graphed, "CudaGraphOf", refuse)
     results = []
     for mode in ("eager", "graphed"):
-        trainer = _trainer(tmp_path, mode)
+        trainer = lone_trainer(tmp_path, mode)
         trainer.not_graphed = None if mode == "graphed" else trainer.not_graphed
         for epoch in range(2):
             trainer.rng.seed_epoch(epoch)
@@ -272,13 +244,13 @@ def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, 
 def test_a_resumed_optimiser_takes_this_runs_fused_and_capturable_flags(one_rank_group, tmp_path):
     """The flags follow the device and cuda_graph, which are not in the key: a checkpoint of a graphed GPU run
     (fused, capturable) resumed by a CPU run keeps the CPU's own, and its steps run."""
-    trainer = _trainer(tmp_path, "resume")
+    trainer = lone_trainer(tmp_path, "resume")
     trainer.rng.seed_epoch(0)
     trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 2), 2, epoch=0)
     state = trainer.state_dict()
     state["optimizer"]["param_groups"] = [{**g, "fused": True, "capturable": True}
                                           for g in state["optimizer"]["param_groups"]]
-    resumed = _trainer(tmp_path, "resumed")
+    resumed = lone_trainer(tmp_path, "resumed")
     resumed.load_state_dict(state)
     assert all(not g["capturable"] and not g["fused"] for g in resumed.optimizer.param_groups)
     resumed.rng.seed_epoch(1)

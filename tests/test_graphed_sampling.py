@@ -16,9 +16,8 @@ from stages.runtime.sampling.static_sampler import StaticSampler
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank import graphed, graphed_sampling
 from stages.train.rank.graphed_sampling import SampleGraph, why_not_graphed_sampling
+from tests._graphed_cases import Rerun, lone_trainer, low_degree_graph
 from tests._sampler_graphs import power_law_graph
-from tests.test_graphed import _Rerun, _trainer
-from tests.test_static_sampler import low_degree_graph
 
 
 class _RerunSampling:
@@ -75,9 +74,9 @@ def test_a_static_sampler_that_fails_its_warm_up_leaves_the_pass_to_the_eager_sa
     the graphed step), and the report says why."""
     def oom(self, seed_gid, num_seeds):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
     monkeypatch.setattr(StaticSampler, "sample", oom)
-    trainer = _trainer(tmp_path, "oom", cuda_graph="auto")
+    trainer = lone_trainer(tmp_path, "oom", cuda_graph="auto")
     trainer.not_graphed, trainer.not_graphed_sampling = None, None
     trainer.rng.seed_epoch(0)
     sums = trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)
@@ -91,9 +90,9 @@ def test_a_static_sampler_whose_buffers_do_not_fit_leaves_the_run_to_the_eager_s
                                                                                           monkeypatch):
     def no_room(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 420.00 MiB")
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
     monkeypatch.setattr("stages.train.rank.trainer.make_sample_graph", no_room)
-    trainer = _trainer(tmp_path, "noroom", cuda_graph="auto")
+    trainer = lone_trainer(tmp_path, "noroom", cuda_graph="auto")
     trainer.not_graphed, trainer.not_graphed_sampling = None, None
     trainer.rng.seed_epoch(0)
     assert trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0).batches == 3
@@ -106,12 +105,12 @@ def test_a_pass_on_graphed_sampling_trains_as_the_padded_eager_sampling(one_rank
                                                                          prefetch):
     """Fanouts of the largest degree draw nothing, so both samplers give the same batches: the same sums, the same
     weights within rounding, and feature counters of the real rows only (every row cached, as a lone GPU's)."""
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
     monkeypatch.setattr(graphed_sampling, "_cuda_capture", _RerunSampling)
     _RerunSampling.captures = 0
     results = []
     for mode in ("padded", "static"):
-        trainer = _trainer(tmp_path, mode, graph=low_degree_graph(), fanouts=(4, 4), prefetch=prefetch)
+        trainer = lone_trainer(tmp_path, mode, graph=low_degree_graph(), fanouts=(4, 4), prefetch=prefetch)
         trainer.data.features.build_cache(torch.arange(1500))
         trainer.not_graphed = None   # as on a CUDA rank with cuda_graph=auto
         trainer.not_graphed_sampling = None if mode == "static" else "cuda_graph=step"
@@ -133,10 +132,10 @@ def test_a_pass_on_graphed_sampling_trains_as_the_padded_eager_sampling(one_rank
 
 
 def test_the_sampling_graph_serves_every_pass_and_the_report_says_so(one_rank_group, tmp_path, monkeypatch):
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
     monkeypatch.setattr(graphed_sampling, "_cuda_capture", _RerunSampling)
     _RerunSampling.captures = 0
-    trainer = _trainer(tmp_path, "passes", cuda_graph="auto")
+    trainer = lone_trainer(tmp_path, "passes", cuda_graph="auto")
     trainer.data.features.build_cache(torch.arange(1500))
     trainer.not_graphed, trainer.not_graphed_sampling = None, None
     for epoch in range(2):
@@ -158,7 +157,7 @@ def test_which_ranks_sample_through_a_graph(one_rank_group, tmp_path, monkeypatc
     assert "fanout -1" in why_not_graphed_sampling(None, **{**ok, "fanouts": [5, -1]})
     monkeypatch.setattr(graphed_sampling, "_torch_version", lambda: (2, 6))
     assert why_not_graphed_sampling(None, **ok).startswith("torch ")
-    trainer = _trainer(tmp_path, "cpu", cuda_graph="auto")
+    trainer = lone_trainer(tmp_path, "cpu", cuda_graph="auto")
     trainer.history = [{"val_metric": 0.5}]
     assert trainer.metrics([0.0, 1.0], [0.0, 1.0], False, None, [{}])["graphed_sampling"] == \
         "off: the step is not graphed (a CPU rank)"
@@ -179,8 +178,8 @@ def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_gr
         if cached:
             data.features.build_cache(torch.arange(1500))
         return data
-    monkeypatch.setattr("tests.test_graphed.one_rank_data", data_with_cache)
-    trainer = _trainer(tmp_path, f"wired{cached}", cuda_graph="auto")
+    monkeypatch.setattr("tests._graphed_cases.one_rank_data", data_with_cache)
+    trainer = lone_trainer(tmp_path, f"wired{cached}", cuda_graph="auto")
     if cached:
         assert trainer.not_graphed_sampling is None
     else:
@@ -191,12 +190,12 @@ def test_the_trainer_asks_whether_every_feature_row_is_on_the_device(one_rank_gr
 def test_evaluation_samples_through_the_graph_with_the_eager_result(one_rank_group, tmp_path, monkeypatch, prefetch):
     """A rank whose sampling is graphed evaluates on its static batches too (the test pass of products is ~2 160
     batches): without draws, the same metric sums as the eager sampler's, padding and short batches included."""
-    monkeypatch.setattr(graphed, "CudaGraphOf", _Rerun)
+    monkeypatch.setattr(graphed, "CudaGraphOf", Rerun)
     monkeypatch.setattr(graphed_sampling, "_cuda_capture", _RerunSampling)
     _RerunSampling.captures = 0
     sums = []
     for mode in ("eager", "static"):
-        trainer = _trainer(tmp_path, f"eval{mode}", graph=low_degree_graph(), fanouts=(4, 4), prefetch=prefetch)
+        trainer = lone_trainer(tmp_path, f"eval{mode}", graph=low_degree_graph(), fanouts=(4, 4), prefetch=prefetch)
         trainer.data.features.build_cache(torch.arange(1500))
         if mode == "static":
             trainer.not_graphed, trainer.not_graphed_sampling = None, None   # as on a CUDA rank, cuda_graph=auto

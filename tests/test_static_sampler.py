@@ -20,18 +20,11 @@ from stages.runtime.sampling.sampler import NeighborSampler
 from stages.runtime.sampling.static_sampler import StaticSampler, why_not_static
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch
+from tests._graphed_cases import low_degree_graph
 from tests._sampler_graphs import edge_keys, power_law_graph
 
 CPU = torch.device("cpu")
 
-
-def low_degree_graph(num_nodes: int = 1500, max_degree: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Each node gets 0..max_degree distinct in-neighbours (no self loop): fanouts of max_degree draw nothing."""
-    rng = np.random.default_rng(seed)
-    deg = rng.integers(0, max_degree + 1, num_nodes)
-    indices = [np.setdiff1d(rng.choice(num_nodes, d + 1, replace=False), [v])[:d] for v, d in enumerate(deg)]
-    indptr = np.concatenate([[0], np.cumsum([len(i) for i in indices])]).astype(np.int64)
-    return indptr, np.concatenate(indices).astype(np.int64)
 
 
 def _seed_buffer(seeds: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:

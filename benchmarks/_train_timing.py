@@ -142,8 +142,7 @@ def _settings(trainer: Trainer) -> dict[str, Any]:
     """The trainer's settings as it ran them."""
     return {"prefetch": trainer.prefetch, "precision": trainer.params.precision,
             "matmul_precision": torch.get_float32_matmul_precision(),
-            "cuda_graph": "on" if trainer.not_graphed is None else f"off: {trainer.not_graphed}",
-            "graphed_sampling": trainer.sampling_report()}
+            "cuda_graph": trainer.graph_report(), "graphed_sampling": trainer.sampling_report()}
 
 
 def _release(device: torch.device) -> None:

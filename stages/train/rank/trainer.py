@@ -360,9 +360,13 @@ class Trainer:
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
                 "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
-                "cuda_graph": "on" if self.not_graphed is None else f"off: {self.not_graphed}",
+                "cuda_graph": self.graph_report(),
                 "graphed_sampling": self.sampling_report(),
                 "ranks_per_gpu": params.ranks_per_gpu if self.device.type == "cuda" else None}
+
+    def graph_report(self) -> str:
+        """``metrics.json``'s ``cuda_graph``: on, or off: why."""
+        return "on" if self.not_graphed is None else f"off: {self.not_graphed}"
 
     def sampling_report(self) -> str:
         """``metrics.json``'s ``graphed_sampling``: on, eager static sampling after a failed capture, or off: why."""

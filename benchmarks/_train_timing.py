@@ -18,7 +18,6 @@ from _train_bench import RUNTIME  # benchmarks/ is on sys.path when run as a scr
 
 from stages.runtime.collectives import all_reduce
 from stages.train.rank.cache_policy import cache_gids
-from stages.train.rank.graphed import WARMUP_STEPS
 from stages.train.rank.trainer import Trainer
 from storage import ArtifactStore
 from storage.hotness import HotnessArtifact
@@ -45,7 +44,7 @@ def time_batches(run: Callable[[Iterable[Any], int], Any], seed_batches: Iterabl
 def warmup_batches(trainer: Trainer, warmup: int) -> int:
     """Untimed batches before the timed ones: ``warmup``, and for a graphed step at least its eager steps and the
     batch that captures it (a capture is a one-time cost of the pass, not of a batch)."""
-    return max(warmup, WARMUP_STEPS + 1) if trainer.not_graphed is None else warmup
+    return max(warmup, trainer.capture_batches)
 
 
 class RankTimer:

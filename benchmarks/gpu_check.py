@@ -164,7 +164,7 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     """Each step's runs: (the run's name, for its log and figures; its command)."""
     py, bench = sys.executable, str(REPO / "benchmarks")
     s = SCALES[args.scale]
-    work = Path(args.work).resolve()   # absolute: the baseline step runs in another tree
+    work = args.work
     graph = ["--nodes", str(s["nodes"]), "--avg-degree", str(s["avg_degree"])]
     device = "cuda" if not args.allow_cpu else "cpu"
     train = [(f"train-{dtype}", [py, f"{bench}/bench_train.py", *graph, "--features", str(s["features"]),
@@ -258,7 +258,7 @@ def run_runs(step: str, runs: list[tuple[str, list[str]]], out: Path, env: dict[
     cwd, step_env = REPO, env
     if step == "baseline":
         try:
-            cwd, step_env = unpack_baseline(args.baseline, Path(args.work).resolve(), env)
+            cwd, step_env = unpack_baseline(args.baseline, args.work, env)
         except (OSError, tarfile.TarError) as error:
             return {"status": f"failed: --baseline {args.baseline} did not unpack: {error}"}
     results = [run_step(name, cmd, out, step_env, args.step_timeout_s, cwd) for name, cmd in runs]
@@ -278,7 +278,8 @@ def main() -> int:
     # check aims at 8 minutes on a fresh machine (issue [4/5] item 6)
     ap.add_argument("--dtypes", default="float32,int8",
                     help="train step: the stored feature dtypes (also: float16, bfloat16, float8_e4m3)")
-    ap.add_argument("--work", default=str(REPO / "benchmarks" / "work" / "gpu"), help="cached graphs and artifacts")
+    ap.add_argument("--work", type=Path, default=REPO / "benchmarks" / "work" / "gpu",
+                    help="cached graphs and artifacts")
     ap.add_argument("--compare", action="store_true",
                     help="train step: also time cuda_graph off/step/auto with and without TF32 on the first dtype")
     ap.add_argument("--baseline", type=Path, metavar="TREE.tar",
@@ -286,6 +287,7 @@ def main() -> int:
     ap.add_argument("--step-timeout-s", type=float, default=1800)
     ap.add_argument("--allow-cpu", action="store_true", help="run the steps on the CPU (checks this command)")
     args = ap.parse_args()
+    args.work = args.work.resolve()   # absolute: the baseline step runs in another tree
     if args.download_wheels:
         return download_wheels()
     if not args.out:

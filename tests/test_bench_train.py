@@ -139,8 +139,6 @@ def test_a_graphed_step_warms_up_past_its_capture():
 
     from _train_timing import warmup_batches
 
-    from stages.train.rank.graphed import WARMUP_STEPS
-
-    assert warmup_batches(SimpleNamespace(not_graphed=None), 2) == WARMUP_STEPS + 1
-    assert warmup_batches(SimpleNamespace(not_graphed=None), 9) == 9
-    assert warmup_batches(SimpleNamespace(not_graphed="a CPU rank"), 2) == 2
+    assert warmup_batches(SimpleNamespace(capture_batches=3), 2) == 3
+    assert warmup_batches(SimpleNamespace(capture_batches=3), 9) == 9
+    assert warmup_batches(SimpleNamespace(capture_batches=0), 2) == 2

@@ -139,7 +139,7 @@ def _gpu_check():
 def _args(tmp_path: Path, **kw):
     import argparse
 
-    return argparse.Namespace(**{"scale": "small", "dtypes": "float32,int8", "work": str(tmp_path), "allow_cpu": True,
+    return argparse.Namespace(**{"scale": "small", "dtypes": "float32,int8", "work": tmp_path, "allow_cpu": True,
                                  "baseline": None, "compare": False, **kw})
 
 

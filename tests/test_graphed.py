@@ -125,7 +125,7 @@ def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkey
     results = []
     for mode in ("eager", "graphed"):
         trainer = lone_trainer(tmp_path, mode, prefetch=prefetch)
-        assert trainer.not_graphed == "cuda_graph=off"
+        assert trainer.not_graphed == "cuda_graph=off" and trainer.capture_batches == 0
         if mode == "graphed":
             trainer.not_graphed = None   # as on a CUDA rank with cuda_graph=auto
         trainer.rng.seed_epoch(0)
@@ -211,6 +211,7 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
         trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 3), 3, epoch=0)
     one_pass()
     assert len(captures) == 1 and trainer._graph is not None and trainer._graph.eager_steps == graphed.WARMUP_STEPS
+    assert trainer.capture_batches == graphed.WARMUP_STEPS + 1, "the warm-up steps and the capturing batch"
     one_pass()
     assert len(captures) == 1, "the same learning rate: the pass replays the captured step from its first batch"
     trainer.optimizer.param_groups[0]["lr"] /= 2

@@ -198,6 +198,13 @@ class Trainer:
         writes, one shape for both (asked for only where ``why_not_graphed`` let the step be graphed)."""
         return StaticShape.bound(self.params.batch_size, self.fanouts, self.data.schema.num_nodes)
 
+    @property
+    def capture_batches(self) -> int:
+        """Batches of the rank's first pass up to and including the one that captures its graphed step: the eager
+        warm-up steps and the capture (0 where the step is not graphed). A capture is a one-time cost of the rank,
+        so a benchmark runs these untimed."""
+        return WARMUP_STEPS + 1 if self.not_graphed is None else 0
+
     def _graphed_sampling(self) -> SampleGraph | None:
         """The rank's sampling graph, made and captured before its first graphed pass (graphed_sampling); None
         when the static sampler itself failed there (the eager sampler serves this pass and the next)."""

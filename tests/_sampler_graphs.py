@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.runtime.csr import LocalCSR
+
 NUM_NODES = 1500
 BOUNDS = [0, 700, NUM_NODES]     # two contiguous partitions of uneven size
 
@@ -93,3 +95,20 @@ def check_batch(batch, seed_gid: torch.Tensor, graph: tuple[np.ndarray, np.ndarr
             expected = expected_counts(deg[n_id[lo:node_end[hop]].numpy()], fanouts[hop], replace)
             got = np.bincount(dst_pos - lo, minlength=node_end[hop] - lo)
             np.testing.assert_array_equal(got, expected)
+
+
+def class_graph(n: int = 600, classes: int = 3, seed: int = 0):
+    """Nodes link mostly within their class; features are a weak class signal: neighbours help."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    src, dst = [], []
+    for v in range(n):
+        same = np.flatnonzero(y == y[v])
+        nbrs = np.concatenate([rng.choice(same, 6), rng.integers(0, n, 2)])
+        src += nbrs.tolist()
+        dst += [v] * len(nbrs)
+    order = np.lexsort((src, dst))
+    src, dst = np.array(src)[order], np.array(dst)[order]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
+    x = (np.eye(classes)[y] * 0.6 + rng.normal(size=(n, classes))).astype(np.float32)
+    return LocalCSR.from_numpy(indptr, src), torch.from_numpy(x), torch.from_numpy(y)

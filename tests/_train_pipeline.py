@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from flows.direct import run_stages
 from stages.train import stage as train
 from storage import ArtifactStore, Manifest
+from storage.train import METRICS, MODEL
 
 # 8 000 nodes, 4 classes: big enough that test accuracy (5 600 test nodes) varies by < 1 point between seeds, small
 # enough that an epoch takes a fraction of a second on one core per rank.
@@ -42,3 +48,19 @@ def train_params(**overrides: Any) -> train.Params:
 
 def train_upstream(manifests: dict[str, Manifest]) -> dict[str, Manifest]:
     return {name: manifests[name] for name in train.UPSTREAM}
+
+
+class TrainRun:
+    """One train stage run: its manifest, metrics, model state and every log line with its arrival time."""
+
+    def __init__(self, store: ArtifactStore, params: train.Params, upstream: dict, **kwargs) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self.store, self.params, self.upstream = store, params, upstream
+        self.manifest = train.run(store, params, upstream, log=lambda line: self.lines.append((time.monotonic(), line)),
+                                  **kwargs)
+        key = self.manifest.key
+        self.metrics = json.loads(store.read_bytes("train", key, METRICS))
+        self.state = torch.load(Path(store.url("train", key, MODEL)), weights_only=True)
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -12,29 +11,7 @@ import pytest
 
 from stages.download.files_source import load_files
 from storage.errors import InputError
-
-# 6 nodes; edges listed once: 0-1, 1-2, 2-0, 3-4, plus a duplicate 1-2 and a self-loop 5-5.
-EDGES = np.array([[0, 1, 2, 3, 1, 5],
-                  [1, 2, 0, 4, 2, 5]])
-X = np.arange(12, dtype=np.float16).reshape(6, 2)
-Y = np.array([0, 1, 2, 1, 0, -1])
-SPLIT = {"train": np.array([0, 1, 2]), "valid": np.array([3]), "test": np.array([4])}
-
-
-def write_dataset(d: Path, *, csr: bool = False, meta: dict | None = None) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    if csr:  # incoming CSR of the directed edges 0->1, 1->2, 2->0, 3->4: row v lists sources into v
-        np.save(d / "indptr.npy", np.array([0, 1, 2, 3, 3, 4, 4]))
-        np.save(d / "indices.npy", np.array([2, 0, 1, 3]))
-    else:
-        np.save(d / "edge_index.npy", EDGES)
-    np.save(d / "x.npy", X)
-    np.save(d / "y.npy", Y)
-    for name, idx in SPLIT.items():
-        np.save(d / f"{name}_idx.npy", idx)
-    if meta is not None:
-        (d / "meta.json").write_text(json.dumps(meta))
-    return d
+from tests._download_cases import EDGES, SPLIT, X, Y, write_dataset
 
 
 def rows(g: object) -> list[list[int]]:

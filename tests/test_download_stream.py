@@ -4,7 +4,6 @@ full disk leaves nothing behind."""
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -21,21 +20,13 @@ from storage import ArtifactStore, InputError
 from storage.graph import GraphArtifact
 from storage.write_errors import StoreWriteError
 from storage.zarr_io import open_group, read_array, write_array, write_columns
-
-
-def _edges(rng: np.random.Generator, n: int, e: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
-    """Random edges among the first half of the nodes (the rest: empty rows), with self-loops and duplicates."""
-    src: np.ndarray = rng.integers(0, n // 2, e).astype(dtype)
-    dst: np.ndarray = rng.integers(0, n // 2, e).astype(dtype)
-    src[:40] = dst[:40]                       # self-loops
-    src[40:80], dst[40:80] = src[80:120], dst[80:120]   # duplicates
-    return src, dst
+from tests._download_cases import SYNTHETIC, chunk_files, disk_full_after, leftovers, messy_edges
 
 
 @pytest.mark.parametrize("directed", [False, True])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint64])
 def test_external_sort_matches_the_in_memory_csr(tmp_path: Path, directed: bool, dtype: type) -> None:
-    src, dst = _edges(np.random.default_rng(0), 600, 5000, dtype)
+    src, dst = messy_edges(np.random.default_rng(0), 600, 5000, dtype)
     indptr, indices = to_csr_incoming(src, dst, 600, directed=directed)
     csr = external_csr(array_chunks(src, dst, 777), 600, symmetrise=not directed, budget_bytes=40_000,
                        scratch=str(tmp_path))
@@ -56,15 +47,12 @@ def test_external_sort_of_no_edges(tmp_path: Path) -> None:
     assert csr.indptr.tolist() == [0] * 6 and csr.indices.shape == (0,)
 
 
-SYNTHETIC = {"dataset": "synthetic", "num_nodes": 20_000, "avg_degree": 10.0, "num_features": 6, "num_classes": 4}
-
-
 def _files_dataset(d: Path, n: int = 3000, e: int = 100_000, directed: bool = False) -> Path:
     rng = np.random.default_rng(1)
     d.mkdir()
     if directed:
         (d / "meta.json").write_text('{"directed": true}')
-    src, dst = _edges(rng, n, e, np.int64)
+    src, dst = messy_edges(rng, n, e, np.int64)
     np.save(d / "edge_index.npy", np.stack([src, dst]))
     np.save(d / "x.npy", rng.standard_normal((n, 5)).astype(np.float32))
     np.save(d / "y.npy", rng.integers(0, 3, n))
@@ -72,15 +60,6 @@ def _files_dataset(d: Path, n: int = 3000, e: int = 100_000, directed: bool = Fa
     for name, part in zip(("train", "valid", "test"), np.split(order, [n // 2, 3 * n // 4]), strict=True):
         np.save(d / f"{name}_idx.npy", part)
     return d
-
-
-def _chunk_files(root: Path) -> dict[str, bytes]:
-    graph = next(root.glob("download/*/graph.zarr"))
-    return {str(p.relative_to(graph)): p.read_bytes() for p in sorted(graph.rglob("*")) if p.is_file()}
-
-
-def _leftovers(root: Path) -> list[str]:
-    return [str(p.relative_to(root)) for p in root.rglob("*") if ".tmp-" in p.name or "scratch" in p.name]
 
 
 @pytest.mark.parametrize("kind", ["files", "synthetic"])
@@ -93,13 +72,13 @@ def test_streamed_build_writes_the_same_bytes_under_the_same_key(tmp_path: Path,
         store = ArtifactStore(tmp_path / name)
         built[name] = download.run(store, download.Params(**params, memory_budget_bytes=limit), {},
                                    progress=False)
-        assert not _leftovers(tmp_path / name)
+        assert not leftovers(tmp_path / name)
     memory, stream = built["memory"], built["stream"]
     assert memory.summary["canonical_path"] == "in-memory"
     assert stream.summary["canonical_path"] == "external sort" and stream.summary["sort_buckets"] > 1
     assert stream.summary["memory_budget_bytes"] == budget and stream.summary["spill_bytes"] > 0
     assert stream.key == memory.key
-    assert _chunk_files(tmp_path / "memory") == _chunk_files(tmp_path / "stream")
+    assert chunk_files(tmp_path / "memory") == chunk_files(tmp_path / "stream")
     graph = GraphArtifact(ArtifactStore(tmp_path / "stream"), stream).read()
     assert graph.indices.dtype == np.int64 and graph.splits["train"].dtype == np.int64   # widened on read
     native = GraphArtifact(ArtifactStore(tmp_path / "stream"), stream).read(native=True)
@@ -123,23 +102,6 @@ def test_a_source_that_does_not_stream_names_its_estimate(tmp_path: Path) -> Non
     assert not (tmp_path / "root" / "download").exists()
 
 
-def disk_full_after(writes: int, monkeypatch: pytest.MonkeyPatch, prefix: str = "") -> list[str]:
-    """Spill appends to files named ``prefix*`` fail with ENOSPC after ``writes`` of them; returns the paths
-    appended to (the failing one last)."""
-    calls: list[str] = []
-
-    def full(path: str, data: np.ndarray) -> None:
-        if os.path.basename(path).startswith(prefix):
-            calls.append(path)
-            if len(calls) > writes:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        with open(path, "ab") as f:
-            data.tofile(f)
-
-    monkeypatch.setattr("storage.spill.spill_append", full)
-    return calls
-
-
 def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     disk_full_after(3, monkeypatch)
@@ -148,7 +110,7 @@ def test_a_full_disk_during_a_spill_leaves_nothing_half_written(tmp_path: Path,
                              memory_budget_bytes=3 << 20)
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), params, {}, progress=False)
-    assert not _leftovers(root) and not (root / "download").exists()
+    assert not leftovers(root) and not (root / "download").exists()
 
 
 def test_the_permutation_is_numpys_shuffled_on_disk(tmp_path: Path) -> None:
@@ -185,14 +147,14 @@ def test_a_streamed_link_split_writes_the_same_bytes_under_the_same_key(tmp_path
         built[name] = download.run(ArtifactStore(tmp_path / name), download.Params(
             **params, task="link", link_split=(0.8, 0.05, 0.15), seed=4, memory_budget_bytes=limit), {},
             progress=False)
-        assert not _leftovers(tmp_path / name)
+        assert not leftovers(tmp_path / name)
     memory, stream = built["memory"], built["stream"]
     assert memory.summary["canonical_path"] == "in-memory" and "link_split_chunks" not in memory.summary
     assert stream.summary["canonical_path"] == "external sort" and stream.summary["link_split_chunks"] > 1
     assert stream.summary["directed"] is (kind == "files-directed")
     assert stream.key == memory.key
     assert stream.summary["edge_split_sizes"]["valid"] > 0
-    assert _chunk_files(tmp_path / "memory") == _chunk_files(tmp_path / "stream")
+    assert chunk_files(tmp_path / "memory") == chunk_files(tmp_path / "stream")
 
 
 def test_the_link_minimum_holds_the_held_out_pairs(tmp_path: Path) -> None:
@@ -215,7 +177,7 @@ def test_a_full_disk_during_the_link_split_leaves_nothing_half_written(tmp_path:
                              memory_budget_bytes=3 << 20)
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), params, {}, progress=False)
-    assert len(calls) == 4 and not _leftovers(root) and not (root / "download").exists()
+    assert len(calls) == 4 and not leftovers(root) and not (root / "download").exists()
 
 
 def test_a_wrong_link_edge_type_fails_before_the_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,8 @@ from stages.memory import MemoryBudget
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import index_dtype
 from storage.write_errors import StoreWriteError
-from tests.test_download_stream import _chunk_files, _leftovers, disk_full_after
+from tests._download_cases import HETERO, chunk_files, disk_full_after, leftovers, streaming_minimum
 
-HETERO = {"dataset": "synthetic-hetero", "num_nodes": 20_000, "avg_degree": 10.0, "num_features": 6,
-          "num_classes": 4}
 LINK = {"task": "link", "link_split": (0.8, 0.05, 0.15), "seed": 4}
 
 
@@ -146,28 +143,21 @@ def test_the_streamed_split_of_every_edge_type_is_split_edges(tmp_path: Path, ad
             os.remove(tmp_path / name)
 
 
-def _minimum(params: dict[str, Any]) -> int:
-    """The streaming path's minimum, from its one-line refusal of a 1-byte budget."""
-    with pytest.raises(InputError) as err:
-        choose(download.Params(**params), MemoryBudget(1, "download", "test"))
-    return int(re.search(r"raise memory_budget_bytes to (\d+) or more", str(err.value)).group(1))  # type: ignore[union-attr]
-
-
 def _streamed_equals_in_memory(tmp_path: Path, params: dict[str, Any]) -> Manifest:
     """Built in memory and streamed just above the streaming minimum (many buckets): the same key and bytes; returns
     the streamed build's manifest."""
-    budget = _minimum(params) + (256 << 10)
+    budget = streaming_minimum(params) + (256 << 10)
     built = {}
     for name, limit in (("memory", None), ("stream", budget)):
         store = ArtifactStore(tmp_path / name)
         built[name] = download.run(store, download.Params(**params, memory_budget_bytes=limit), {}, progress=False)
-        assert not _leftovers(tmp_path / name)
+        assert not leftovers(tmp_path / name)
     memory, stream = built["memory"], built["stream"]
     assert memory.summary["canonical_path"] == "in-memory"
     assert stream.summary["canonical_path"] == "external sort" and stream.summary["sort_buckets"] > 1
     assert stream.summary["in_memory_estimate_bytes"] > budget and stream.summary["spill_bytes"] > 0
     assert stream.key == memory.key
-    assert _chunk_files(tmp_path / "memory") == _chunk_files(tmp_path / "stream")
+    assert chunk_files(tmp_path / "memory") == chunk_files(tmp_path / "stream")
     return stream
 
 
@@ -226,11 +216,11 @@ def test_the_typed_link_minimum_holds_the_target_types_held_out_pairs(tmp_path: 
     path = str(_typed_dir(tmp_path / "data"))
     node, link = ({"dataset": "files", "path": path} | extra for extra in ({}, LINK | {"link_edge_type": "writes"}))
     # writes lists 20 000 edges, of which valid + test hold out at most 20 %
-    assert _minimum(link) - _minimum(node) >= 0.2 * 20_000 * HELD_PAIR_BYTES
+    assert streaming_minimum(link) - streaming_minimum(node) >= 0.2 * 20_000 * HELD_PAIR_BYTES
     # a reverse type's pairs are its forward type's: the same minimum
-    assert _minimum(link | {"link_edge_type": "rev_writes"}) == _minimum(link)
+    assert streaming_minimum(link | {"link_edge_type": "rev_writes"}) == streaming_minimum(link)
     with pytest.raises(InputError, match=r"held-out valid/test edges.* raise memory_budget_bytes to"):
-        choose(download.Params(**link), MemoryBudget(_minimum(link) - 1, "download", "memory_budget_bytes"))
+        choose(download.Params(**link), MemoryBudget(streaming_minimum(link) - 1, "download", "memory_budget_bytes"))
 
 
 def test_a_wrong_typed_link_edge_type_fails_before_the_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,7 +235,7 @@ def test_a_wrong_typed_link_edge_type_fails_before_the_sort(tmp_path: Path, monk
 @pytest.mark.parametrize("kind", ["files", "synthetic-hetero", "files-link"])
 def test_a_budget_below_the_typed_minimum_is_one_line_and_writes_nothing(tmp_path: Path, kind: str) -> None:
     params = _params(kind, tmp_path)
-    minimum = _minimum(params)
+    minimum = streaming_minimum(params)
     with pytest.raises(InputError) as err:
         download.run(ArtifactStore(tmp_path / "root"), download.Params(**params, memory_budget_bytes=minimum - 1),
                      {}, progress=False)
@@ -260,20 +250,20 @@ def test_a_budget_below_the_typed_minimum_is_one_line_and_writes_nothing(tmp_pat
 def test_a_full_disk_during_a_typed_spill_leaves_nothing_half_written(tmp_path: Path, kind: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     params = _params(kind, tmp_path)
-    budget = _minimum(params) + (256 << 10)
+    budget = streaming_minimum(params) + (256 << 10)
     calls = disk_full_after(3, monkeypatch)
     root = tmp_path / "root"
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), download.Params(**params, memory_budget_bytes=budget), {}, progress=False)
-    assert len(calls) == 4 and not _leftovers(root) and not (root / "download").exists()
+    assert len(calls) == 4 and not leftovers(root) and not (root / "download").exists()
 
 
 def test_a_full_disk_during_a_typed_link_split_leaves_nothing_half_written(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     params = _params("files-link", tmp_path)
-    budget = _minimum(params) + (256 << 10)
+    budget = streaming_minimum(params) + (256 << 10)
     calls = disk_full_after(3, monkeypatch, "link-")   # the split's spills only: the sort before it completes
     root = tmp_path / "root"
     with pytest.raises(StoreWriteError, match=r"^download stage: cannot write to .*No space left on device"):
         download.run(ArtifactStore(root), download.Params(**params, memory_budget_bytes=budget), {}, progress=False)
-    assert len(calls) == 4 and not _leftovers(root) and not (root / "download").exists()
+    assert len(calls) == 4 and not leftovers(root) and not (root / "download").exists()

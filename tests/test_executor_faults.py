@@ -36,8 +36,8 @@ from storage.graph import SPLITS
 from storage.reach import reach_token
 from storage.store import WorkDir
 from tests import _fault_units
+from tests._cli_runs import GnnpipeRun
 from tests.conftest import TINY, artifact_files
-from tests.test_ops_signals import Run
 
 # 3 parts on 2 workers: one unit holds parts 0 and 1 (the one paused), the other part 2; 256-row chunks: part 0's x
 # is several chunks, all written before the pause
@@ -191,14 +191,14 @@ def test_a_worker_killed_inside_a_flow_run_changes_no_byte(tmp_path: Path, own_c
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------------------------
-def held_run(tmp: Path, executor: str, api_url: str) -> tuple[Run, Path]:
+def held_run(tmp: Path, executor: str, api_url: str) -> tuple[GnnpipeRun, Path]:
     """``gnnpipe run --until features`` with the features unit paused (``tests._fault_units.cli``), on a root whose
     download and partition are built; returns once the unit is paused, and the root."""
     values = {**TINY, **LAYOUT}
     root = tmp / "art"
     run_stages({**values, "artifacts": str(root), "until": "partition"})
     args = [a for k, v in {**values, "executor": executor}.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    run = Run(["--until", "features", *args, "--artifacts", str(root)], api_url,
+    run = GnnpipeRun(["--until", "features", *args, "--artifacts", str(root)], api_url,
               gnnpipe=[sys.executable, "-c", "from tests._fault_units import cli; cli()"])
     deadline = time.monotonic() + WAIT_S
     while not (tmp / "held").exists():

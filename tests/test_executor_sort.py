@@ -25,9 +25,8 @@ from storage import ArtifactStore, infer_export
 from storage.features import FeaturesArtifact
 from storage.infer import open_part_outputs, write_part_embedding, write_part_link_embeddings, write_part_predictions
 from storage.partition import PartitionArtifact
+from tests._download_cases import HETERO, SYNTHETIC, leftovers, messy_edges, streaming_minimum
 from tests.conftest import TINY, artifact_files
-from tests.test_download_stream import SYNTHETIC, _edges, _leftovers
-from tests.test_download_stream_typed import HETERO, _minimum
 
 U = TypeVar("U")
 R = TypeVar("R")
@@ -51,7 +50,7 @@ def _figures(result: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("directed", [False, True])
 def test_bucket_units_build_the_local_sorts_bytes(tmp_path: Path, directed: bool) -> None:
-    src, dst = _edges(np.random.default_rng(0), 600, 5000, np.int64)
+    src, dst = messy_edges(np.random.default_rng(0), 600, 5000, np.int64)
     (tmp_path / "local").mkdir()
     (tmp_path / "units").mkdir()
     want = external_csr(array_chunks(src, dst, 777), 600, symmetrise=not directed, budget_bytes=120_000,
@@ -89,7 +88,7 @@ def _download(root: Path, params: dict[str, Any], budget: int, executor: str) ->
     store = ArtifactStore(root)
     manifest = download.run(store, download.Params(**params, memory_budget_bytes=budget, executor=executor), {},
                             progress=False)
-    assert not _leftovers(root)
+    assert not leftovers(root)
     return store, manifest
 
 
@@ -98,7 +97,7 @@ def _download(root: Path, params: dict[str, Any], budget: int, executor: str) ->
 def test_streamed_download_on_dask_is_byte_identical(tmp_path: Path, dask_cluster: str, kind: str) -> None:
     """The streamed path (a budget below the in-memory estimate) with its buckets on the cluster: the key and
     every byte of the one sorted in-process."""
-    params, budget = (SYNTHETIC, 5 << 20) if kind == "synthetic" else (HETERO, _minimum(HETERO) + (256 << 10))
+    params, budget = (SYNTHETIC, 5 << 20) if kind == "synthetic" else (HETERO, streaming_minimum(HETERO) + (256 << 10))
     store, local = _download(tmp_path / "local", params, budget, "local")
     dask_store, dask = _download(tmp_path / "dask", params, budget, dask_cluster)
     assert local.summary["canonical_path"] == dask.summary["canonical_path"] == "external sort"

@@ -19,11 +19,12 @@ from stages.features.dtypes import storage_dtype
 from stages.train import stage as train
 from storage import ArtifactStore, InputError
 from storage.features import FeaturesArtifact
-from storage.graph import SPLITS, GraphArtifact
+from storage.graph import GraphArtifact
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
 from storage.train import METRICS
 from storage.train_summary import TrainSummary
+from tests._download_cases import write_files
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_without_prefect, train_params, train_upstream
 
 # 3 000 nodes, 16 features, 4 classes (chance 0.25; the majority class ~0.36 on the 8 000-node graph of
@@ -62,18 +63,6 @@ def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
 def source_graph():
     return generate_synthetic(SOURCE["num_nodes"], SOURCE["avg_degree"], NUM_FEATURES, SOURCE["num_classes"],
                               SOURCE["seed"], split=SOURCE["split"], progress=False)
-
-
-def write_files(d: Path, graph: Any, x: np.ndarray) -> Path:
-    """``graph`` (orig ids) in the ``files`` layout with features ``x``."""
-    d.mkdir(parents=True, exist_ok=True)
-    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
-    np.save(d / "edge_index.npy", np.stack([graph.indices, dst]))
-    np.save(d / "x.npy", x)
-    np.save(d / "y.npy", graph.y)
-    for name in SPLITS:
-        np.save(d / f"{name}_idx.npy", graph.splits[name])
-    return d
 
 
 def build(root: Path, path: Path, until: str = "hotness", **values: Any) -> tuple[ArtifactStore, dict]:

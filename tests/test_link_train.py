@@ -187,7 +187,7 @@ def test_a_typed_graph_predicts_its_chosen_edge_type(tmp_path):
 
 def test_a_files_graph_is_split_by_fractions_and_seed(tmp_path):
     from stages.download.synthetic import generate_synthetic
-    from tests.test_feature_dtypes import write_files
+    from tests._download_cases import write_files
 
     graph = generate_synthetic(600, 6.0, 4, 3, 0)
     path = write_files(tmp_path / "g", graph, graph.x)

@@ -19,13 +19,13 @@ import psutil
 import pytest
 
 from flows.config import ORDER
+from tests._cli_runs import GnnpipeRun
 from tests.conftest import TINY
-from tests.test_ops_signals import Run
 
 pytestmark = pytest.mark.slow
 
 
-def _kill_while_holding(run: Run, locks: Path, stage: str, started: str | None = None,
+def _kill_while_holding(run: GnnpipeRun, locks: Path, stage: str, started: str | None = None,
                         timeout_s: float = 300.0) -> list[psutil.Process]:
     """SIGKILL gnnpipe (its process alone, as the OOM killer does) the moment it holds ``stage``'s lock (and a file
     matching the glob ``started`` exists); returns the processes it had started."""
@@ -47,7 +47,7 @@ def _kill_while_holding(run: Run, locks: Path, stage: str, started: str | None =
         time.sleep(0.002)
 
 
-def _flow_run(run: Run) -> str:
+def _flow_run(run: GnnpipeRun) -> str:
     text = "".join(run.lines)
     found = re.search(r"Beginning flow run '([^']+)'", text)
     assert found, text[-3000:]
@@ -62,7 +62,7 @@ def test_sigkill_at_every_stage_then_the_same_command_finishes(prefect_server: s
     locks = root / ".prefect" / "locks"
     killed: list[tuple[str, int, str]] = []   # (stage, pid, flow run)
     for stage in ORDER:
-        run = Run(args, api_url=prefect_server)
+        run = GnnpipeRun(args, api_url=prefect_server)
         # infer: once its job has started, so that the killed job's directory is left to remove
         children = _kill_while_holding(run, locks, stage, f"{root}/.jobs/infer-*/spec.json" if stage == "infer"
                                        else None)
@@ -72,7 +72,7 @@ def test_sigkill_at_every_stage_then_the_same_command_finishes(prefect_server: s
         killed.append((stage, run.proc.pid, _flow_run(run)))
         _, alive = psutil.wait_procs(children, timeout=30)   # the agent and the ranks follow their parent
         assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
-    final = Run(args, api_url=prefect_server)
+    final = GnnpipeRun(args, api_url=prefect_server)
     assert final.proc.wait(timeout=600) == 0, "".join(final.lines)[-3000:]
     final._reader.join(timeout=10)
     _assert_took_over(final, *killed[-1])
@@ -82,7 +82,7 @@ def test_sigkill_at_every_stage_then_the_same_command_finishes(prefect_server: s
     _assert_crashed(prefect_server, [name for _, _, name in killed])
 
 
-def _assert_took_over(run: Run, stage: str, pid: int, flow_run: str) -> None:
+def _assert_took_over(run: GnnpipeRun, stage: str, pid: int, flow_run: str) -> None:
     text = "".join(run.lines)
     assert f"{stage}: took over the lock of pid {pid} on host" in text, text[-3000:]
     assert f"marked 1 flow run(s) Crashed whose gnnpipe process had been killed: {flow_run}" in text, text[-3000:]

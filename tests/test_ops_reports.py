@@ -38,7 +38,7 @@ from stages.train.rank.stats import EpochStats
 from stages.train.tasks import NodeClassification
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
 from storage.zarr_io import open_group, read_array, rerun_hint, write_array
-from tests.test_download_files import write_dataset
+from tests._download_cases import write_dataset
 
 # ---- a. an empty split has no accuracy -------------------------------------------------------------------------
 

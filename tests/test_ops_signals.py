@@ -13,11 +13,7 @@ resumes from its checkpoint and is interrupted with SIGTERM.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -25,51 +21,10 @@ import pytest
 
 from flows import interrupts
 from flows.interrupts import Interrupted, interrupted_stage, interruption, message
-from tests.conftest import GNNPIPE, REPO, TINY, cli_env
+from tests._cli_runs import GnnpipeRun
+from tests.conftest import TINY
 
 EXIT_WITHIN_S = 10.0   # the issue's bound, from the signal to the exit of gnnpipe
-
-
-class Run:
-    """``gnnpipe run`` in a session of its own (as a shell runs a foreground job), its output collected."""
-
-    def __init__(self, args: list[str], api_url: str | None = None, gnnpipe: list[str] = GNNPIPE) -> None:
-        self.proc = subprocess.Popen([*gnnpipe, "run", *args], cwd=REPO, env=cli_env(api_url), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or []), daemon=True)
-        self._reader.start()
-
-    def wait_for(self, text: str, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, f"gnnpipe exited before {text!r}:\n{''.join(self.lines)[-3000:]}"
-            assert time.monotonic() < deadline, f"no {text!r} after {timeout_s} s:\n{''.join(self.lines)[-3000:]}"
-            time.sleep(0.1)
-
-    def signal_group(self, sig: int) -> tuple[dict[psutil.Process, str], float]:
-        """Signal gnnpipe's process group as a terminal does; returns what ran under gnnpipe then (with command
-        lines) and the seconds gnnpipe took to exit."""
-        tree = {p: " ".join(p.cmdline()[:6]) for p in psutil.Process(self.proc.pid).children(recursive=True)}
-        start = time.monotonic()
-        os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"gnnpipe still running 60 s after {sig!r}:\n{''.join(self.lines)[-3000:]}")
-        elapsed = time.monotonic() - start
-        self._reader.join(timeout=10)
-        return tree, elapsed
-
-    def last_line(self) -> str:
-        """The one line printed after the signal: nothing else is, however the stage was stopped."""
-        lines = [line.rstrip("\n") for line in self.lines if line.strip()]
-        for noise in ("Crash detected", "Error logging to API", "ConnectError", "Traceback", "death signal",
-                      "closing signal", "Fatal Python error"):
-            assert not any(noise in line for line in lines), "\n".join(lines[-30:])
-        assert not lines[-2].startswith("interrupted"), lines[-3:]
-        return lines[-1]
 
 
 def _assert_nothing_left(tree: dict[psutil.Process, str]) -> None:
@@ -88,7 +43,7 @@ def test_group_signals_stop_the_run_at_once_and_a_rerun_resumes(tmp_path: Path):
     args = [a for k, v in values.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     args += ["--artifacts", str(tmp_path / "art")]
 
-    first = Run(args)
+    first = GnnpipeRun(args)
     first.wait_for("epoch 2/200")   # a checkpoint is written after every epoch
     tree, elapsed = first.signal_group(signal.SIGINT)
     said = first.last_line()
@@ -99,7 +54,7 @@ def test_group_signals_stop_the_run_at_once_and_a_rerun_resumes(tmp_path: Path):
     _assert_nothing_left(tree)
     assert list((tmp_path / "art" / ".checkpoints").glob("train-*/ckpt-*.pt")), "no checkpoint to resume from"
 
-    second = Run(args)
+    second = GnnpipeRun(args)
     second.wait_for("resuming from the checkpoint")
     tree, elapsed = second.signal_group(signal.SIGTERM)
     said = second.last_line()

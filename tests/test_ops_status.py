@@ -10,36 +10,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from flows.cli import app
 from flows.config import STAGES
 from storage import ArtifactStore, Manifest
 from storage import inventory as inv
 from storage.train import checkpoint_dir, checkpoint_dirs
+from tests._cli_runs import cli, gnnpipe
 from tests._train_pipeline import build_without_prefect
-from tests.conftest import GNNPIPE, REPO, TINY, cli_env
+from tests.conftest import TINY
 
 # TINY's download parameters that differ from the defaults, as `status` shows them
 TINY_SHORT = "num_nodes=3000"
-
-
-def cli(*args: str) -> Any:
-    """``gnnpipe ARGS`` in this process (fast); stdout in ``.stdout``."""
-    result = CliRunner().invoke(app, list(args), env={"ARTIFACTS": None, "GNNPIPE_ORIGIN": None})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def gnnpipe(*args: str) -> subprocess.CompletedProcess:
-    """``gnnpipe ARGS`` as a user runs it: ``main`` turns a user error into one ``error:`` line and exit 2."""
-    return subprocess.run([*GNNPIPE, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
 
 
 def fake_build(store: ArtifactStore, stage: str, upstream: dict[str, Manifest] | None = None,

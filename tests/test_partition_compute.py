@@ -15,21 +15,9 @@ from stages.partition.kaminpar_runner import kaminpar_threads, write_parhip
 from stages.partition.relabel import build_part_csr, relabel
 from stages.partition.report import partition_report
 from storage.partition import concat_parts
+from tests._partition_cases import community_graph, csr_from_edges
 
 TOL = 1.05  # what the tests accept; assign_parts repairs to its default tolerance of 1.03
-
-
-def csr_from_edges(src_orig: np.ndarray, dst_orig: np.ndarray, num_nodes: int, *,
-                   directed: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Incoming-edge CSR (storage.graph conventions: sorted rows, no self-loops or duplicates)."""
-    src_orig, dst_orig = np.asarray(src_orig, dtype=np.int64), np.asarray(dst_orig, dtype=np.int64)
-    if not directed:
-        src_orig, dst_orig = np.concatenate([src_orig, dst_orig]), np.concatenate([dst_orig, src_orig])
-    keep = src_orig != dst_orig
-    key = np.unique(dst_orig[keep] * num_nodes + src_orig[keep])
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(key // num_nodes, minlength=num_nodes), out=indptr[1:])
-    return indptr, key % num_nodes
 
 
 def edge_pairs(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -37,26 +25,6 @@ def edge_pairs(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
     dst = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
     pairs = np.stack([dst, indices], axis=1)
     return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-
-
-def community_graph(num_nodes: int = 4000, num_comms: int = 4, avg_degree: int = 12, p_in: float = 0.95,
-                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Stochastic block model with train nodes concentrated in community 0 (90 % of it vs 1 % elsewhere): METIS
-    finds the communities, and that puts nearly all train nodes in one part. Returns (indptr, indices, train, comm).
-    """
-    rng = np.random.default_rng(seed)
-    comm_of_orig = rng.integers(0, num_comms, num_nodes)
-    members = [np.flatnonzero(comm_of_orig == c) for c in range(num_comms)]
-    num_pairs = num_nodes * avg_degree // 2
-    src_orig = rng.integers(0, num_nodes, num_pairs)
-    same = rng.random(num_pairs) < p_in
-    dst_orig = rng.integers(0, num_nodes, num_pairs)
-    for c in range(num_comms):
-        rows = same & (comm_of_orig[src_orig] == c)
-        dst_orig[rows] = rng.choice(members[c], int(rows.sum()))
-    indptr, indices = csr_from_edges(src_orig, dst_orig, num_nodes)
-    train = np.where(comm_of_orig == 0, rng.random(num_nodes) < 0.9, rng.random(num_nodes) < 0.01)
-    return indptr, indices, train, comm_of_orig
 
 
 @pytest.fixture(scope="module")

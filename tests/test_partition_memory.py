@@ -16,9 +16,8 @@ from stages.partition import stage as partition
 from stages.partition.assign import assign_parts
 from storage import InputError
 from storage.graph import GraphArtifact
+from tests._partition_cases import community_graph, download_graph
 from tests.conftest import artifact_files
-from tests.test_partition_compute import community_graph
-from tests.test_partition_stream import _download
 
 GIB = 1 << 30
 
@@ -87,7 +86,7 @@ def test_metis_plan_unchanged() -> None:
 
 def test_compressed_build_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget that forces KaMinPar's compressed graph (streamed) writes the default build's bytes, same key."""
-    store, dl = _download(tmp_path)
+    store, dl = download_graph(tmp_path)
     params = partition.Params(num_partitions=3, method="kaminpar")
     default = partition.run(store, params, {"download": dl}, progress=False)
     assert default.summary["kaminpar_compressed"] is False

@@ -21,20 +21,13 @@ from storage import ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
 from storage.partition import PartitionArtifact
 from storage.zarr_io import ChunkAppender, create_rows_array, open_array, open_group, read_array, write_array
-from tests._train_pipeline import build_without_prefect
+from tests._partition_cases import download_graph
 from tests.conftest import artifact_files
-
-GRAPH = {"num_nodes": 3000, "avg_degree": 10, "num_features": 4, "num_classes": 3, "seed": 5}
-
-
-def _download(root: Path, **extra: Any) -> tuple[ArtifactStore, Manifest]:
-    store, m = build_without_prefect({"artifacts": str(root), **GRAPH, **extra, "until": "download"})
-    return store, m["download"]
 
 
 @pytest.fixture(scope="module")
 def node_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
-    return _download(tmp_path_factory.mktemp("art"))
+    return download_graph(tmp_path_factory.mktemp("art"))
 
 
 def _tiny_budget(store: ArtifactStore, dl: Manifest, params: partition.Params) -> int:
@@ -74,7 +67,7 @@ def test_streamed_build_is_byte_identical(node_graph, monkeypatch, method):
 
 def test_streamed_link_graph_with_edge_features(tmp_path, monkeypatch):
     """Edge splits and edge attributes on the streamed path: the same bytes (edge_attr laid out chunk by chunk)."""
-    store, dl = _download(tmp_path, task="link", num_edge_features=3)
+    store, dl = download_graph(tmp_path, task="link", num_edge_features=3)
     assert GraphArtifact(store, dl).num_edge_features == 3 and dl.summary.get("link_edge_type")
     _same_build_streamed(store, dl, monkeypatch, method="kaminpar")
 
@@ -88,7 +81,7 @@ def _nothing_written(store: ArtifactStore, params: partition.Params, dl: Manifes
 
 
 def test_metis_over_budget_fails_in_one_line(tmp_path):
-    store, dl = _download(tmp_path)
+    store, dl = download_graph(tmp_path)
     params = partition.Params(num_partitions=3, method="metis", memory_budget_bytes=1 << 20)
     with pytest.raises(InputError) as err:
         partition.run(store, params, {"download": dl}, progress=False)
@@ -172,7 +165,7 @@ def test_chunked_assign_report_balance_equal_in_memory(node_graph, tmp_path, mon
 
 def test_streamed_typed_graph(tmp_path, monkeypatch):
     """A typed graph (R edge types per node row) streams to the same bytes too."""
-    store, dl = _download(tmp_path, dataset="synthetic-hetero")
+    store, dl = download_graph(tmp_path, dataset="synthetic-hetero")
     assert not GraphArtifact(store, dl).schema.is_homogeneous
     _same_build_streamed(store, dl, monkeypatch, method="kaminpar")
 
@@ -208,14 +201,14 @@ def _directed_files(d: Path, n: int = 3000) -> Path:
 @pytest.fixture(scope="module")
 def directed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
     root = tmp_path_factory.mktemp("directed")
-    store, dl = _download(root / "art", dataset="files", path=str(_directed_files(root / "data")))
+    store, dl = download_graph(root / "art", dataset="files", path=str(_directed_files(root / "data")))
     assert dl.summary["directed"]
     return store, dl
 
 
 @pytest.fixture(scope="module")
 def typed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[ArtifactStore, Manifest]:
-    return _download(tmp_path_factory.mktemp("typed"), dataset="synthetic-hetero")
+    return download_graph(tmp_path_factory.mktemp("typed"), dataset="synthetic-hetero")
 
 
 @pytest.mark.parametrize("method", ["metis", "kaminpar"])

@@ -19,7 +19,7 @@ from stages.train.models.model import build_model
 from stages.train.rank.loop import EpochSums, train_epoch
 from stages.train.tasks import NodeClassification
 from storage.phases import PHASES
-from tests.test_train_units import community_graph
+from tests._sampler_graphs import class_graph
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
@@ -62,7 +62,7 @@ def test_without_a_current_clock_a_phase_does_nothing():
 
 def _epoch(prefetch: int, device: str = "cpu") -> EpochSums:
     dev = torch.device(device)
-    csr, x, y = community_graph()
+    csr, x, y = class_graph()
     csr = LocalCSR(csr.start_gid, csr.indptr.to(dev), csr.indices.to(dev), csr.num_edge_types)
     x, y = x.to(dev), y.to(dev)
     sampler = NeighborSampler(csr, [5, 5], generator=torch.Generator(dev).manual_seed(1))

@@ -23,9 +23,9 @@ from stages.train.rank.prefetch import PrefetchStream, batch_stream
 from stages.train.tasks import NodeClassification
 from storage import ArtifactStore
 from tests._prefetch_worker import TIMEOUT_S, WORLD_SIZE, worker
+from tests._sampler_graphs import class_graph
 from tests._spawn import spawn_ranks
 from tests._train_pipeline import build_upstream, build_without_prefect, train_params
-from tests.test_train_units import community_graph
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
@@ -37,7 +37,7 @@ def producers_alive() -> list[threading.Thread]:
 def run_epochs(depth: int, epochs: int = 3, device: str = "cpu") -> dict[str, Any]:
     """Train ``epochs`` epochs with dropout (torch's global stream, drawn in the caller's thread) and evaluate."""
     dev = torch.device(device)
-    csr, x, y = community_graph()
+    csr, x, y = class_graph()
     csr = LocalCSR(csr.start_gid, csr.indptr.to(dev), csr.indices.to(dev), csr.num_edge_types)
     x, y = x.to(dev), y.to(dev)
     sampler_gen, shuffle_gen = torch.Generator(dev).manual_seed(1), torch.Generator(dev).manual_seed(2)
@@ -95,7 +95,7 @@ class BoomError(RuntimeError):
 
 
 def test_an_exception_in_the_producer_is_raised_in_the_caller(one_torch_thread):
-    csr, x, y = community_graph()
+    csr, x, y = class_graph()
     sampler = NeighborSampler(csr, [5], generator=torch.Generator().manual_seed(0))
     calls: list[int] = []
 
@@ -117,7 +117,7 @@ def test_an_exception_in_the_producer_is_raised_in_the_caller(one_torch_thread):
 
 
 def test_an_exception_in_the_caller_stops_the_producer(one_torch_thread):
-    csr, x, y = community_graph()
+    csr, x, y = class_graph()
     sampler = NeighborSampler(csr, [5], generator=torch.Generator().manual_seed(0))
     sampled: list[int] = []
 

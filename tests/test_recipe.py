@@ -27,12 +27,12 @@ from tests._train_pipeline import (
     BATCH_SIZE,
     FANOUTS,
     GRAPH,
+    TrainRun,
     build_upstream,
     build_without_prefect,
     train_params,
     train_upstream,
 )
-from tests.test_train import Run
 
 pytestmark = pytest.mark.slow
 # lr 0.03 with a halving every 2 epochs: validation peaks within the first 8 epochs and patience 2 then stops
@@ -50,7 +50,7 @@ def two(art: ArtifactStore):
     return build_upstream(art, 2)
 
 
-def _copy_upstream(run: Run, root: Path) -> ArtifactStore:
+def _copy_upstream(run: TrainRun, root: Path) -> ArtifactStore:
     """A second artifact root with the same upstream artifacts (same keys), and no train artifact yet."""
     for stage in train.UPSTREAM:
         key = run.upstream[stage].key
@@ -60,7 +60,7 @@ def _copy_upstream(run: Run, root: Path) -> ArtifactStore:
 
 def test_best_epoch_early_stop_and_schedule_resume_exactly(art, two, tmp_path, monkeypatch):
     params, upstream = train_params(**RECIPE), train_upstream(two)
-    ref = Run(art, params, upstream)
+    ref = TrainRun(art, params, upstream)
     m, s = ref.metrics, ref.manifest.summary
     vals = [e["val_metric"] for e in m["epochs"]]
     assert m["best_epoch"] == vals.index(max(vals)) and m["best_val_metric"] == max(vals)
@@ -77,7 +77,7 @@ def test_best_epoch_early_stop_and_schedule_resume_exactly(art, two, tmp_path, m
 
     # the published weights are the best epoch's: a run that ends at that epoch (the same streams and schedule up
     # to there, no stop) publishes the same bytes
-    short = Run(art, train_params(**{**RECIPE, "epochs": m["best_epoch"] + 1}), upstream)
+    short = TrainRun(art, train_params(**{**RECIPE, "epochs": m["best_epoch"] + 1}), upstream)
     assert short.metrics["best_epoch"] == short.metrics["last_epoch"] == m["best_epoch"]
     assert [e["loss"] for e in short.metrics["epochs"]] == [e["loss"] for e in m["epochs"][:m["best_epoch"] + 1]]
     assert all(torch.equal(short.state[k], ref.state[k]) for k in ref.state)
@@ -90,7 +90,7 @@ def test_best_epoch_early_stop_and_schedule_resume_exactly(art, two, tmp_path, m
         train.run(other, params, upstream, log=lambda line: None)
     assert other.find(train.NAME, key) is None and checkpoint_dir(other, key).exists()
     monkeypatch.delenv(FAULT_ENV)
-    resumed = Run(other, params, upstream)
+    resumed = TrainRun(other, params, upstream)
     assert resumed.metrics["resumed_from_epoch"] == m["last_epoch"] - 1
     timings = ("epoch_s", "eval_s", "sampled_edges_per_s", "phases_s", "prefetch_phases_s")
     assert resumed.metrics["epochs"] == [{**e, **{k: resumed.metrics["epochs"][i][k] for k in timings}}

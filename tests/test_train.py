@@ -8,7 +8,6 @@ majority class 0.36.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -35,26 +34,10 @@ from storage.phases import PHASES
 from storage.tracking import event_file_name
 from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, PHASES_PNG, checkpoint_dir, list_checkpoints
 from storage.train_summary import TrainSummary
-from tests._train_pipeline import BATCH_SIZE, FANOUTS, build_upstream, train_params, train_upstream
+from tests._train_pipeline import BATCH_SIZE, FANOUTS, TrainRun, build_upstream, train_params, train_upstream
 
 pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-class Run:
-    """One train stage run: its manifest, metrics, model state and every log line with its arrival time."""
-
-    def __init__(self, store: ArtifactStore, params: train.Params, upstream: dict, **kwargs) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self.store, self.params, self.upstream = store, params, upstream
-        self.manifest = train.run(store, params, upstream, log=lambda line: self.lines.append((time.monotonic(), line)),
-                                  **kwargs)
-        key = self.manifest.key
-        self.metrics = json.loads(store.read_bytes("train", key, METRICS))
-        self.state = torch.load(Path(store.url("train", key, MODEL)), weights_only=True)
-
-    def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +56,8 @@ def one(art):
 
 
 @pytest.fixture(scope="module")
-def reference(art, two) -> Run:
-    return Run(art, train_params(), train_upstream(two))
+def reference(art, two) -> TrainRun:
+    return TrainRun(art, train_params(), train_upstream(two))
 
 
 def mlp_best_val_accuracy(store: ArtifactStore, download: Manifest, seed: int = 0) -> float:
@@ -152,7 +135,7 @@ def test_artifact_files_model_and_report(reference):
 
 
 def test_one_partition_reaches_the_same_test_accuracy(art, one, reference):
-    single = Run(art, train_params(), train_upstream(one))
+    single = TrainRun(art, train_params(), train_upstream(one))
     assert single.metrics["world_size"] == 1
     assert all(e["remote_rows"] == 0 for e in single.metrics["epochs"])
     accs = [TrainSummary.from_json(r.manifest.summary).test_metric for r in (single, reference)]
@@ -178,7 +161,7 @@ def test_uneven_train_counts_finish(art):
     ht = hotness.run(art, hotness.Params(fanouts=FANOUTS, batch_size=BATCH_SIZE), {"partition": up["partition"],
                                                                                   "features": ft}, progress=False)
     start = time.monotonic()
-    run = Run(art, train_params(epochs=3, timeout_s=240.0), {"partition": up["partition"], "features": ft,
+    run = TrainRun(art, train_params(epochs=3, timeout_s=240.0), {"partition": up["partition"], "features": ft,
                                                               "hotness": ht})
     assert time.monotonic() - start < 240
     ranks = run.metrics["ranks"]
@@ -225,7 +208,7 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
     assert other.find(train.NAME, key) is None, "a failed run publishes nothing"
 
     monkeypatch.delenv(FAULT_ENV)
-    resumed = Run(other, params, upstream)
+    resumed = TrainRun(other, params, upstream)
     assert "resuming from the checkpoint after epoch 2/8" in resumed.text()
     assert resumed.metrics["resumed_from_epoch"] == 1 and reference.metrics["resumed_from_epoch"] is None
     for got, want in zip(resumed.metrics["epochs"], reference.metrics["epochs"], strict=True):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.runtime.seeds import stream_seed
 from stages.train.models.model import MODELS, build_model, seed_logits
@@ -14,30 +12,14 @@ from stages.train.rank.checkpoint import load_latest_checkpoint, save_checkpoint
 from stages.train.rank.loop import eval_sums, train_epoch
 from stages.train.tasks import NodeClassification, ogb_accuracy_counts
 from storage.train import list_checkpoints
+from tests._sampler_graphs import class_graph
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
-def community_graph(n: int = 600, classes: int = 3, seed: int = 0):
-    """Nodes link mostly within their class; features are a weak class signal: neighbours help."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, classes, n)
-    src, dst = [], []
-    for v in range(n):
-        same = np.flatnonzero(y == y[v])
-        nbrs = np.concatenate([rng.choice(same, 6), rng.integers(0, n, 2)])
-        src += nbrs.tolist()
-        dst += [v] * len(nbrs)
-    order = np.lexsort((src, dst))
-    src, dst = np.array(src)[order], np.array(dst)[order]
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
-    x = (np.eye(classes)[y] * 0.6 + rng.normal(size=(n, classes))).astype(np.float32)
-    return LocalCSR.from_numpy(indptr, src), torch.from_numpy(x), torch.from_numpy(y)
-
-
 @pytest.mark.parametrize("kind", MODELS)
 def test_models_on_sampled_batches_and_empty_ones(kind, one_torch_thread):
-    csr, x, _ = community_graph()
+    csr, x, _ = class_graph()
     sampler = NeighborSampler(csr, [5, 3], generator=torch.Generator().manual_seed(0))
     model = build_model(kind, in_channels=3, hidden=16, out_channels=3, num_layers=2, dropout=0.2)
     for seed_gid in (torch.tensor([4, 9, 100]), torch.empty(0, dtype=torch.long)):
@@ -53,7 +35,7 @@ def test_models_on_sampled_batches_and_empty_ones(kind, one_torch_thread):
 def test_block_forward_equals_the_full_forward(one_torch_thread):
     """The block path (layer by layer on bipartite blocks) against the model's own whole-batch forward; every
     built-in, fanout and training-mode gradient: tests/test_blocks.py."""
-    csr, x, _ = community_graph()
+    csr, x, _ = class_graph()
     sampler = NeighborSampler(csr, [4, 4], generator=torch.Generator().manual_seed(1))
     model = build_model("sage", in_channels=3, hidden=8, out_channels=3, num_layers=2, dropout=0.0).eval()
     batch = sampler.sample(torch.arange(10))
@@ -62,7 +44,7 @@ def test_block_forward_equals_the_full_forward(one_torch_thread):
 
 
 def test_loop_learns_in_one_process(one_torch_thread):
-    csr, x, y = community_graph()
+    csr, x, y = class_graph()
     sampler = NeighborSampler(csr, [5, 5], generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     model = build_model("sage", in_channels=3, hidden=16, out_channels=3, num_layers=2, dropout=0.1)

@@ -19,8 +19,8 @@ from storage import ArtifactError, ArtifactStore, Manifest
 from storage import inventory as inv
 from storage.train import MODEL
 from storage.verify import verify_build
+from tests._cli_runs import cli, gnnpipe
 from tests._train_pipeline import build_without_prefect
-from tests.test_ops_status import cli, gnnpipe
 
 ORIGIN = "gnnpipe run --until hotness --set num_nodes=1500 --set num_partitions=2"
 SETS = ["--set", "num_nodes=1500", "--set", "num_partitions=2"]

@@ -17,7 +17,8 @@ class Rerun:
 
     replays = 0
 
-    def __init__(self, step):
+    def __init__(self, step, stream=None):
+        assert stream is None, "a CPU rank has no capture stream"
         self.step = step
 
     def replay(self):

@@ -199,8 +199,8 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
     captures = []
 
     class Counted(Rerun):
-        def __init__(self, step):
-            super().__init__(step)
+        def __init__(self, step, stream=None):
+            super().__init__(step, stream)
             captures.append(self)
     monkeypatch.setattr(graphed, "CudaGraphOf", Counted)
     trainer = lone_trainer(tmp_path, "passes")
@@ -225,7 +225,7 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
 def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, monkeypatch):
     """A capture that raises (an op that cannot be captured) costs nothing but the attempt: the batch and the
     rest of the run step eagerly, with the eager run's results, and metrics.json says why."""
-    def refuse(step):
+    def refuse(step, stream=None):
         raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
     monkeypatch.setattr(graphed, "CudaGraphOf", refuse)
     results = []

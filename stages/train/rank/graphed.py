@@ -35,6 +35,7 @@ from torch_geometric.data import Data
 
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch, pad_labels
+from stages.train.rank.streams import STEP_CAPTURE, STEP_WARMUP, role_stream
 
 __all__ = ["CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]
 
@@ -87,12 +88,11 @@ class GraphedStep:
         self.model, self.optimizer, self.task, self.shape = model, optimizer, task, shape
         self.device, self.warmup = device, warmup
         self.lr = float(optimizer.param_groups[0]["lr"])   # what a capture bakes in (a scheduler changes it)
-        self.capture = capture if capture is not None else CudaGraphOf
+        self.capture = capture if capture is not None else self._capture
         self.fake_edges = shape.fake_edge_index(device)
         self.graph: StepGraph | None = None
         self.failed: str | None = None   # why the capture failed (then every step is eager)
         self.eager_steps = 0
-        self._side: torch.cuda.Stream | None = None   # the warm-up's stream (one: its freed blocks are reused)
         self._x: Tensor | None = None
         self._batch: Data | None = None
 
@@ -125,6 +125,12 @@ class GraphedStep:
                 return self._eager()
         return self.graph.replay()
 
+    def _capture(self, step: Callable[[], Outputs]) -> StepGraph:
+        """``step`` captured on the rank's own capture stream (``stages.train.rank.streams``), not PyTorch's shared
+        one; a CPU test's stand-in for ``CudaGraphOf`` is given none."""
+        stream = role_stream(STEP_CAPTURE, self.device) if self.device.type == "cuda" else None
+        return CudaGraphOf(step, stream=stream)
+
     def _load(self, batch: Data, x: Tensor) -> None:
         if self._x is None or self._batch is None:
             # zeros: a fake node's row is finite from the first batch on (static_batch's docstring)
@@ -154,10 +160,8 @@ class GraphedStep:
     def _eager(self) -> Outputs:
         if self.device.type != "cuda":
             return self._step()
-        # on a side stream, as a capture's warm-up must be
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        main, side = torch.cuda.current_stream(self.device), self._side
+        # on a side stream, as a capture's warm-up must be (one for every step: its freed blocks are reused)
+        main, side = torch.cuda.current_stream(self.device), role_stream(STEP_WARMUP, self.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             outputs = self._step()

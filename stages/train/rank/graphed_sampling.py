@@ -38,6 +38,7 @@ from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.static_sampler import StaticBatch, StaticSampler, why_not_static
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf, first_line
+from stages.train.rank.streams import SAMPLING_CAPTURE, SAMPLING_WARMUP, role_stream
 
 __all__ = ["SampleGraph", "why_not_graphed_sampling"]
 
@@ -108,8 +109,8 @@ class SampleGraph:
 
 
 def _cuda_capture(fn: Callable[[], StaticBatch], generator: torch.Generator | None) -> CudaGraphOf:
-    # its own capture stream: the step's capture (graphed) uses PyTorch's shared one
-    return CudaGraphOf(fn, generator=generator, stream=torch.cuda.Stream())
+    # its own capture stream, apart from the step's (stages.train.rank.streams)
+    return CudaGraphOf(fn, generator=generator, stream=role_stream(SAMPLING_CAPTURE, torch.device("cuda")))
 
 
 @contextlib.contextmanager
@@ -117,7 +118,7 @@ def _side_stream(device: torch.device) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+    main, side = torch.cuda.current_stream(device), role_stream(SAMPLING_WARMUP, device)
     side.wait_stream(main)
     try:
         with torch.cuda.stream(side):

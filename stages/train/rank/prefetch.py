@@ -47,6 +47,7 @@ from torch import Tensor
 from torch_geometric.data.data import BaseData
 
 from stages.runtime.phases import PhaseClock, current_clock, measuring, phase
+from stages.train.rank.streams import PREFETCH, role_stream
 
 # (item, before_gather) -> a prepared batch; ``before_gather()`` is called after sampling, before the rows' gather
 Prepare = Callable[[Tensor, Callable[[], None]], Any]
@@ -138,7 +139,7 @@ class PrefetchStream(BatchStream):
         self._device_index: int | None = None
         if self._cuda:
             self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-        self._side = torch.cuda.Stream(device) if self._cuda else None
+        self._side = role_stream(PREFETCH, device) if self._cuda else None
         if self._side is not None:   # what the caller queued before the pass (a cache build, restored embedding
             self._side.wait_stream(torch.cuda.current_stream(device))   # rows) is done before the producer reads it
         self._released: torch.cuda.Event | None = None   # CUDA: recorded on the caller's stream when it asks

@@ -1,0 +1,38 @@
+"""A CUDA rank's own streams: one per role and device, drawn once per process.
+
+``torch.cuda.Stream()`` does not make a stream: it hands out the next one of a pool of 32 per device (and
+priority), in turn, so the 33rd call returns the first again. A stream drawn anew for each pass (a prefetch
+producer's) or each capture (its warm-up's) would, 32 draws later, be the very stream a graph is being captured on,
+and that capture would record the other thread's kernels into the graph, or fail on its synchronisations. A
+benchmark that builds a trainer per setting (12 timed runs and 6 profiles in ``gpu_check --compare``) draws dozens.
+Each role draws its stream once, so the five the rank uses stay five distinct streams; the step's capture takes its
+own role's rather than PyTorch's shared capture stream (a pool stream as well).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["PREFETCH", "ROLES", "SAMPLING_CAPTURE", "SAMPLING_WARMUP", "STEP_CAPTURE", "STEP_WARMUP", "role_stream"]
+
+PREFETCH = "prefetch"                   # the prefetch producer's work (sampling, gather, copies), every pass
+STEP_WARMUP = "step-warmup"             # the graphed step's eager steps, before and instead of its capture
+STEP_CAPTURE = "step-capture"           # the step's capture
+SAMPLING_WARMUP = "sampling-warmup"     # the static sampler's warm-up before its capture
+SAMPLING_CAPTURE = "sampling-capture"   # the static sampler's capture
+ROLES = (PREFETCH, STEP_WARMUP, STEP_CAPTURE, SAMPLING_WARMUP, SAMPLING_CAPTURE)
+
+
+def role_stream(role: str, device: torch.device) -> torch.cuda.Stream:
+    """The stream of ``role`` on the CUDA ``device`` ("cuda" alone: the current device), the same at every call."""
+    if role not in ROLES:
+        raise ValueError(f"unknown stream role {role!r}: one of {', '.join(ROLES)}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _drawn(role, index)
+
+
+@functools.cache
+def _drawn(role: str, index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(torch.device("cuda", index))

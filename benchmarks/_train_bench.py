@@ -34,10 +34,19 @@ def build_upstream(args: argparse.Namespace, parts: int, *, feature_dtype: str =
     return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
 
 
+class RanksFailedError(Exception):
+    """The ranks failed after rank 0 wrote ``bench.json``: what it wrote is in ``written``."""
+
+    def __init__(self, message: str, written: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.written = written
+
+
 def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], params: Any, ranks: int,
               worker_argv: list[str]) -> dict[str, Any]:
     """``script --rank-worker --spec SPEC *worker_argv`` on ``ranks`` torchrun ranks of train ``params``; returns
-    the ``bench.json`` its rank 0 wrote."""
+    the ``bench.json`` its rank 0 wrote; ``RanksFailedError`` where they failed after it wrote one."""
+    from stages.jobs.errors import JobError
     from stages.jobs.launcher import launch
     from stages.train.spec import TrainSpec
 
@@ -48,6 +57,12 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
                   params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp).save(spec_path)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                "--max-restarts=0", str(Path(script).resolve()), "--rank-worker", "--spec", spec_path, *worker_argv]
-        launch(spec_path, ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
-               timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
-        return json.loads(Path(tmp, "bench.json").read_text())
+        written = Path(tmp, "bench.json")
+        try:
+            launch(spec_path, ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
+                   timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
+        except JobError as error:
+            if written.exists():
+                raise RanksFailedError(str(error).splitlines()[0], json.loads(written.read_text())) from error
+            raise
+        return json.loads(written.read_text())

@@ -118,23 +118,33 @@ class RankTimer:
         return profile_batches(run, cuda=self.data.device.type == "cuda")
 
 
-def time_runs(runs: list[Run], timer: RankTimer, *, rounds: int, profile: bool) -> list[dict[str, Any]]:
+def time_runs(runs: list[Run], timer: RankTimer, *, rounds: int, profile: bool,
+              on_timed: Callable[[list[Run], list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """The figures of each run, in the order of ``runs``: the first policy's settings ``rounds`` times in
     alternating order (forward, backward, ...), so that the machine's drift weighs on each alike (on a CPU, six
     eager runs of one setting drifted 10 % in order), their figures over all their rounds' batches with each
-    round's ms a batch beside them; then, with ``profile``, each of them profiled (after every timing: a profiler
-    session leaves nothing behind in a timed run); then the other policies once each."""
+    round's ms a batch beside them; then, with ``profile``, each of them profiled (after every timing of its cache:
+    a profiler session leaves nothing behind in a timed run); then the other policies once each (their caches
+    replace the first one's for good).
+
+    ``on_timed(runs, figures)`` gets the first policy's runs and figures once they are timed, before the profiles:
+    a profiler session that crashes (profiling CUDA graphs has, under some CUDA versions) loses no timing then."""
     first = [i for i, (policy, _) in enumerate(runs) if policy == runs[0][0]]
     others = [i for i in range(len(runs)) if i not in first]
     measured: dict[int, dict[str, Any]] = {}
     for i in [i for k in range(rounds) for i in (first if k % 2 == 0 else first[::-1])]:
         got = timer.measure(*runs[i])
         measured[i] = got if i not in measured else {**got, "raw": _add(measured[i]["raw"], got["raw"])}
-    profiles = {i: timer.profile(*runs[i]) for i in first} if profile else {}
+    figures = {i: {**_figures(measured[i]["raw"], timer.batches_per_epoch), **measured[i]["settings"]}
+               for i in first}
+    if on_timed is not None:
+        on_timed([runs[i] for i in first], [figures[i] for i in first])
+    for i in first if profile else ():
+        figures[i]["profile"] = timer.profile(*runs[i])
     for i in others:
-        measured[i] = timer.measure(*runs[i])
-    return [{**_figures(measured[i]["raw"], timer.batches_per_epoch), **measured[i]["settings"],
-             **({"profile": profiles[i]} if i in profiles else {})} for i in range(len(runs))]
+        got = timer.measure(*runs[i])
+        figures[i] = {**_figures(got["raw"], timer.batches_per_epoch), **got["settings"]}
+    return [figures[i] for i in range(len(runs))]
 
 
 def _settings(trainer: Trainer) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import get_args
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
-from _train_bench import RUNTIME, build_upstream, run_ranks
+from _train_bench import RUNTIME, RanksFailedError, build_upstream, run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -105,9 +105,12 @@ def rank_main(args: argparse.Namespace) -> None:
     # every rank: equal_batch_count is a collective
     batches_per_epoch = equal_batch_count(data.split_gid["train"].numel(), params.batch_size)
     timer = RankTimer(spec, params, data, args, batches_per_epoch)
-    timed = time_runs(runs, timer, rounds=args.rounds, profile=args.profile > 0)
-    if rank == 0:
-        figures = [{"variant": variant_name(v), **f} for (_, v), f in zip(runs, timed)]
+
+    def write(ran: list[tuple[str, dict[str, str]]], timed: list[dict]) -> None:
+        """``bench.json`` of the runs timed so far (rank 0): once the first policy's are, again at the end."""
+        if rank != 0:
+            return
+        figures = [{"variant": variant_name(v), **f} for (_, v), f in zip(ran, timed)]
         first = figures[0]
         out = {"world_size": world, "device": str(device), "batches_per_epoch": batches_per_epoch,
                **{k: first[k] for k in ("prefetch", "precision", "matmul_precision", "cuda_graph",
@@ -115,10 +118,11 @@ def rank_main(args: argparse.Namespace) -> None:
                "cache_budget": data.setup.get("cache_budget"), "graph": data.setup.get("graph"),
                "graph_placement": data.setup.get("graph_placement"),
                # every policy under the first variant; then the first policy under each other variant, by name
-               "policies": {policy: f for (policy, v), f in zip(runs, figures) if v == runs[0][1]},
-               "variants": {f["variant"]: f for (policy, v), f in zip(runs[1:], figures[1:])
-                            if policy == runs[0][0]}}
+               "policies": {policy: f for (policy, v), f in zip(ran, figures) if v == ran[0][1]},
+               "variants": {f["variant"]: f for (policy, v), f in zip(ran[1:], figures[1:])
+                            if policy == ran[0][0]}}
         Path(spec.result_dir, "bench.json").write_text(json.dumps(out))
+    write(runs, time_runs(runs, timer, rounds=args.rounds, profile=args.profile > 0, on_timed=write))
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)   # as the train worker: skip the process-group teardown
@@ -259,7 +263,12 @@ def main() -> None:
     if args.prepare_only:
         print(json.dumps(result), flush=True)
         return
-    result["dist"] = dist_run(args, manifests)
+    try:
+        result["dist"] = dist_run(args, manifests)
+    except RanksFailedError as failure:   # after the first policy's timing (e.g. in a profile): its figures, exit 1
+        result["dist"] = {**failure.written, "failed": str(failure)}
+        print(json.dumps(result), flush=True)
+        sys.exit(1)
     if not args.skip_single:
         result["single"] = single_main(args, manifests)
         result["dist_speedup_hotness"] = round(result["single"]["epoch_s"] / result["dist"]["policies"]["hotness"]

@@ -142,3 +142,73 @@ def test_a_graphed_step_warms_up_past_its_capture():
     assert warmup_batches(SimpleNamespace(capture_batches=3), 2) == 3
     assert warmup_batches(SimpleNamespace(capture_batches=3), 9) == 9
     assert warmup_batches(SimpleNamespace(capture_batches=0), 2) == 2
+
+
+class _Timer:
+    """``RankTimer``'s face: each measure a batch of ``ms`` ms; a profile that crashes, as a profiler session over
+    CUDA graphs has under some CUDA versions."""
+
+    batches_per_epoch = 10
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def measure(self, policy, settings):
+        self.calls.append(("measure", policy))
+        raw = {"wall_s": 0.004, "batches": 2, "counted": 4, "round_ms": [2.0], "requested_rows": 10,
+               "cache_hits": 5, "remote_rows": 0, "remote_bytes": 0, "local_bytes": 40, "sampled_edges": 100,
+               "phases_s": {"sample": 0.001}, "prefetch_phases_s": {}}
+        return {"raw": raw, "settings": dict(settings)}
+
+    def profile(self, policy, settings):
+        self.calls.append(("profile", policy))
+        raise RuntimeError("CUPTI_ERROR_INVALID_PARAMETER")
+
+
+def test_the_timed_figures_are_handed_over_before_the_profiles():
+    """A profile that crashes loses no timing: ``on_timed`` has the first policy's figures by then."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from _train_timing import time_runs
+
+    runs = [("runtime", {"cuda_graph": "off"}), ("runtime", {"cuda_graph": "step"}), ("degree", {"cuda_graph": "off"})]
+    timer, handed = _Timer(), []
+    with pytest.raises(RuntimeError, match="CUPTI"):
+        time_runs(runs, timer, rounds=2, profile=True, on_timed=lambda ran, figures: handed.append((ran, figures)))
+    (ran, figures), = handed
+    assert ran == runs[:2] and [f["cuda_graph"] for f in figures] == ["off", "step"]
+    assert all(f["rounds_ms_per_batch"] == [2.0, 2.0] and "profile" not in f for f in figures)
+    # the first policy's rounds, forward then backward, then its profiles; the other policy after them (its
+    # cache replaces the first one's for good)
+    assert timer.calls == [("measure", "runtime")] * 4 + [("profile", "runtime")]
+    timer.profile = lambda policy, settings: {"ms": 1}
+    done = time_runs(runs, timer, rounds=1, profile=True)
+    assert [("profile" in f) for f in done] == [True, True, False] and done[2]["cuda_graph"] == "off"
+
+
+def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Path, monkeypatch):
+    """bench_train prints what rank 0 wrote before the failure, with the failure, and exits 1 (gpu_check keeps a
+    failed step's last JSON line)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from types import SimpleNamespace
+
+    from _train_bench import RanksFailedError, run_ranks
+
+    from stages.jobs import launcher
+    from stages.jobs.errors import TrainingError
+    from stages.train.params import Params
+
+    def launch(spec_path, ranks, *, result_dir, **_):
+        if wrote:
+            Path(result_dir, "bench.json").write_text(json.dumps({"policies": {"runtime": {"s_per_batch": 0.1}}}))
+        raise TrainingError("training failed: rank 0 died (SIGSEGV)\nits log: ...")
+    monkeypatch.setattr(launcher, "launch", launch)
+    args = SimpleNamespace(root=str(tmp_path), timeout_s=60, threads_per_rank=1)
+    manifests = {name: SimpleNamespace(key="k") for name in ("partition", "features", "hotness")}
+    wrote = True
+    with pytest.raises(RanksFailedError) as failed:
+        run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests, Params(), 1, [])
+    assert failed.value.written == {"policies": {"runtime": {"s_per_batch": 0.1}}}
+    assert str(failed.value) == "training failed: rank 0 died (SIGSEGV)"
+    wrote = False
+    with pytest.raises(TrainingError):   # nothing written: the failure as it was
+        run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests, Params(), 1, [])

@@ -175,6 +175,16 @@ def test_the_baseline_runs_the_older_trees_benchmark_on_the_same_artifacts(tmp_p
     assert cmd[2:] == [*plain[2:], "--profile", "10"] and str(tmp_path / "artifacts-small") in cmd
 
 
+def test_a_step_fails_by_its_status_not_by_its_figures_words():
+    check = _gpu_check()
+    fell_back = {"status": "ok", "figures": {"dist": {"cuda_graph": "off: the capture failed: RuntimeError: x"}}}
+    assert not check.step_failed(fell_back), "a run that went on eagerly is a result, not a failure"
+    assert not check.step_failed({"status": "skipped: no --baseline TREE.tar given"})
+    assert check.step_failed({"status": "failed (exit 1)", "figures": {}})
+    assert check.step_failed([{"status": "ok"}, {"status": "failed: --baseline old.tar did not unpack: x"}])
+    assert not check.step_failed([{"status": "ok"}, {"status": "ok"}])
+
+
 def test_the_baseline_tree_is_unpacked_afresh_and_imported_in_place_of_this_one(tmp_path: Path):
     import tarfile
 

@@ -16,22 +16,23 @@ from _graph_args import download_params
 RUNTIME = "runtime"   # the cache policy that is the train stage's own cache, as the ranks build it
 
 
-def build_upstream(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",
-                   cache_ratio: float = 0.2) -> dict[str, Any]:
-    """download → partition (``parts``) → features → hotness for ``args``' graph, fanouts and batch size."""
-    from stages.download import stage as download
-    from stages.features import stage as features
-    from stages.hotness import stage as hotness
-    from stages.partition import stage as partition
-    from storage import ArtifactStore
+def upstream_values(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",
+                    cache_ratio: float = 0.2) -> dict[str, Any]:
+    """The pipeline values of download → partition (``parts``) → features → hotness for ``args``' graph, fanouts and
+    batch size: every benchmark builds through them, so those with the same graph and settings share one build
+    (``make gpu-check`` prepares it once for its train, prefetch and infer steps)."""
+    return {**{f"download.{k}": v for k, v in download_params(args).items()}, "artifacts": args.root,
+            "num_partitions": parts, "features.dtype": feature_dtype, "fanouts": list(args.fanouts),
+            "batch_size": args.batch_size, "cache_ratio": cache_ratio, "until": "hotness"}
 
-    store = ArtifactStore(args.root)
-    dl = download.run(store, download.Params(**download_params(args)), {})
-    pt = partition.run(store, partition.Params(num_partitions=parts), {"download": dl})
-    ft = features.run(store, features.Params(dtype=feature_dtype), {"download": dl, "partition": pt})
-    ht = hotness.run(store, hotness.Params(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                           cache_ratio=cache_ratio), {"partition": pt, "features": ft})
-    return {"download": dl, "partition": pt, "features": ft, "hotness": ht}
+
+def build_upstream(values: dict[str, Any]) -> dict[str, Any]:
+    """The stages of ``values`` (``upstream_values``) run, cached in their artifact root: every manifest by stage
+    name."""
+    from flows.direct import run_stages
+
+    _, manifests = run_stages(values)
+    return manifests
 
 
 class RanksFailedError(Exception):

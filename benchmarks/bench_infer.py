@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _graph_args import add_graph_args, download_params  # benchmarks/ is on sys.path when run as a script
+from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
+from _train_bench import upstream_values
 
 from storage.summaries import InferSummary
 from storage.train_summary import TrainSummary
@@ -38,13 +39,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def stage_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline values up to train: the training benchmarks' upstream (``_train_bench.upstream_values``, so a
+    graph they built is reused), then the model."""
+    return {**upstream_values(args, args.parts, feature_dtype=args.feature_dtype), "hidden": args.hidden,
+            "train.epochs": args.epochs, "until": "train"}
+
+
 def build_to_train(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """download → ... → train through the stages (cached in ``--root``): ``(store, manifests)``."""
     from flows.direct import run_stages
 
-    values = {f"download.{k}": v for k, v in download_params(args).items()}
-    values.update({"artifacts": args.root, "num_partitions": args.parts, "fanouts": args.fanouts,
-                   "batch_size": args.batch_size, "hidden": args.hidden, "epochs": args.epochs, "until": "train"})
+    values = stage_values(args)
 
     def said(name: str, manifest: Any) -> None:
         print(json.dumps({"stage": name, "key": manifest.key, "wall_s": manifest.summary.get("wall_s")}), flush=True)
@@ -75,13 +81,15 @@ def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None,
             "acc": s.accuracy, "chunk_edges": args.chunk_edges}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_args(ap)
     ap.add_argument("--parts", type=int, default=2)
-    ap.add_argument("--fanouts", default="15,10,5", help="training fanouts (the model has one layer per hop)")
+    ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5],
+                    help="training fanouts (the model has one layer per hop)")
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--chunk-edges", type=int, default=1 << 18)
     ap.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: CPUs / ranks)")
@@ -89,8 +97,12 @@ def main() -> None:
     ap.add_argument("--devices", default="auto", help="exact inference on each of these in turn (auto, cpu, cuda)")
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
     ap.add_argument("--verbose", action="store_true", help="stream the ranks' log lines")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
-    args.fanouts = [int(f) for f in args.fanouts.split(",")]
     store, manifests = build_to_train(args)
     train = manifests["train"].summary
     test = TrainSummary.from_json(train).test_metric

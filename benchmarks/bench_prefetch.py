@@ -26,8 +26,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from _train_bench import build_upstream, run_ranks  # benchmarks/ is on sys.path when run as a script
+from _train_bench import build_upstream, run_ranks, upstream_values  # benchmarks/ is on sys.path when run as a script
 
 from storage.summaries import DownloadSummary
 
@@ -118,7 +119,12 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
                       str(args.rounds), "--depths", args.depths, "--off-cpu-ms", str(args.off_cpu_ms)])
 
 
-def main() -> None:
+def stage_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline values of the stages the ranks read: one partition a rank."""
+    return upstream_values(args, args.ranks, feature_dtype=args.feature_dtype)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # the default: a graph whose epoch of small-model batches takes seconds on this 2-core box
     ap.add_argument("--nodes", type=int, default=200_000)
@@ -131,6 +137,7 @@ def main() -> None:
     ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--feature-dtype", default="auto", help="the features stage's dtype (the stored rows)")
     ap.add_argument("--depths", default="0,1,2", help="prefetch depths to compare (0: synchronous)")
     ap.add_argument("--max-batches", type=int, default=10, help="timed batches per round")
     ap.add_argument("--warmup", type=int, default=0, help="untimed batches before each round's timed ones")
@@ -143,12 +150,17 @@ def main() -> None:
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "artifacts"))
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     args.threads_per_rank = args.threads_per_rank or max(1, (os.cpu_count() or 2) // args.ranks)
     if args.rank_worker:
         rank_main(args)
         return
-    manifests = build_upstream(args, args.ranks)
+    manifests = build_upstream(stage_values(args))
     graph = DownloadSummary.from_json(manifests["download"].summary)
     result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "max_batches": args.max_batches,

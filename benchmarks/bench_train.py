@@ -36,10 +36,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
-from _train_bench import RUNTIME, RanksFailedError, build_upstream, run_ranks
+from _train_bench import RUNTIME, RanksFailedError, build_upstream, run_ranks, upstream_values
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -190,7 +190,12 @@ def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
                                                            ",".join(getattr(args, name))))])
 
 
-def main() -> None:
+def stage_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline values of the stages the ranks read: one partition a rank, the hotness plan of --cache-ratio."""
+    return upstream_values(args, args.parts, feature_dtype=args.feature_dtype, cache_ratio=args.cache_ratio)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_graph_args(ap)
     ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
@@ -233,6 +238,11 @@ def main() -> None:
                          "tests run)")
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.rank_worker:
         rank_main(args)
@@ -252,7 +262,7 @@ def main() -> None:
     if args.profile and args.parts != 1:
         ap.error("--profile needs --parts 1: a profiled DDP rank would wait on peers that run no such batches")
     start = time.perf_counter()
-    manifests = build_upstream(args, args.parts, feature_dtype=args.feature_dtype, cache_ratio=args.cache_ratio)
+    manifests = build_upstream(stage_values(args))
     graph = DownloadSummary.from_json(manifests["download"].summary)
     features = FeaturesSummary.from_json(manifests["features"].summary)
     result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,

@@ -213,14 +213,14 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                                    "--profile", "10"])] if args.baseline else [],
         "prefetch": [("prefetch", [py, f"{bench}/bench_prefetch.py", *graph, "--features", str(s["features"]),
                                    "--classes", str(s["classes"]), "--ranks", "1", "--device", device,
-                                   "--hidden", "256", "--depths", "0,1", "--rounds", "2",
+                                   "--hidden", "256", "--depths", "0,1", "--rounds", "2", "--feature-dtype", first,
                                    "--max-batches", str(s["max_batches"]),
                                    "--root", str(work / f"artifacts-{args.scale}")])],
         # exact inference of every node on one GPU (item 4: <= 10 s at products scale); the CPU beside it
         # (--devices cuda,cpu: the largest difference of the probabilities) costs the 8-minute check ~1 min at
         # products scale, so tests/test_gpu_infer.py holds the 1e-5 check; the stages up to train are cached in --root
         "infer": [("infer", [py, f"{bench}/bench_infer.py", *graph, "--features", str(s["features"]),
-                             "--classes", str(s["classes"]), "--parts", "1", "--epochs", "1",
+                             "--classes", str(s["classes"]), "--parts", "1", "--epochs", "1", "--feature-dtype", first,
                              "--devices", "cuda" if not args.allow_cpu else "cpu",
                              "--root", str(work / f"artifacts-{args.scale}")])],
     }

@@ -164,6 +164,34 @@ def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]
 
 
+@pytest.mark.parametrize("dtypes", ["float32,int8", "int8"])
+def test_the_prefetch_and_infer_steps_read_the_stages_the_preparation_builds(tmp_path: Path, dtypes: str):
+    """One build of the graph's stages up to hotness serves the first dtype's train run, the prefetch step and the
+    infer step (a rebuild of the products features and hotness costs the 8-minute check about a minute): their
+    pipeline values, parsed from the check's own command lines by each script, give the same artifact keys."""
+    import importlib
+
+    from flows.config import make_config, stage_keys
+
+    check = _gpu_check()
+    commands = check.step_commands(_args(tmp_path, dtypes=dtypes), tmp_path)
+    first = dtypes.split(",")[0]
+
+    def keys(script: str, cmd: list[str]) -> dict[str, str]:
+        module = importlib.import_module(script)
+        values = module.stage_values(module.parser().parse_args(cmd[2:]))
+        return {k: v for k, v in stage_keys(make_config(values)).items() if k != "train"}
+
+    prepared = keys("bench_train", dict(commands["prepare"])[f"prepare-{first}"])
+    assert list(prepared) == ["download", "partition", "features", "hotness"]
+    assert keys("bench_prefetch", commands["prefetch"][0][1]) == prepared
+    assert keys("bench_infer", commands["infer"][0][1]) == prepared
+    # the dtype is in the keys: another first dtype, another build
+    other = {"float32": "int8", "int8": "float32"}[first]
+    again = check.step_commands(_args(tmp_path, dtypes=other), tmp_path)
+    assert keys("bench_infer", again["infer"][0][1])["features"] != prepared["features"]
+
+
 def test_the_baseline_runs_the_older_trees_benchmark_on_the_same_artifacts(tmp_path: Path):
     """``--baseline``: the older tree's own bench_train with the first dtype's default run (no variants: an
     older tree need not know them), profiled, on this check's artifacts."""

@@ -47,6 +47,7 @@ a GPU, to check the command itself); ``--steps`` picks steps, e.g. to split a ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -67,6 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer")
 UNTIMED = ("env", "tests")   # the steps that time nothing: the timed ones' inputs are prepared beside them
 GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream builds included ([4/5] item 6)
+STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytest: its summary and junit XML)
 # the train step's settings timed beside the defaults, on one load (bench_train's variants: every combination)
 # in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
 VARIANTS = ("--cuda-graph", "off,step,auto", "--matmul-precision", "highest,high", "--rounds", "2")
@@ -94,31 +96,47 @@ def cuda_status() -> tuple[bool, str]:
 
 def run_step(name: str, cmd: list[str], out: Path, env: dict[str, str], timeout_s: float,
              cwd: Path = REPO) -> dict[str, object]:
-    """Run ``cmd`` in ``cwd``, in its own session (SIGTERM then SIGKILL to its group at the limit); its output
-    goes to ``<out>/<name>.log``, and its last stdout line, when it is JSON, to ``<out>/<name>.json``."""
+    """Run ``cmd`` in ``cwd``, in its own session; its output goes to ``<out>/<name>.log``, and its last stdout
+    line, when it is JSON, to ``<out>/<name>.json``. At the limit its group gets SIGINT, as Ctrl-C: pytest then
+    still writes its summary and junit XML (the tests that ran), a benchmark its traceback; then SIGTERM, then
+    SIGKILL."""
     start = time.perf_counter()
     log_path = out / f"{name}.log"
+    timed_out = False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
         try:
             stdout, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                stdout, _ = proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                stdout, _ = proc.communicate()
+            timed_out = True
+            stdout = _stop(proc)
         log.write(stdout)
-    result: dict[str, object] = {"status": "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})",
-                                 "seconds": round(time.perf_counter() - start, 1), "log": log_path.name}
+    status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+    if timed_out:
+        status = f"failed: stopped at the step limit ({timeout_s:g} s, --step-timeout-s)"
+    result: dict[str, object] = {"status": status, "seconds": round(time.perf_counter() - start, 1),
+                                 "log": log_path.name}
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if lines:
         figures = json.loads(lines[-1])
         (out / f"{name}.json").write_text(json.dumps(figures, indent=1))
         result["figures"] = figures
     return result
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """Stop ``proc``'s process group: SIGINT, SIGTERM, SIGKILL, each given its grace; all it printed (a timed-out
+    ``communicate`` keeps what it read for the next call)."""
+    for sig, grace_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):   # the group ended after the previous signal
+            os.killpg(proc.pid, sig)
+        try:
+            stdout, _ = proc.communicate(timeout=grace_s)
+            return stdout or ""
+        except subprocess.TimeoutExpired:
+            continue
+    raise AssertionError("communicate() without a timeout returned")
 
 
 def step_failed(result: object) -> bool:

@@ -46,6 +46,24 @@ def test_gpu_check_runs_its_steps_and_records_them(tmp_path: Path):
     assert f"| float32 | 400 | {gather['dtypes']['float32']['GB_per_s']['copy']} |" in tables
 
 
+def test_a_step_stopped_at_its_limit_keeps_what_pytest_ran(tmp_path: Path, monkeypatch):
+    """At ``--step-timeout-s`` a step gets SIGINT first: pytest then writes its junit XML of the tests that ran
+    (a SIGTERM'd pytest writes none, and the CUDA tests' counts were lost with it)."""
+    check = _gpu_check()
+    monkeypatch.setattr(check, "STOP_GRACE_S", 20)
+    (tmp_path / "test_slow.py").write_text("import time\n\ndef test_quick():\n    pass\n\n"
+                                           "def test_slow():\n    time.sleep(120)\n")
+    xml = tmp_path / "tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           str(tmp_path / "test_slow.py")]
+    result = check.run_step("tests", cmd, tmp_path, dict(os.environ), timeout_s=8, cwd=tmp_path)
+    assert result["status"] == "failed: stopped at the step limit (8 s, --step-timeout-s)"
+    assert result["seconds"] < 8 + 20, "pytest ended at the SIGINT"
+    counts = check.junit_counts(xml)
+    assert counts["tests"] >= 1 and counts["failures"] == 0, counts
+    assert "KeyboardInterrupt" in (tmp_path / "tests.log").read_text()
+
+
 def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):
     done = subprocess.run([*CHECK, "--out", str(tmp_path), "--steps", "env,warp"], capture_output=True, text=True,
                           timeout=60)

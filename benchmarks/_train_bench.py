@@ -1,6 +1,8 @@
-"""What the DDP training benchmarks (bench_train, bench_prefetch) share: the real stages up to hotness into
-``args.root`` (cached there), and their ranks launched as the train stage launches its own, with the spec the
-train worker reads. Each benchmark's ``--rank-worker`` writes ``bench.json`` into the spec's result directory."""
+"""What the training benchmarks share: the real stages up to hotness into ``args.root`` (cached there;
+bench_train, bench_prefetch and bench_infer build through ``upstream_values``), and the DDP benchmarks' ranks
+(bench_train, bench_prefetch) launched as the train stage launches its own, with the spec the train worker reads.
+Each of those ``--rank-worker``s writes ``bench.json`` into the spec's result directory; what it wrote before the
+ranks failed or were stopped still comes out (``dist_result``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ RUNTIME = "runtime"   # the cache policy that is the train stage's own cache, as
 def upstream_values(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",
                     cache_ratio: float = 0.2) -> dict[str, Any]:
     """The pipeline values of download → partition (``parts``) → features → hotness for ``args``' graph, fanouts and
-    batch size: every benchmark builds through them, so those with the same graph and settings share one build
+    batch size: the training benchmarks build through them, so those with the same graph and settings share one build
     (``make gpu-check`` prepares it once for its train, prefetch and infer steps)."""
     return {**{f"download.{k}": v for k, v in download_params(args).items()}, "artifacts": args.root,
             "num_partitions": parts, "features.dtype": feature_dtype, "fanouts": list(args.fanouts),
@@ -62,8 +65,21 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
         try:
             launch(spec_path, ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
                    timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
-        except JobError as error:
+        except (JobError, KeyboardInterrupt) as error:   # KeyboardInterrupt: gpu_check's SIGINT at a step's limit
             if written.exists():
-                raise RanksFailedError(str(error).splitlines()[0], json.loads(written.read_text())) from error
+                said = str(error).splitlines()[0] if str(error) else "stopped (SIGINT)"
+                raise RanksFailedError(said, json.loads(written.read_text())) from error
             raise
         return json.loads(written.read_text())
+
+
+def dist_result(result: dict[str, Any], run: Callable[[], dict[str, Any]]) -> None:
+    """``result["dist"] = run()``; where the ranks failed after rank 0 wrote ``bench.json``, what it wrote with the
+    failure (``dist.failed``) is printed as the run's JSON line and the benchmark exits 1 (``make gpu-check`` keeps
+    a failed step's last JSON line)."""
+    try:
+        result["dist"] = run()
+    except RanksFailedError as failure:
+        result["dist"] = {**failure.written, "failed": str(failure)}
+        print(json.dumps(result), flush=True)
+        sys.exit(1)

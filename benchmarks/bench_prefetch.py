@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _train_bench import build_upstream, run_ranks, upstream_values  # benchmarks/ is on sys.path when run as a script
+# benchmarks/ is on sys.path when run as a script
+from _train_bench import build_upstream, dist_result, run_ranks, upstream_values
 
 from storage.summaries import DownloadSummary
 
@@ -165,7 +166,7 @@ def main() -> None:
     result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,
               "batch_size": args.batch_size, "hidden": args.hidden, "max_batches": args.max_batches,
               "rounds": args.rounds, "cpus": os.cpu_count(), "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
-    result["dist"] = dist_run(args, manifests)
+    dist_result(result, lambda: dist_run(args, manifests))
     result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result), flush=True)
 

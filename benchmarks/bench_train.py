@@ -20,6 +20,9 @@ the first under every policy, the others on the first policy's cache::
     python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --policies runtime \
         --cuda-graph off,step,auto --matmul-precision highest,high --profile 10
 
+Ranks that fail or are stopped (``make gpu-check``'s SIGINT at a step's limit) after the first policy's timing, in a
+profile say, still print its figures, with ``dist.failed`` saying what happened, and exit 1.
+
 Small scale (a smoke test, ~1 min)::
 
     python benchmarks/bench_train.py --nodes 20000 --avg-degree 20 --features 32 --classes 8 --batch-size 128 \
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
-from _train_bench import RUNTIME, RanksFailedError, build_upstream, run_ranks, upstream_values
+from _train_bench import RUNTIME, build_upstream, dist_result, run_ranks, upstream_values
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -273,12 +276,8 @@ def main() -> None:
     if args.prepare_only:
         print(json.dumps(result), flush=True)
         return
-    try:
-        result["dist"] = dist_run(args, manifests)
-    except RanksFailedError as failure:   # after the first policy's timing (e.g. in a profile): its figures, exit 1
-        result["dist"] = {**failure.written, "failed": str(failure)}
-        print(json.dumps(result), flush=True)
-        sys.exit(1)
+    # ranks that fail or are stopped after the first policy's timing (e.g. in a profile): its figures, exit 1
+    dist_result(result, lambda: dist_run(args, manifests))
     if not args.skip_single:
         result["single"] = single_main(args, manifests)
         result["dist_speedup_hotness"] = round(result["single"]["epoch_s"] / result["dist"]["policies"]["hotness"]

@@ -26,6 +26,11 @@ exits 0. On a GPU machine (no network needed) it:
      ``bench_train.py`` times the first dtype's defaults on the same artifacts, profiled: issue [4/5] item 3's
      before and after, in the same call;
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0 and 1, 2 rounds (``bench_prefetch.py --ranks 1``);
+   - ``infer``: exact layer-wise inference of every node on 1 GPU after a 1-epoch train stage (``bench_infer.py``;
+     issue [4/5] item 4); prefetch and infer read the first dtype's stages, the ones the train step timed;
+
+   A step still running at ``--step-timeout-s`` is stopped (SIGINT, as Ctrl-C, then SIGTERM and SIGKILL), keeping
+   what it wrote: pytest its junit XML, bench_train the figures it had timed;
 3. writes ``<out>/gpu_check.json``: each step's status, seconds and figures, and the whole check's seconds (the
    goal: 8 minutes on a fresh machine, [4/5] item 6); and ``<out>/gpu_check.md``, those figures as the tables
    that benchmarks/RESULTS.md cites (``_gpu_tables``), both rewritten as each step ends.

@@ -185,13 +185,13 @@ def test_the_timed_figures_are_handed_over_before_the_profiles():
     assert [("profile" in f) for f in done] == [True, True, False] and done[2]["cuda_graph"] == "off"
 
 
-def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Path, monkeypatch):
-    """bench_train prints what rank 0 wrote before the failure, with the failure, and exits 1 (gpu_check keeps a
-    failed step's last JSON line)."""
+def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Path, monkeypatch, capsys):
+    """bench_train prints what rank 0 wrote before the failure, or before gpu_check stopped it at the step's limit,
+    with the failure, and exits 1 (gpu_check keeps a failed step's last JSON line)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from types import SimpleNamespace
 
-    from _train_bench import RanksFailedError, run_ranks
+    from _train_bench import RanksFailedError, dist_result, run_ranks
 
     from stages.jobs import launcher
     from stages.jobs.errors import TrainingError
@@ -212,3 +212,16 @@ def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Pa
     wrote = False
     with pytest.raises(TrainingError):   # nothing written: the failure as it was
         run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests, Params(), 1, [])
+
+    def stopped(spec_path, ranks, *, result_dir, **_):   # gpu_check's SIGINT at the step's limit, in a profile
+        Path(result_dir, "bench.json").write_text(json.dumps({"policies": {"runtime": {"s_per_batch": 0.1}}}))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(launcher, "launch", stopped)
+    result = {"nodes": 3000}
+    with pytest.raises(SystemExit) as exited:
+        dist_result(result, lambda: run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests,
+                                              Params(), 1, []))
+    assert exited.value.code == 1
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == {"nodes": 3000, "dist": {"policies": {"runtime": {"s_per_batch": 0.1}},
+                                               "failed": "stopped (SIGINT)"}}

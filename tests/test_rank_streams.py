@@ -4,6 +4,7 @@ that does the same stands in for the device here."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from stages.train.rank import streams
+from stages.train.rank.graphed import CudaGraphOf
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = 32   # torch.cuda.Stream(): the next of 32 streams per device and priority (c10/cuda/CUDAStream.cpp)
@@ -60,8 +62,31 @@ def test_each_role_draws_its_stream_once_and_the_roles_stay_apart(pool):
 
 def test_no_rank_code_draws_a_stream_of_its_own():
     """Every stream of the stages comes from ``role_stream``: a ``torch.cuda.Stream()`` drawn per pass or per
-    capture would wrap around the pool onto a capture stream."""
-    drawn = [f"{path.relative_to(REPO)}:{n}" for path in sorted((REPO / "stages").rglob("*.py"))
-             if path.name != "streams.py"
-             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"cuda\.Stream\(", line)]
+    capture would wrap around the pool onto a capture stream; and only ``CudaGraphOf`` captures, on the stream its
+    caller names (a required argument)."""
+    drawn, captured = [], []
+    for path in sorted((REPO / "stages").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(REPO)}:{n}"
+            if re.search(r"cuda\.Stream\(", line) and path.name != "streams.py":
+                drawn.append(where)
+            if re.search(r"cuda\.graph\(", line):
+                captured.append(where)
     assert not drawn, f"draw the stream through stages.train.rank.streams.role_stream: {drawn}"
+    assert len(captured) == 1 and captured[0].startswith("stages/train/rank/graphed.py:"), captured
+    assert "stream" in inspect.signature(CudaGraphOf).parameters
+    assert inspect.signature(CudaGraphOf).parameters["stream"].default is inspect.Parameter.empty
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torch_hands_out_a_pool_of_streams_and_each_role_keeps_one():
+    """The premise on the device: the 33rd ``torch.cuda.Stream()`` is the first one again; the roles' streams are
+    distinct and the same at each call."""
+    draws = [torch.cuda.Stream() for _ in range(POOL + 1)]
+    assert len({d.cuda_stream for d in draws[:POOL]}) == POOL
+    assert draws[POOL].cuda_stream == draws[0].cuda_stream, "the pool wrapped: a fresh draw is an old stream"
+    device = torch.device("cuda", torch.cuda.current_device())
+    roles = {role: streams.role_stream(role, device) for role in streams.ROLES}
+    assert len({s.cuda_stream for s in roles.values()}) == len(streams.ROLES)
+    assert all(streams.role_stream(role, device) is s for role, s in roles.items())

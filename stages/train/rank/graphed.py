@@ -52,10 +52,11 @@ class StepGraph(Protocol):
 class CudaGraphOf:
     """``fn`` captured into a ``torch.cuda.CUDAGraph``: ``replay()`` reruns it and returns its outputs, tensors that
     each replay overwrites. ``generator``: a non-default CUDA generator ``fn`` draws from, registered with the graph
-    (each replay then advances it); ``stream``: the capture's own (default: PyTorch's one capture stream)."""
+    (each replay then advances it); ``stream``: the capture's, a role's own (``stages.train.rank.streams``; None
+    would be PyTorch's shared capture stream, a pool stream that a later draw can hand to another thread)."""
 
-    def __init__(self, fn: Callable[[], Any], *, generator: torch.Generator | None = None,
-                 stream: torch.cuda.Stream | None = None) -> None:
+    def __init__(self, fn: Callable[[], Any], *, stream: torch.cuda.Stream | None,
+                 generator: torch.Generator | None = None) -> None:
         self.graph = torch.cuda.CUDAGraph()
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
@@ -84,7 +85,8 @@ class GraphedStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, shape: StaticShape,
                  device: torch.device, *, warmup: int = WARMUP_STEPS,
                  capture: Callable[[Callable[[], Outputs]], StepGraph] | None = None) -> None:
-        """``capture``: makes the ``StepGraph`` of a step (default ``CudaGraphOf``)."""
+        """``capture``: makes the ``StepGraph`` of a step (default ``CudaGraphOf`` on the rank's step-capture
+        stream, ``stages.train.rank.streams``)."""
         self.model, self.optimizer, self.task, self.shape = model, optimizer, task, shape
         self.device, self.warmup = device, warmup
         self.lr = float(optimizer.param_groups[0]["lr"])   # what a capture bakes in (a scheduler changes it)

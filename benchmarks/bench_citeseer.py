@@ -1,7 +1,7 @@
 """Real data: GCN, GraphSAGE and GAT on CiteSeer (Planetoid split) with the published GCN recipe, through the real
 stages (download → partition → features → hotness → train), on 1 and 2 partitions and several seeds.
 
-The recipe is ``tests/test_citeseer.py``'s (Kipf & Welling 2017: 2 layers, 16 hidden, dropout 0.5, L2 5e-4, Adam
+The recipe is ``tests/_citeseer_recipe.py``'s (Kipf & Welling 2017: 2 layers, 16 hidden, dropout 0.5, L2 5e-4, Adam
 lr 0.01, 200 epochs, the model selected on validation, l1-normalised rows, every neighbour). SAGE and GAT take the
 same hidden/dropout/wd/lr/epochs; GAT is Veličković et al.'s 8 heads × 8 channels (``--gat-hidden 64``, 8 heads).
 Prints one JSON line per run (and appends it to ``--out``), then a markdown table: mean and range over seeds of the
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from storage.train_summary import TrainSummary  # noqa: E402
+from tests._citeseer_recipe import CITESEER, PUBLISHED_GCN, citeseer_config  # noqa: E402
 from tests._train_pipeline import build_without_prefect  # noqa: E402 - after the repo is on sys.path
-from tests.test_citeseer import CITESEER, PUBLISHED_GCN, citeseer_config  # noqa: E402
 
 GAT_HEADS = 8
 

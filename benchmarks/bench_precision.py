@@ -7,7 +7,7 @@ test accuracy (test at the best validation epoch) over several seeds against flo
 
 - ``synthetic``: the default pipeline graph (100 000 nodes, avg degree 20, 64 float32 features, 16 classes),
   GraphSAGE 2 x 64 with fanouts (10, 5), batches of 1 024, 20 epochs at lr 0.01, 1 MiB cache per rank;
-- ``citeseer``: ``../shared/data/citeseer`` with the published GCN recipe of ``tests/test_citeseer.py``
+- ``citeseer``: ``../shared/data/citeseer`` with the published GCN recipe of ``tests/_citeseer_recipe.py``
   (l1-normalised rows, 200 epochs, every neighbour), 256 KiB cache per rank.
 
 ``--bits``: where the accuracy cost starts, past the storage dtypes: each column of the stored float32 rows (after
@@ -52,9 +52,9 @@ from storage.graph import GraphArtifact  # noqa: E402
 from storage.hotness import HotnessArtifact  # noqa: E402
 from storage.partition import PartitionArtifact  # noqa: E402
 from storage.train_summary import TrainSummary  # noqa: E402
+from tests._citeseer_recipe import CITESEER, citeseer_config  # noqa: E402
+from tests._download_cases import write_files  # noqa: E402
 from tests._train_pipeline import build_without_prefect  # noqa: E402
-from tests.test_citeseer import CITESEER, citeseer_config  # noqa: E402
-from tests.test_feature_dtypes import write_files  # noqa: E402
 
 DTYPES = tuple(d for d in get_args(FeatureDtype) if d != "auto")   # auto is float32 for these float rows
 PARTS = 2

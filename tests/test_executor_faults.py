@@ -199,7 +199,7 @@ def held_run(tmp: Path, executor: str, api_url: str) -> tuple[GnnpipeRun, Path]:
     run_stages({**values, "artifacts": str(root), "until": "partition"})
     args = [a for k, v in {**values, "executor": executor}.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     run = GnnpipeRun(["--until", "features", *args, "--artifacts", str(root)], api_url,
-              gnnpipe=[sys.executable, "-c", "from tests._fault_units import cli; cli()"])
+                     gnnpipe=[sys.executable, "-c", "from tests._fault_units import cli; cli()"])
     deadline = time.monotonic() + WAIT_S
     while not (tmp / "held").exists():
         assert run.proc.poll() is None, f"gnnpipe exited early:\n{''.join(run.lines)[-3000:]}"

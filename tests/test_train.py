@@ -162,7 +162,7 @@ def test_uneven_train_counts_finish(art):
                                                                                   "features": ft}, progress=False)
     start = time.monotonic()
     run = TrainRun(art, train_params(epochs=3, timeout_s=240.0), {"partition": up["partition"], "features": ft,
-                                                              "hotness": ht})
+                                                                  "hotness": ht})
     assert time.monotonic() - start < 240
     ranks = run.metrics["ranks"]
     assert [r["train_nodes"] for r in ranks][1:] == [7, 0] and ranks[0]["train_nodes"] > 300

@@ -23,7 +23,7 @@ from storage import ArtifactStore
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
 
-Run = tuple[str, dict[str, str]]   # (cache policy, the step's settings: cuda_graph, precision, matmul_precision)
+Run = tuple[str, dict[str, str]]   # (cache policy, the step's settings: cuda_graph, precision)
 
 
 def time_batches(run: Callable[[Iterable[Any], int], Any], seed_batches: Iterable[Any], *, warmup: int,
@@ -65,7 +65,6 @@ class RankTimer:
             self.data.features.build_cache(torch.from_numpy(cache_gids(
                 policy, partition=self.partition, hotness=self.hotness, rank=self.data.rank)))
             self.cached = policy
-        torch.set_float32_matmul_precision(settings["matmul_precision"])
         trainer = Trainer(self.spec, self.params.model_copy(update={k: settings[k] for k in ("cuda_graph",
                                                                                              "precision")}), self.data)
         trainer.rng.seed_epoch(0)

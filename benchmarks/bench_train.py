@@ -13,12 +13,12 @@ what crossed host -> device, and ``--feature-dtype`` picks the stored rows' dtyp
 
     python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --feature-dtype float16
 
-The step's settings ``--cuda-graph``, ``--precision`` and ``--matmul-precision`` each take a comma list, and every
-combination is timed on one load of the rank data (``variants`` in the JSON, by name, e.g. ``auto/float32/high``):
+The step's settings ``--cuda-graph`` and ``--precision`` each take a comma list, and every combination is timed on
+one load of the rank data (``variants`` in the JSON, by name, e.g. ``auto/tf32``):
 the first under every policy, the others on the first policy's cache::
 
     python benchmarks/bench_train.py --parts 1 --device cuda --skip-single --policies runtime \
-        --cuda-graph off,step,auto --matmul-precision highest,high --profile 10
+        --cuda-graph off,step,auto --precision float32,tf32 --profile 10
 
 Ranks that fail or are stopped (``make gpu-check``'s SIGINT at a step's limit) after the first policy's timing, in a
 profile say, still print its figures, with ``dist.failed`` saying what happened, and exit 1.
@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 from stages.choices import CACHE_POLICIES, CudaGraph, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
-VARIED = ("cuda_graph", "precision", "matmul_precision")   # the step's settings a run may list several of
+VARIED = ("cuda_graph", "precision")   # the step's settings a run may list several of
 
 
 def choice_list(choices: tuple[str, ...]):
@@ -70,7 +70,7 @@ def variants(args: argparse.Namespace) -> list[dict[str, str]]:
 
 
 def variant_name(variant: dict[str, str]) -> str:
-    return "/".join(variant.values())   # e.g. auto/float32/high
+    return "/".join(variant.values())   # e.g. auto/tf32
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -218,12 +218,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefetch", type=int, default=None, help="batches prepared ahead (default: the stage's auto)")
     # the step's settings: each a comma list; every combination is timed, on one load of the rank data (variants)
     ap.add_argument("--precision", type=choice_list(get_args(Precision)), default=["float32"],
-                    help="the model's products")
+                    help="the model's products (tf32: float32 with TensorFloat32 GEMMs on a GPU)")
     ap.add_argument("--cuda-graph", type=choice_list(get_args(CudaGraph)), default=["off"],
                     help="step: each training step replayed as one captured CUDA graph (stages.train.rank.graphed); "
                          "auto: its sampling too (graphed_sampling); e.g. off,step,auto")
-    ap.add_argument("--matmul-precision", type=choice_list(("highest", "high", "medium")), default=["highest"],
-                    help="torch.set_float32_matmul_precision in the ranks (high: TF32 GEMMs)")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1,

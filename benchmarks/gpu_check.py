@@ -76,7 +76,7 @@ GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream 
 STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytest: its summary and junit XML)
 # the train step's settings timed beside the defaults, on one load (bench_train's variants: every combination)
 # in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
-VARIANTS = ("--cuda-graph", "off,step,auto", "--matmul-precision", "highest,high", "--rounds", "2")
+VARIANTS = ("--cuda-graph", "off,step,auto", "--precision", "float32,tf32", "--rounds", "2")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
 NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
          "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),

@@ -30,8 +30,9 @@ TaskName = Literal["node", "link"]
 # link prediction's pair scorers (stages/train/tasks/link_decoders.py); train.decoder also takes an import path
 DecoderName = Literal["dot", "mlp"]
 LrSchedule = Literal["none", "cosine", "step"]
-# the dtype of the model's matrix products (stages/train/models/model.py: seed_logits autocasts them to bfloat16)
-Precision = Literal["float32", "bfloat16"]
+# the model's matrix products (stages/train/models/model.py): float32; tf32, float32 products in TensorFloat32 on
+# GPUs (matmul_precision); bfloat16, autocast (seed_logits)
+Precision = Literal["float32", "tf32", "bfloat16"]
 # auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/rank/cache_policy.py says why)
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]

@@ -19,7 +19,7 @@ SMALL = ["--nodes", "3000", "--avg-degree", "8", "--features", "8", "--classes",
 
 def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path: Path):
     done = subprocess.run([*BENCH, *SMALL, "--root", str(tmp_path / "art"), "--policies", "runtime,degree",
-                           "--cuda-graph", "off,step", "--matmul-precision", "highest,high", "--profile", "1",
+                           "--cuda-graph", "off,step", "--precision", "float32,tf32", "--profile", "1",
                            "--rounds", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -37,10 +37,12 @@ def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path:
     assert (dist["cuda_graph"], dist["matmul_precision"], dist["precision"]) == \
         ("off: cuda_graph=off", "highest", "float32")
     # the others on the first policy's cache, named by their settings, each as it ran
-    assert list(dist["variants"]) == ["off/float32/high", "step/float32/highest", "step/float32/high"]
+    assert list(dist["variants"]) == ["off/tf32", "step/float32", "step/tf32"]
     for name, figures in dist["variants"].items():
-        graph, precision, matmul = name.split("/")
-        assert (figures["matmul_precision"], figures["precision"]) == (matmul, precision)
+        graph, precision = name.split("/")
+        # tf32: the trainer sets the process's float32 GEMMs to "high", and float32 back to "highest"
+        assert (figures["matmul_precision"], figures["precision"]) == \
+            ({"float32": "highest", "tf32": "high"}[precision], precision)
         # a CPU rank trains eagerly whatever is asked, and says why
         assert figures["cuda_graph"] == ("off: cuda_graph=off" if graph == "off" else "off: a CPU rank")
         assert figures["cache_rows_per_rank"] == dist["policies"]["runtime"]["cache_rows_per_rank"]
@@ -51,7 +53,7 @@ def test_every_combination_of_the_listed_settings_is_timed_on_one_load(tmp_path:
     assert len(degree["rounds_ms_per_batch"]) == 1, "the other policies run once"
     # the profile: the first policy under each combination, not the other policies
     assert "profile" in runtime and "profile" not in degree
-    assert degree["matmul_precision"] == "highest", "the other policies run the first"
+    assert (degree["precision"], degree["matmul_precision"]) == ("float32", "highest"), "the others run the first"
     _check_tables(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -70,12 +72,12 @@ def _check_tables(result: dict) -> None:
     dist = result["dist"]
     runtime = dist["policies"]["runtime"]
     assert "| train-float32 | ok | 9.5 |" in text
-    row = (f"| train-float32 | runtime | off/float32/highest | {round(runtime['s_per_batch'] * 1e3, 2)} | "
+    row = (f"| train-float32 | runtime | off/float32 | {round(runtime['s_per_batch'] * 1e3, 2)} | "
            f"{' / '.join(map(str, runtime['rounds_ms_per_batch']))} | {runtime['epoch_s']} |")
     assert row in text, text
     for variant in dist["variants"]:
         assert f"| train-float32 | runtime | {variant} |" in text
-    assert "| train-float32 | degree | off/float32/highest |" in text
+    assert "| train-float32 | degree | off/float32 |" in text
     # a profile row for each setting of the first cache; the phases of every run
     profiles = text.split("### Profiles")[1].split("###")[0]
     assert profiles.count("| train-float32 |") == 1 + len(dist["variants"])
@@ -127,7 +129,7 @@ def test_two_ranks_time_every_setting_in_step():
                               cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     dist = json.loads(done.stdout.strip().splitlines()[-1])["dist"]
-    assert dist["world_size"] == 2 and list(dist["variants"]) == ["step/float32/highest"]
+    assert dist["world_size"] == 2 and list(dist["variants"]) == ["step/float32"]
     assert dist["policies"]["none"]["remote_rows_per_epoch"] > 0, "rows crossed between the ranks"
 
 

@@ -1,7 +1,7 @@
 """The graphed training step and sampling on a GPU (``stages.train.rank.graphed``, ``graphed_sampling``; run by
 ``make gpu-check``, skipped without CUDA): a real capture replays what the eager step or the eager static sampler
 computes, without stopping the host, and the 1-GPU train stage with ``cuda_graph=auto`` (step and sampling
-graphed) trains to the CPU accuracy (tests/test_gpu_train.py's threshold)."""
+graphed) and ``precision=tf32`` trains to the CPU accuracy (tests/test_gpu_train.py's threshold)."""
 
 from __future__ import annotations
 
@@ -67,10 +67,12 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
 
 
 def test_one_gpu_trains_to_the_cpu_accuracy_with_a_graphed_step(tmp_path):
-    """A cosine schedule changes the learning rate every epoch: each pass captures anew."""
+    """A cosine schedule changes the learning rate every epoch: each pass captures anew. In tf32 (TensorFloat32
+    GEMMs), the candidate default beside cuda_graph=auto once a GPU has timed them (issue [4/5] item 3): the
+    accuracy must hold."""
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 1)
-    params = train_params(device="cuda", cuda_graph="auto", lr_schedule="cosine")
+    params = train_params(device="cuda", cuda_graph="auto", lr_schedule="cosine", precision="tf32")
     manifest = train.run(store, params, train_upstream(manifests), log=print)
     metrics = json.loads(store.read_bytes("train", manifest.key, METRICS))
     assert metrics["cuda_graph"] == "on" and metrics["prefetch"] == 1

@@ -147,6 +147,15 @@ class _OwnSage(BlockGraphSAGE):
     """A plug-in's subclass of the built-in: it may change the step (its own ``block_step``, degrees, ...)."""
 
 
+def test_a_tf32_trainer_sets_the_process_gemms_and_a_float32_one_sets_them_back(one_rank_group, tmp_path):
+    """precision=tf32 is float32 tensors with TensorFloat32 GEMMs on a GPU, a process-wide setting: each trainer
+    states its own, so a benchmark's float32 run after a tf32 one computes in float32 again."""
+    lone_trainer(tmp_path, "tf32", precision="tf32")
+    assert torch.get_float32_matmul_precision() == "high"
+    lone_trainer(tmp_path, "float32")
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
 def test_which_steps_may_be_graphed():
     sage = build_model("sage", in_channels=4, hidden=8, out_channels=3, num_layers=2, dropout=0.5)
     cuda = torch.device("cuda", 0)
@@ -154,6 +163,7 @@ def test_which_steps_may_be_graphed():
     ok = {"device": cuda, "world": 1, "task": node, "loss": "cross_entropy", "precision": "float32",
           "model": sage, "fanouts": [15, 10], "typed": False, "edge_features": False}
     assert graphed.why_not_graphed("auto", **ok) is None
+    assert graphed.why_not_graphed("auto", **{**ok, "precision": "tf32"}) is None, "float32 tensors, TF32 GEMMs"
     link = types.SimpleNamespace(name="link prediction", pads_labels=False)
     plugin = NodeClassification(lambda gid: gid, loss_fn=lambda out, y: out.sum())
     cases = [({"device": CPU}, "a CPU rank"), ({"world": 2}, "several ranks"),

@@ -91,7 +91,9 @@ class Params(StageParams):
     patience: int | None = Field(None, ge=1, description="early stopping: stop after this many epochs without a "
                                                          "better validation accuracy; null: train every epoch")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout between layers")
-    precision: Precision = Field("float32", description="the model's matrix products: bfloat16 autocasts them "
+    precision: Precision = Field("float32", description="the model's matrix products: tf32 computes float32 ones "
+                                                        "in TensorFloat32 on GPUs (10-bit mantissas, float32 "
+                                                        "accumulation; Ampere and later); bfloat16 autocasts them "
                                                         "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
                                                         "accuracy on the default graph); weights stay float32")
     edge_features: bool = Field(True, description="use the graph's edge features when it has them and the model "
@@ -154,7 +156,7 @@ class Params(StageParams):
     cuda_graph: CudaGraph = runtime("off", description="CUDA ranks: step replays each training step as one "
                                                        "captured CUDA graph on batches padded to a static shape, "
                                                        "where the step allows it (a lone rank, task=node, "
-                                                       "cross_entropy, the built-in sage, float32, positive "
+                                                       "cross_entropy, the built-in sage, float32 or tf32, positive "
                                                        "fanouts); auto also samples each batch by one graph "
                                                        "(static shapes, no host read) where every feature row is "
                                                        "on the device and the sampler is uniform; off: every op "

@@ -189,6 +189,13 @@ def needs_degrees(model: torch.nn.Module) -> bool:
     return capabilities(model).attach_degrees
 
 
+def matmul_precision(precision: str) -> str:
+    """``torch.set_float32_matmul_precision``'s setting for a run of ``precision``, process-wide: "high" for tf32
+    (TensorFloat32 GEMMs on a GPU; a CPU with a fast bfloat16 algorithm uses that, else float32), else "highest",
+    PyTorch's default, so that a float32 run after a tf32 one in the same process computes in float32 again."""
+    return "high" if precision == "tf32" else "highest"
+
+
 def seed_logits(model: torch.nn.Module, x: Tensor | dict[str, Tensor], batch: Data, *,
                 precision: str = "float32") -> Tensor:
     """Logits of the batch's seeds (its first ``batch_size`` nodes): layer by layer on bipartite blocks for a block

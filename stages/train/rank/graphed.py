@@ -14,8 +14,8 @@ on eagerly, and its report says why.
 
 What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
 may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
-seeds out of the mean), the built-in SAGE on its sparse path in float32, positive fanouts (a bound per hop), one
-node and edge type, no edge features. Anything else trains eagerly, and the report says why. Adam is made
+seeds out of the mean), the built-in SAGE on its sparse path in float32 or tf32, positive fanouts (a bound per
+hop), one node and edge type, no edge features. Anything else trains eagerly, and the report says why. Adam is made
 ``capturable`` for it.
 
 The results are those of the eager step on the padded batch: the same losses and gradients as the unpadded batch
@@ -199,7 +199,7 @@ def why_not_graphed(setting: str, *, device: torch.device, world: int, task: Any
         (world > 1, "several ranks (DDP's all-reduces are in the step)"),
         (not getattr(task, "pads_labels", False), f"{task.name} with loss {loss} (the fake seeds' labels must count "
                                                   f"in no loss: cross_entropy's ignore_index)"),
-        (precision != "float32", f"precision={precision}"),
+        (precision not in ("float32", "tf32"), f"precision={precision}"),
         (typed, "a typed graph"),
         (edge_features, "edge features"),
         (any(not isinstance(f, int) or f <= 0 for f in fanouts), "fanout -1 or per edge type (no static bound)"),

@@ -29,7 +29,7 @@ from stages.runtime.sampling.fanouts import graph_fanouts
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.runtime.typed_rows import TypedRows
 from stages.train.models.encoder import build_encoder
-from stages.train.models.model import is_block_model, needs_degrees
+from stages.train.models.model import is_block_model, matmul_precision, needs_degrees
 from stages.train.params import Params
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, first_line, why_not_graphed
@@ -65,6 +65,7 @@ class Trainer:
             raise ValueError("prefetch needs the batches' collectives on a group of their own: open the RankData "
                              "with group=stages.train.rank.prefetch.producer_group(prefetch)")
         self.rng = RngStreams(params.seed, data.rank, data.device)
+        torch.set_float32_matmul_precision(matmul_precision(params.precision))   # tf32: the process's GEMMs
         self.task_def = task_def(params.task)
         self.task = self.task_def.build(params, data, self.rng.sampler)
         # the loader batches the task's items: seed gids, or link items under task=link (docs/design.md §4)

@@ -93,7 +93,8 @@ class Params(StageParams):
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout between layers")
     precision: Precision = Field("float32", description="the model's matrix products: tf32 computes float32 ones "
                                                         "in TensorFloat32 on GPUs (10-bit mantissas, float32 "
-                                                        "accumulation; Ampere and later); bfloat16 autocasts them "
+                                                        "accumulation; Ampere and later; no faster on a CPU); "
+                                                        "bfloat16 autocasts them "
                                                         "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
                                                         "accuracy on the default graph); weights stay float32")
     edge_features: bool = Field(True, description="use the graph's edge features when it has them and the model "

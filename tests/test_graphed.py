@@ -150,10 +150,13 @@ class _OwnSage(BlockGraphSAGE):
 def test_a_tf32_trainer_sets_the_process_gemms_and_a_float32_one_sets_them_back(one_rank_group, tmp_path):
     """precision=tf32 is float32 tensors with TensorFloat32 GEMMs on a GPU, a process-wide setting: each trainer
     states its own, so a benchmark's float32 run after a tf32 one computes in float32 again."""
-    lone_trainer(tmp_path, "tf32", precision="tf32")
-    assert torch.get_float32_matmul_precision() == "high"
-    lone_trainer(tmp_path, "float32")
-    assert torch.get_float32_matmul_precision() == "highest"
+    try:
+        lone_trainer(tmp_path, "tf32", precision="tf32")
+        assert torch.get_float32_matmul_precision() == "high"
+        lone_trainer(tmp_path, "float32")
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:   # the process's setting, for the tests after this one
+        torch.set_float32_matmul_precision("highest")
 
 
 def test_which_steps_may_be_graphed():

@@ -48,12 +48,16 @@ def test_a_stream_drawn_per_pass_comes_back_as_the_capture_stream(pool):
 
 
 def test_each_role_draws_its_stream_once_and_the_roles_stay_apart(pool):
+    prefetch = streams.role_stream(streams.PREFETCH, torch.device("cuda", 0))   # a first pass, before any capture
+    for _ in range(POOL - 1):   # others' draws between the rank's first stream and its next role (a process group)
+        torch.cuda.Stream(torch.device("cuda", 0))
     for _ in range(3 * POOL):   # many passes and captures, as gpu_check --compare's 18 trainers make
         for role in streams.ROLES:
             streams.role_stream(role, torch.device("cuda", 0))
     on_0 = {role: streams.role_stream(role, torch.device("cuda")) for role in streams.ROLES}   # "cuda": current
-    assert pool.drawn == {0: len(streams.ROLES)}, "one draw a role"
+    assert pool.drawn == {0: len(streams.ROLES) + POOL - 1}, "one draw a role, all at the first"
     assert len({s.stream_id for s in on_0.values()}) == len(streams.ROLES), "five distinct streams"
+    assert on_0[streams.PREFETCH] is prefetch
     on_1 = streams.role_stream(streams.PREFETCH, torch.device("cuda", 1))
     assert on_1.stream_id == (1, 0) and on_1 is not on_0[streams.PREFETCH], "a device's own streams"
     with pytest.raises(ValueError, match="unknown stream role 'copy'"):

@@ -191,7 +191,7 @@ def needs_degrees(model: torch.nn.Module) -> bool:
 
 def matmul_precision(precision: str) -> str:
     """``torch.set_float32_matmul_precision``'s setting for a run of ``precision``, process-wide: "high" for tf32
-    (TensorFloat32 GEMMs on a GPU; a CPU with a fast bfloat16 algorithm uses that, else float32), else "highest",
+    (TensorFloat32 GEMMs on a GPU; on a CPU, oneDNN's reduced-precision path where it has one), else "highest",
     PyTorch's default, so that a float32 run after a tf32 one in the same process computes in float32 again."""
     return "high" if precision == "tf32" else "highest"
 

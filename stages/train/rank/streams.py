@@ -5,8 +5,9 @@ priority), in turn, so the 33rd call returns the first again. A stream drawn ane
 producer's) or each capture (its warm-up's) would, 32 draws later, be the very stream a graph is being captured on,
 and that capture would record the other thread's kernels into the graph, or fail on its synchronisations. A
 benchmark that builds a trainer per setting (12 timed runs and 6 profiles in ``gpu_check --compare``) draws dozens.
-Each role draws its stream once, so the five the rank uses stay five distinct streams; the step's capture takes its
-own role's rather than PyTorch's shared capture stream (a pool stream as well).
+The five roles' streams are drawn once, together, at the first that a device's rank asks for (five consecutive
+draws: five distinct streams, whatever draws from the pool later); the step's capture takes its own role's rather
+than PyTorch's shared capture stream (a pool stream as well).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ def role_stream(role: str, device: torch.device) -> torch.cuda.Stream:
     if role not in ROLES:
         raise ValueError(f"unknown stream role {role!r}: one of {', '.join(ROLES)}")
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _drawn(role, index)
+    return _drawn(index)[role]
 
 
 @functools.cache
-def _drawn(role: str, index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(torch.device("cuda", index))
+def _drawn(index: int) -> dict[str, torch.cuda.Stream]:
+    # every role's at once, back to back: five consecutive draws of the pool are five distinct streams, whatever
+    # else draws from it later (a process group's communicators, a library's side stream)
+    return {role: torch.cuda.Stream(torch.device("cuda", index)) for role in ROLES}

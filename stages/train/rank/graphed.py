@@ -35,7 +35,7 @@ from torch_geometric.data import Data
 
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch, pad_labels
-from stages.train.rank.streams import STEP_CAPTURE, STEP_WARMUP, role_stream
+from stages.train.rank.streams import STEP_CAPTURE, STEP_WARMUP, on_role_stream, role_stream
 
 __all__ = ["CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]
 
@@ -160,15 +160,9 @@ class GraphedStep:
         return out.detach(), loss.detach()
 
     def _eager(self) -> Outputs:
-        if self.device.type != "cuda":
-            return self._step()
         # on a side stream, as a capture's warm-up must be (one for every step: its freed blocks are reused)
-        main, side = torch.cuda.current_stream(self.device), role_stream(STEP_WARMUP, self.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            outputs = self._step()
-        main.wait_stream(side)
-        return outputs
+        with on_role_stream(STEP_WARMUP, self.device):
+            return self._step()
 
 
 def first_line(error: BaseException) -> str:

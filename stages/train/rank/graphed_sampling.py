@@ -26,8 +26,7 @@ so the pass subtracts the fake slots (``padding_rows``, kept on the device) from
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.static_sampler import StaticBatch, StaticSampler, why_not_static
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf, first_line
-from stages.train.rank.streams import SAMPLING_CAPTURE, SAMPLING_WARMUP, role_stream
+from stages.train.rank.streams import SAMPLING_CAPTURE, SAMPLING_WARMUP, on_role_stream, role_stream
 
 __all__ = ["SampleGraph", "why_not_graphed_sampling"]
 
@@ -73,7 +72,7 @@ class SampleGraph:
         state = generator.get_state() if generator is not None else None
         self._load(self.seed_buf[:0])
         try:
-            with _side_stream(self.sampler.device):   # eager warm-up on a side stream, as PyTorch's notes ask
+            with on_role_stream(SAMPLING_WARMUP, self.sampler.device):   # eager warm-up on a side stream
                 for _ in range(self.warmup):
                     self.sampler.sample(self.seed_buf, self.num_seeds)
         except Exception as error:   # noqa: BLE001 - e.g. out of memory: the eager sampler needs less
@@ -111,20 +110,6 @@ class SampleGraph:
 def _cuda_capture(fn: Callable[[], StaticBatch], generator: torch.Generator | None) -> CudaGraphOf:
     # its own capture stream, apart from the step's (stages.train.rank.streams)
     return CudaGraphOf(fn, generator=generator, stream=role_stream(SAMPLING_CAPTURE, torch.device("cuda")))
-
-
-@contextlib.contextmanager
-def _side_stream(device: torch.device) -> Iterator[None]:
-    if device.type != "cuda":
-        yield
-        return
-    main, side = torch.cuda.current_stream(device), role_stream(SAMPLING_WARMUP, device)
-    side.wait_stream(main)
-    try:
-        with torch.cuda.stream(side):
-            yield
-    finally:
-        main.wait_stream(side)
 
 
 def why_not_graphed_sampling(not_graphed: str | None, *, csr: LocalCSR, fanouts: list[Any], num_nodes: int,

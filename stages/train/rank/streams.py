@@ -12,11 +12,14 @@ than PyTorch's shared capture stream (a pool stream as well).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["PREFETCH", "ROLES", "SAMPLING_CAPTURE", "SAMPLING_WARMUP", "STEP_CAPTURE", "STEP_WARMUP", "role_stream"]
+__all__ = ["PREFETCH", "ROLES", "SAMPLING_CAPTURE", "SAMPLING_WARMUP", "STEP_CAPTURE", "STEP_WARMUP", "on_role_stream",
+           "role_stream"]
 
 PREFETCH = "prefetch"                   # the prefetch producer's work (sampling, gather, copies), every pass
 STEP_WARMUP = "step-warmup"             # the graphed step's eager steps, before and instead of its capture
@@ -32,6 +35,22 @@ def role_stream(role: str, device: torch.device) -> torch.cuda.Stream:
         raise ValueError(f"unknown stream role {role!r}: one of {', '.join(ROLES)}")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _drawn(index)[role]
+
+
+@contextlib.contextmanager
+def on_role_stream(role: str, device: torch.device) -> Iterator[None]:
+    """The block's work on ``role``'s stream, ordered after what the current stream queued before it and before
+    what it queues after (a capture's eager warm-up runs so, as PyTorch's CUDA graph notes ask); on a CPU, as is."""
+    if device.type != "cuda":
+        yield
+        return
+    main, side = torch.cuda.current_stream(device), role_stream(role, device)
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
+        main.wait_stream(side)
 
 
 @functools.cache

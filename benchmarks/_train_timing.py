@@ -130,19 +130,19 @@ def time_runs(runs: list[Run], timer: RankTimer, *, rounds: int, profile: bool,
     a profiler session that crashes (profiling CUDA graphs has, under some CUDA versions) loses no timing then."""
     first = [i for i, (policy, _) in enumerate(runs) if policy == runs[0][0]]
     others = [i for i in range(len(runs)) if i not in first]
+
+    def figures_of(got: dict[str, Any]) -> dict[str, Any]:
+        return {**_figures(got["raw"], timer.batches_per_epoch), **got["settings"]}
     measured: dict[int, dict[str, Any]] = {}
     for i in [i for k in range(rounds) for i in (first if k % 2 == 0 else first[::-1])]:
         got = timer.measure(*runs[i])
         measured[i] = got if i not in measured else {**got, "raw": _add(measured[i]["raw"], got["raw"])}
-    figures = {i: {**_figures(measured[i]["raw"], timer.batches_per_epoch), **measured[i]["settings"]}
-               for i in first}
+    figures = {i: figures_of(measured[i]) for i in first}
     if on_timed is not None:
         on_timed([runs[i] for i in first], [figures[i] for i in first])
     for i in first if profile else ():
         figures[i]["profile"] = timer.profile(*runs[i])
-    for i in others:
-        got = timer.measure(*runs[i])
-        figures[i] = {**_figures(got["raw"], timer.batches_per_epoch), **got["settings"]}
+    figures.update({i: figures_of(timer.measure(*runs[i])) for i in others})
     return [figures[i] for i in range(len(runs))]
 
 

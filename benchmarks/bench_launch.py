@@ -1,10 +1,13 @@
 """What starting a job's ranks costs before they compute: torchrun (the launcher's way across hosts), gnnpipe's
-single-host agent (``stages.jobs.local_agent``, the launcher's way on one host) and the same ranks started directly
-with the env vars torchrun would give them, the floor (issue [3/5]: the suite's time).
+single-host agent (``stages.jobs.local_agent``, the launcher's way on one host) starting each rank afresh
+(``agent_exec``, on GPU hosts) or forking them after importing their module once (``agent_fork``, where no GPU
+driver is visible), and the same ranks started directly with the env vars torchrun would give them (issue [3/5]: the
+suite's time).
 
-Each job is ``--ranks`` processes that import torch, join a gloo group, pass one barrier and leave: the floor every
-train and infer job pays. Wall and CPU seconds (children's user + system) per job, median of ``--rounds``,
-alternating the two ways. Prints one JSON line::
+Each job is ``--ranks`` processes of ``python -m <rank module>``: it imports what a train rank imports
+(``stages.train.rank.worker``: torch, torch_geometric, the stages), joins a gloo group, passes one barrier and
+leaves: the floor every train and infer job pays. Wall and CPU seconds (children's user + system) per job, median of
+``--rounds``, the ways taking turns. Prints one JSON line::
 
     python benchmarks/bench_launch.py --ranks 2 --rounds 5
 """
@@ -23,12 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository, for stages.jobs
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))   # the repository, for stages.jobs
 
+RANK_MODULE = "gnnpipe_bench_rank"
 RANK = """
-import os, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method=os.environ.get("GNNPIPE_INIT_METHOD"))   # the agent's file store, else env://
-dist.barrier(); dist.destroy_process_group()
+import os
+import stages.train.rank.worker   # a train rank's imports
+import torch.distributed as dist
+if __name__ == "__main__":   # importing it does nothing more: the forking agent imports it before it forks
+    dist.init_process_group("gloo", init_method=os.environ.get("GNNPIPE_INIT_METHOD"))   # the agent's store, or env://
+    dist.barrier(); dist.destroy_process_group()
 """
 
 
@@ -43,22 +51,32 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def torchrun_job(script: str, ranks: int) -> None:
+RANK_ARGV = [sys.executable, "-m", RANK_MODULE]
+
+
+def torchrun_job(ranks: int) -> None:
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                    "--max-restarts=0", script], check=True, capture_output=True)
+                    "--max-restarts=0", "-m", RANK_MODULE], check=True, capture_output=True)
 
 
-def agent_job(script: str, ranks: int) -> None:
+def _agent_job(ranks: int, fork: bool) -> None:
     from stages.jobs import local_agent
 
-    subprocess.run(local_agent.command([sys.executable, script], ranks, 10.0), check=True, capture_output=True)
+    subprocess.run(local_agent.command(RANK_ARGV, ranks, 10.0, fork=fork), check=True, capture_output=True)
 
 
-def direct_job(script: str, ranks: int) -> None:
+def agent_exec_job(ranks: int) -> None:
+    _agent_job(ranks, fork=False)
+
+
+def agent_fork_job(ranks: int) -> None:
+    _agent_job(ranks, fork=True)
+
+
+def direct_job(ranks: int) -> None:
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks),
                 LOCAL_WORLD_SIZE=str(ranks))
-    procs = [subprocess.Popen([sys.executable, script], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(ranks)]
+    procs = [subprocess.Popen(RANK_ARGV, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
     if any(p.wait() for p in procs):
         raise SystemExit("a directly started rank failed")
 
@@ -68,15 +86,16 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    ways = {"torchrun": torchrun_job, "agent": agent_job, "direct": direct_job}
+    ways = {"torchrun": torchrun_job, "agent_exec": agent_exec_job, "agent_fork": agent_fork_job,
+            "direct": direct_job}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
-        script = str(Path(tmp, "rank.py"))
-        Path(script).write_text(RANK)
+        Path(tmp, f"{RANK_MODULE}.py").write_text(RANK)
+        os.environ["PYTHONPATH"] = os.pathsep.join([tmp, str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         for _ in range(args.rounds):
             for name, job in ways.items():
                 wall, cpu = time.perf_counter(), _children_cpu_s()
-                job(script, args.ranks)
+                job(args.ranks)
                 times[name].append((time.perf_counter() - wall, _children_cpu_s() - cpu))
     result: dict[str, object] = {"ranks": args.ranks, "rounds": args.rounds, "load_avg": os.getloadavg()[0]}
     for name, runs in times.items():

@@ -55,10 +55,17 @@ def main() -> int:
     if mode == "env":
         record: dict[str, object] = {name: os.environ.get(name) for name in TORCHRUN_VARS}
         record["sum"] = _join_and_sum(env.rank)
+        record["cmdline"] = Path("/proc/self/cmdline").read_bytes().decode().split("\0")
+        record["comm"] = Path("/proc/self/comm").read_text().strip()
+        record["argv0"], record["main"] = sys.argv[0], __name__
+        record["sigint_raises"] = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        record["sigterm"] = str(signal.getsignal(signal.SIGTERM))
         (out / f"env-{env.rank}.json").write_text(json.dumps(record))
         return 0
     if mode == "stubborn" and env.rank == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a rank stuck in native code: only SIGKILL ends it
+    if env.rank == 1 and mode == "interrupt":
+        raise KeyboardInterrupt   # uncaught: Python ends the process by SIGINT
     if env.rank == 1 and mode in ("die", "stubborn"):
         while not (out / "rank0-waiting").exists():   # its peer is in its (collective-like) wait
             time.sleep(0.02)

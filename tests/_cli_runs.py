@@ -49,9 +49,10 @@ class GnnpipeRun:
             time.sleep(0.1)
 
     def signal_group(self, sig: int) -> tuple[dict[psutil.Process, str], float]:
-        """Signal gnnpipe's process group as a terminal does; returns what ran under gnnpipe then (with command
-        lines) and the seconds gnnpipe took to exit."""
-        tree = {p: " ".join(p.cmdline()[:6]) for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        """Signal gnnpipe's process group as a terminal does; returns what ran under gnnpipe then (``name: command
+        line``) and the seconds gnnpipe took to exit."""
+        tree = {p: f"{p.name()}: {' '.join(p.cmdline()[:6])}"
+                for p in psutil.Process(self.proc.pid).children(recursive=True)}
         start = time.monotonic()
         os.killpg(self.proc.pid, sig)
         try:

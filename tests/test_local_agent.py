@@ -1,6 +1,8 @@
 """The single-host agent (``stages.jobs.local_agent``) under the real launcher: the ranks get torchrun's environment
 and join through its file store; a failed or stubborn rank stops the job and is named; a signal from outside is
-named as such. The rank program is ``tests._agent_rank``."""
+named as such. Each of these holds for both ways the agent starts a rank (``start``): forked from the agent after it
+imported the module (where no GPU driver is visible, as here) and started afresh (``exec``, on GPU hosts). The rank
+program is ``tests._agent_rank``."""
 
 from __future__ import annotations
 
@@ -34,11 +36,20 @@ from stages.jobs.launcher import (
 from stages.jobs.local_agent import SCRIPT, command
 
 
-def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10) -> None:
+@pytest.fixture(params=["fork", "exec"])
+def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the agent starts the ranks: forked from itself (this host's default: no GPU driver) or afresh."""
+    assert local_agent.can_fork(), "this test host shows a GPU driver: the fork cases would not run as the default"
+    if request.param == "exec":
+        monkeypatch.setattr(local_agent, "can_fork", lambda: False)
+    return str(request.param)
+
+
+def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10,
+            module: str = "tests._agent_rank") -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"mode": mode, "result_dir": str(tmp_path)}))
-    launch(str(spec), 2, result_dir=str(tmp_path), log=lines.append, timeout_s=120, grace_s=grace_s,
-           module="tests._agent_rank")
+    launch(str(spec), 2, result_dir=str(tmp_path), log=lines.append, timeout_s=120, grace_s=grace_s, module=module)
 
 
 def _rank_pids(lines: list[str]) -> dict[int, int]:
@@ -51,17 +62,26 @@ def _gone(pids: list[int]) -> bool:
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_one_host_runs_the_agent_and_several_run_torchrun():
+def test_one_host_runs_the_agent_and_several_run_torchrun(monkeypatch):
     local = job_command("/tmp/spec.json", 4)
-    assert local.agent == LOCAL_AGENT and local.argv[1:5] == ["-I", "-S", SCRIPT, "4"]
+    assert local.agent == LOCAL_AGENT and local.argv[1:4] == [SCRIPT, local_agent.FORK, "4"]
     rank_argv = local.argv[local.argv.index("--") + 1:]
     assert rank_argv[1:] == ["-m", "stages.train.rank.worker", "--spec", "/tmp/spec.json"]
+    monkeypatch.setattr(local_agent, "can_fork", lambda: False)   # a GPU host: isolated, each rank afresh
+    assert job_command("/tmp/spec.json", 4).argv[1:5] == ["-I", "-S", SCRIPT, "4"]
     multi = job_command("/tmp/spec.json", 4, Cluster(nnodes=2, rdzv_endpoint="10.0.0.1:29400"))
     assert multi.agent == TORCHRUN and multi.argv[1:3] == ["-m", "torch.distributed.run"]
     assert "--nproc_per_node=2" in multi.argv
 
 
-def test_ranks_get_torchruns_environment_and_join_through_the_agents_store(tmp_path: Path):
+def test_can_fork_where_no_gpu_driver_is_visible(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(local_agent, "GPU_DEVICE_NODES", (str(tmp_path / "nvidiactl"),))
+    assert local_agent.can_fork()
+    (tmp_path / "nvidiactl").touch()
+    assert not local_agent.can_fork()
+
+
+def test_ranks_get_torchruns_environment_and_join_through_the_agents_store(tmp_path: Path, start: str):
     lines: list[str] = []
     _launch(tmp_path, "env", lines)
     records = [json.loads((tmp_path / f"env-{r}.json").read_text()) for r in range(2)]
@@ -70,12 +90,17 @@ def test_ranks_get_torchruns_environment_and_join_through_the_agents_store(tmp_p
         assert (record["WORLD_SIZE"], record["LOCAL_WORLD_SIZE"]) == ("2", "2")
         assert record["GNNPIPE_INIT_METHOD"].endswith(f"/store?rank={rank}&world_size=2")
         assert record["sum"] == 1.0   # 0 + 1, all-reduced over the gloo group the file store joined
+        # the program python -m runs, forked or not: the module as __main__, its file as argv[0], Python's handlers
+        assert (record["main"], record["argv0"]) == ("__main__", str(REPO / "tests" / "_agent_rank.py"))
+        assert record["sigint_raises"] and record["sigterm"] == str(signal.SIG_DFL)
+        assert (SCRIPT in record["cmdline"]) == (start == "fork"), record["cmdline"]
+        assert (record["comm"] == local_agent.rank_name(rank)) == (start == "fork"), record["comm"]
     store_dir = Path(records[0]["GNNPIPE_INIT_METHOD"].removeprefix("file://")).parent
     assert not store_dir.exists(), "the agent removes its store"
     assert any(line.startswith("[launcher] pid ") and SCRIPT in line for line in lines), lines[:3]
 
 
-def test_a_rank_killed_stops_its_peer_at_once_and_is_named(tmp_path: Path):
+def test_a_rank_killed_stops_its_peer_at_once_and_is_named(tmp_path: Path, start: str):
     lines: list[str] = []
     start = time.monotonic()
     with pytest.raises(TrainingError, match=r"^training failed: rank 1 was killed by SIGKILL; the job was stopped"):
@@ -87,7 +112,7 @@ def test_a_rank_killed_stops_its_peer_at_once_and_is_named(tmp_path: Path):
     assert f"[agent] rank 0 exited with code -15 (pid {pids[0]}), stopped by the agent" in lines
 
 
-def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace(tmp_path: Path):
+def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace(tmp_path: Path, start: str):
     lines: list[str] = []
     with pytest.raises(TrainingError, match=r"^training failed: rank 1 exited with code 3"):
         _launch(tmp_path, "stubborn", lines, grace_s=1)
@@ -96,7 +121,7 @@ def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace(tmp_path: Path):
     assert f"[agent] rank 0 exited with code -9 (pid {pids[0]}), stopped by the agent" in lines
 
 
-def test_the_rank_that_raised_is_named_not_the_peer_that_lost_its_connection(tmp_path: Path):
+def test_the_rank_that_raised_is_named_not_the_peer_that_lost_its_connection(tmp_path: Path, start: str):
     """Both ranks write error records within one poll of the agent: the records' times tell which came first (a
     review saw the peer named 2 runs in 3, as 'a rank on another node', on a single host)."""
     lines: list[str] = []
@@ -105,7 +130,7 @@ def test_the_rank_that_raised_is_named_not_the_peer_that_lost_its_connection(tmp
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_the_agent_signalled_from_outside_stops_its_ranks_and_says_so(tmp_path: Path, sig: signal.Signals):
+def test_the_agent_signalled_from_outside_stops_its_ranks_and_says_so(tmp_path: Path, sig: signal.Signals, start: str):
     """Through the launcher: the one line names the signal."""
     lines: list[str] = []
 
@@ -125,14 +150,15 @@ def test_the_agent_signalled_from_outside_stops_its_ranks_and_says_so(tmp_path: 
     assert f"[agent] received {sig.name}, stopping the ranks" in lines
 
 
-def test_the_agent_alone_stops_its_ranks_and_dies_of_the_signal(tmp_path: Path):
+def test_the_agent_alone_stops_its_ranks_and_dies_of_the_signal(tmp_path: Path, start: str):
     """Without the launcher's teardown behind it: no rank outlives the agent, its store is gone, and it ends as a
     process killed by the signal (what the launcher reads as a signal from outside)."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"mode": "wait", "result_dir": str(tmp_path)}))
-    agent = subprocess.Popen(command([sys.executable, "-m", "tests._agent_rank", "--spec", str(spec)], 2, 5.0),
-                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    agent = subprocess.Popen(command([sys.executable, "-m", "tests._agent_rank", "--spec", str(spec)], 2, 5.0,
+                                     fork=start == "fork"),
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     try:
         assert agent.stdout is not None
@@ -141,7 +167,7 @@ def test_the_agent_alone_stops_its_ranks_and_dies_of_the_signal(tmp_path: Path):
             assert line, lines
             lines.append(line.rstrip("\n"))
         ranks = [psutil.Process(pid) for pid in _rank_pids(lines).values()]
-        store = Path(ranks[0].environ()["GNNPIPE_INIT_METHOD"].removeprefix("file://").split("?")[0]).parent
+        (store,) = tmp_path.glob("gnnpipe-job-*")   # the agent's store (its mkdtemp, in TMPDIR)
         agent.send_signal(signal.SIGTERM)   # the agent alone, not its group
         out, _ = agent.communicate(timeout=60)
     finally:
@@ -153,7 +179,9 @@ def test_the_agent_alone_stops_its_ranks_and_dies_of_the_signal(tmp_path: Path):
     assert not store.exists()
 
 
-def test_a_signal_while_the_ranks_start_starts_no_more_and_stops_those_started(monkeypatch, tmp_path: Path):
+@pytest.mark.parametrize("fork", [False, True], ids=["exec", "fork"])
+def test_a_signal_while_the_ranks_start_starts_no_more_and_stops_those_started(monkeypatch, tmp_path: Path,
+                                                                               fork: bool):
     """The handler only notes the signal (raising it inside Popen lost a just-forked rank, 3 runs in 15)."""
     started: list[subprocess.Popen[bytes]] = []
     died_of: list[int] = []
@@ -166,14 +194,36 @@ def test_a_signal_while_the_ranks_start_starts_no_more_and_stops_those_started(m
         return proc
 
     monkeypatch.setattr(local_agent.subprocess, "Popen", popen)
+    monkeypatch.setattr(local_agent, "_preload", lambda rank_argv: "tests._agent_rank")
+    monkeypatch.setattr(local_agent, "_fork", lambda module, rank_argv, env: popen(rank_argv, env))
     monkeypatch.setattr(local_agent, "_die_of", died_of.append)
     monkeypatch.setattr(local_agent._Signals, "received", None)
     monkeypatch.setattr(local_agent.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "store"))
     (tmp_path / "store").mkdir()
     monkeypatch.setattr(local_agent.signal, "signal", lambda sig, handler: None)   # leave pytest's handlers be
-    local_agent.run(4, 5.0, ["unused"])
+    local_agent.run(4, 5.0, ["unused"], fork)
     assert len(started) == 1 and started[0].returncode == -signal.SIGTERM
     assert died_of == [signal.SIGTERM] and not (tmp_path / "store").exists()
+
+
+def test_an_uncaught_interrupt_ends_the_rank_by_sigint(tmp_path: Path, start: str):
+    """As Python ends a program whose Ctrl-C nothing caught: killed by SIGINT, after the traceback."""
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match=r"^training failed: rank 1 was killed by SIGINT"):
+        _launch(tmp_path, "interrupt", lines)
+    pids = _rank_pids(lines)
+    assert f"[agent] rank 1 exited with code -2 (pid {pids[1]}), the first failure" in lines
+    assert any("KeyboardInterrupt" in line for line in lines), lines
+
+
+def test_a_module_that_cannot_be_imported_is_said_and_each_rank_meets_it_afresh(tmp_path: Path):
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match=r"^training failed: rank \d exited with code 1"):
+        _launch(tmp_path, "env", lines, module="tests._no_such_rank")
+    said = [line for line in lines if line.startswith("[agent] importing")]
+    assert said == ["[agent] importing tests._no_such_rank failed (ModuleNotFoundError: No module named "
+                    "'tests._no_such_rank'): each rank starts afresh"], lines
+    assert any("No module named tests._no_such_rank" in line for line in lines), lines   # a rank's own words
 
 
 def test_the_launcher_reads_the_agents_lines_wherever_they_land():

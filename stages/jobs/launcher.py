@@ -1,7 +1,8 @@
 """Start the ranks under an agent in a subprocess of its own session, stream their logs, and never leave one behind.
 
 The agent is ``local_agent`` on one host (``python -I -S local_agent.py P GRACE -- python -m stages.train.rank.worker
---spec JOB.json``: it starts the P ranks itself, 2.3 s a job sooner than torchrun) and torchrun across hosts
+--spec JOB.json``: it starts the P ranks itself, 2.3 s a job sooner than torchrun; with ``--fork`` where no GPU
+driver is visible, it imports the worker once and forks the P ranks from itself) and torchrun across hosts
 (``python -m torch.distributed.run --nnodes=N ... --rdzv_backend=c10d ...``, whose rendezvous joins them). It runs in
 a new session (``start_new_session=True``): the agent and every rank share one process group, so on a timeout, an
 interrupt (KeyboardInterrupt, a cancelled Prefect task) or an error the whole group gets SIGTERM, a grace period,
@@ -92,7 +93,7 @@ def job_command(spec_path: str, world_size: int, cluster: Cluster | None = None,
     # the agent's own grace ends first: it has reaped its ranks and removed its store before the launcher's SIGKILL
     # of the group (terminate_group, after grace_s) could cut it short
     return JobCommand(local_agent.command(rank_argv, cluster.nproc_per_node(world_size), AGENT_GRACE * grace_s,
-                                          python), LOCAL_AGENT)
+                                          python, fork=local_agent.can_fork()), LOCAL_AGENT)
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:

@@ -28,17 +28,32 @@ launcher still finds them. A rank that outlives a stuck exit is SIGKILLed; the s
 the agent exits, whatever ended the job.
 
 ``stages.jobs.launcher`` reads these lines as it reads torchrun's failure summary.
+
+**Forked ranks.** A rank's imports (torch, torch_geometric, gnnpipe's stages) cost it ~5 CPU-s before it computes:
+174 ranks of the CPU suite spent 1 092 CPU-s, ~870 of them importing (benchmarks/RESULTS.md, "Forked ranks"). With
+``--fork`` the agent imports the ranks' module once (``python -m module``'s ``sys.path``) and forks each rank from
+itself; the child takes its rank's environment, the default signal handlers, and runs the module as ``__main__``
+(``runpy``), exactly the program ``python -m`` would run, then ends with ``os._exit`` (as the workers end anyway:
+``stages.runtime.rank_process``). The ranks stay the agent's children: watching, stopping and naming them is the
+same. The launcher asks for it only where no GPU driver is visible (``can_fork``): an import may initialise the
+driver (PyG's ``typing`` runs a CUDA op at import under pytest where pyg-lib is installed), and a child forked after
+that cannot use the GPU. A module that fails to import is said in one line, and each rank starts afresh (``exec``),
+so its error reaches the launcher as before. Run that way the agent is not isolated (``-I -S``): it needs the
+ranks' ``site-packages`` and ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from typing import NoReturn, TypeAlias
 
 SCRIPT = os.path.abspath(__file__)
 INIT_METHOD_ENV = "GNNPIPE_INIT_METHOD"   # read by stages.runtime.rank_process.init_method
@@ -49,8 +64,23 @@ FIRST_FAILURE = ", the first failure"
 STOPPED = ", stopped by the agent"
 
 
-def command(rank_argv: list[str], nproc: int, grace_s: float, python: str = sys.executable) -> list[str]:
-    """The agent's command line for ``nproc`` ranks of ``rank_argv`` (``[python, "-m", module, ...]``)."""
+FORK = "--fork"
+# a GPU driver's device nodes: NVIDIA's control device, AMD ROCm's kernel driver, WSL's GPU paravirtualisation
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def can_fork() -> bool:
+    """Whether ranks may be forked from an agent that imported their module: no GPU driver is visible here."""
+    return not any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+
+
+def command(rank_argv: list[str], nproc: int, grace_s: float, python: str = sys.executable, *,
+            fork: bool = False) -> list[str]:
+    """The agent's command line for ``nproc`` ranks of ``rank_argv`` (``[python, "-m", module, ...]``); ``fork``:
+    import the module once and fork the ranks from the agent (the module docstring). A module run so does its work
+    under ``if __name__ == "__main__":`` only; importing it must do nothing else (the agent imports it)."""
+    if fork:
+        return [python, SCRIPT, FORK, str(nproc), f"{grace_s:g}", "--", *rank_argv]
     return [python, "-I", "-S", SCRIPT, str(nproc), f"{grace_s:g}", "--", *rank_argv]
 
 
@@ -79,7 +109,7 @@ def _say(line: str) -> None:
         pass
 
 
-def _stop(ranks: list[subprocess.Popen[bytes]], grace_s: float) -> set[int]:
+def _stop(ranks: list[RankProcess], grace_s: float) -> set[int]:
     """SIGTERM every live rank, wait up to ``grace_s`` for them, SIGKILL the rest, reap all. The ranks it stopped."""
     stopped = {rank for rank, proc in enumerate(ranks) if proc.poll() is None}
     for rank in stopped:
@@ -94,7 +124,7 @@ def _stop(ranks: list[subprocess.Popen[bytes]], grace_s: float) -> set[int]:
     return stopped
 
 
-def _watch(ranks: list[subprocess.Popen[bytes]]) -> int | None:
+def _watch(ranks: list[RankProcess]) -> int | None:
     """Wait until every rank has exited 0 (None), one has failed (its rank), or a stop signal came (-1)."""
     while _Signals.received is None:
         codes = [proc.poll() for proc in ranks]
@@ -107,7 +137,7 @@ def _watch(ranks: list[subprocess.Popen[bytes]]) -> int | None:
     return -1
 
 
-def _report(ranks: list[subprocess.Popen[bytes]], first: int, stopped: set[int]) -> None:
+def _report(ranks: list[RankProcess], first: int, stopped: set[int]) -> None:
     for rank in sorted(range(len(ranks)), key=lambda r: r != first):
         if ranks[rank].returncode:
             why = FIRST_FAILURE if rank == first else STOPPED if rank in stopped else ""
@@ -124,23 +154,144 @@ def _die_of(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _start(ranks: list[subprocess.Popen[bytes]], nproc: int, rank_argv: list[str], store: str) -> None:
-    """Start the ranks one by one, until all run or a stop signal came."""
+class _Forked:
+    """A rank forked from the agent, with the face of the ``subprocess.Popen`` the agent watches and stops."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int | None:
+        return self._reap(0)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:   # not reaped, so the pid is still this rank's (alive or a zombie)
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+RankProcess: TypeAlias = "subprocess.Popen[bytes] | _Forked"
+
+
+def _preload(rank_argv: list[str]) -> str | None:
+    """Import the ranks' module (``rank_argv`` is ``[python, "-m", module, ...]``) with ``python -m``'s module path;
+    the module, or None where the ranks must start afresh (said in one line)."""
+    module = rank_argv[2] if len(rank_argv) > 2 and rank_argv[1] == "-m" else None
+    if module is None:
+        _say(f"cannot fork {rank_argv[:3]} (not 'python -m module'): each rank starts afresh")
+        return None
+    sys.path[0] = os.getcwd()   # python -m's first entry (this script's directory before)
+    try:
+        __import__(module)
+    except BaseException as err:   # noqa: BLE001 - any failure: the ranks meet it again and report it as theirs
+        _say(f"importing {module} failed ({type(err).__name__}: {err}): each rank starts afresh")
+        return None
+    # its imports stay; the module itself runs afresh as __main__ in each rank, as under python -m (runpy warns of a
+    # module it is asked to run that was imported already)
+    del sys.modules[module]
+    return module
+
+
+def _exit_code(err: SystemExit) -> int:
+    """The status Python's own exit gives ``sys.exit(code)``."""
+    if err.code is None or isinstance(err.code, int):
+        return err.code or 0
+    print(err.code, file=sys.stderr)
+    return 1
+
+
+def rank_name(rank: int) -> str:
+    """A forked rank's process name (``top``, ``ps -o comm``, ``pgrep``): its command line is still the agent's."""
+    return f"gnnpipe rank {rank}"[:15]   # Linux keeps 15 bytes of a name
+
+
+def _name_process(name: str) -> None:
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:   # not Linux: the name is a convenience
+        pass
+
+
+def _run_forked(module: str, argv: list[str], env: dict[str, str], blocked: set[int | signal.Signals]) -> NoReturn:
+    """In the forked child: become ``python -m module argv...`` with ``env``, run it, and end the process."""
+    code = 1
+    try:
+        _name_process(rank_name(int(env["RANK"])))
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)   # a signal that came meanwhile is delivered now
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [module, *argv]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as err:
+        code = _exit_code(err)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT   # Python dies of an uncaught Ctrl-C's signal
+    except BaseException:   # noqa: BLE001 - the traceback Python prints for an uncaught error, and its status
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        if code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code)
+
+
+def _fork(module: str, rank_argv: list[str], env: dict[str, str]) -> _Forked:
+    """Fork one rank from the agent; the stop signals are held back until the child has its default handlers (one
+    that came in between would otherwise run the agent's handler in the child and be lost)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(module, rank_argv[3:], env, blocked)
+    finally:   # the agent's own mask back, also when fork failed (the child never returns here)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return _Forked(pid)
+
+
+def _start(ranks: list[RankProcess], nproc: int, rank_argv: list[str], store: str, fork: bool) -> None:
+    """Start the ranks one by one (forked from this process if ``fork`` and the module imports here), until all run
+    or a stop signal came."""
+    module = _preload(rank_argv) if fork else None
     for rank in range(nproc):
         if _Signals.received is not None:
             return
-        ranks.append(subprocess.Popen(rank_argv, env=rank_environ(dict(os.environ), rank, nproc, store)))
+        env = rank_environ(dict(os.environ), rank, nproc, store)
+        ranks.append(_fork(module, rank_argv, env) if module else subprocess.Popen(rank_argv, env=env))
 
 
-def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
+def run(nproc: int, grace_s: float, rank_argv: list[str], fork: bool = False) -> int:
     """Run the job's ranks to the end; the agent's exit status (see the module docstring)."""
     for sig in _STOP_SIGNALS:
         signal.signal(sig, _on_stop_signal)
-    ranks: list[subprocess.Popen[bytes]] = []
+    ranks: list[RankProcess] = []
     store_dir = tempfile.mkdtemp(prefix="gnnpipe-job-")
     code, signum = 1, None
     try:
-        _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"))
+        _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"), fork)
         first = -1 if _Signals.received is not None else _watch(ranks)
         if first is None:
             code = 0
@@ -158,5 +309,6 @@ def run(nproc: int, grace_s: float, rank_argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    _nproc, _grace, _sep, *_argv = sys.argv[1:]
-    sys.exit(run(int(_nproc), float(_grace), _argv))
+    _fork_ranks = sys.argv[1] == FORK
+    _nproc, _grace, _sep, *_argv = sys.argv[1 + _fork_ranks:]
+    sys.exit(run(int(_nproc), float(_grace), _argv, _fork_ranks))

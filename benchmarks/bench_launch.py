@@ -86,8 +86,12 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    from stages.jobs import local_agent
+
     ways = {"torchrun": torchrun_job, "agent_exec": agent_exec_job, "agent_fork": agent_fork_job,
             "direct": direct_job}
+    if not local_agent.can_fork():   # a GPU host: the launcher never forks here, so neither does the benchmark
+        del ways["agent_fork"]
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, f"{RANK_MODULE}.py").write_text(RANK)

@@ -64,6 +64,8 @@ def main() -> int:
         return 0
     if mode == "stubborn" and env.rank == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a rank stuck in native code: only SIGKILL ends it
+    if env.rank == 1 and mode == "exit":
+        sys.exit(spec["code"])
     if env.rank == 1 and mode == "interrupt":
         raise KeyboardInterrupt   # uncaught: Python ends the process by SIGINT
     if env.rank == 1 and mode in ("die", "stubborn"):

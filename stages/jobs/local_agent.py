@@ -32,14 +32,20 @@ the agent exits, whatever ended the job.
 **Forked ranks.** A rank's imports (torch, torch_geometric, gnnpipe's stages) cost it ~5 CPU-s before it computes:
 174 ranks of the CPU suite spent 1 092 CPU-s, ~870 of them importing (benchmarks/RESULTS.md, "Forked ranks"). With
 ``--fork`` the agent imports the ranks' module once (``python -m module``'s ``sys.path``) and forks each rank from
-itself; the child takes its rank's environment, the default signal handlers, and runs the module as ``__main__``
-(``runpy``), exactly the program ``python -m`` would run, then ends with ``os._exit`` (as the workers end anyway:
-``stages.runtime.rank_process``). The ranks stay the agent's children: watching, stopping and naming them is the
-same. The launcher asks for it only where no GPU driver is visible (``can_fork``): an import may initialise the
-driver (PyG's ``typing`` runs a CUDA op at import under pytest where pyg-lib is installed), and a child forked after
-that cannot use the GPU. A module that fails to import is said in one line, and each rank starts afresh (``exec``),
-so its error reaches the launcher as before. Run that way the agent is not isolated (``-I -S``): it needs the
-ranks' ``site-packages`` and ``PYTHONPATH``.
+itself. The child takes its rank's environment (built from the agent's as it was before the import) and Python's
+signal handlers, and runs the module's code as ``__main__`` (``runpy``), as ``python -m`` does. It ends with
+``os._exit``, without atexit handlers or joining threads, as the workers end anyway (``stages.runtime.rank_process``);
+an uncaught exception goes to ``sys.excepthook`` and an uncaught Ctrl-C ends it by SIGINT, as in Python. The ranks
+stay the agent's children: watching, stopping and naming them is the same.
+
+What differs from a fresh process: ``ps`` shows the agent's command line (the rank is named ``gnnpipe rank N``),
+``/proc/PID/environ`` the agent's environment, and the ranks share the agent's string hash seed.
+
+The launcher asks for it only where no GPU driver is visible (``can_fork``): an import may initialise the driver
+(PyG's ``typing`` runs a CUDA op at import under pytest where pyg-lib is installed), and a child forked after that
+cannot use the GPU. A module that fails to import is said in one line, and each rank starts afresh (``exec``), so its
+error reaches the launcher as before. A stop signal during the import ends it at once. Run that way the agent is not
+isolated (``-I -S``): it needs the ranks' ``site-packages`` and ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+import warnings
 from typing import NoReturn, TypeAlias
 
 SCRIPT = os.path.abspath(__file__)
@@ -65,8 +71,8 @@ STOPPED = ", stopped by the agent"
 
 
 FORK = "--fork"
-# a GPU driver's device nodes: NVIDIA's control device, AMD ROCm's kernel driver, WSL's GPU paravirtualisation
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+# a GPU driver's device nodes: NVIDIA's control device, Jetson's, AMD ROCm's kernel driver, WSL's GPU
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvhost-ctrl", "/dev/kfd", "/dev/dxg")
 
 
 def can_fork() -> bool:
@@ -94,11 +100,18 @@ def rank_environ(base: dict[str, str], rank: int, nproc: int, store: str) -> dic
 
 class _Signals:
     received: int | None = None   # the first stop signal
+    importing = False             # the forking agent imports the ranks' module: a stop signal ends the import
+
+
+class _StoppedWhileImporting(BaseException):
+    pass
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
     if _Signals.received is None:
         _Signals.received = signum
+    if _Signals.importing:   # no rank exists yet: raising here loses none, and the import can take seconds
+        raise _StoppedWhileImporting
 
 
 def _say(line: str) -> None:
@@ -187,25 +200,33 @@ RankProcess: TypeAlias = "subprocess.Popen[bytes] | _Forked"
 
 def _preload(rank_argv: list[str]) -> str | None:
     """Import the ranks' module (``rank_argv`` is ``[python, "-m", module, ...]``) with ``python -m``'s module path;
-    the module, or None where the ranks must start afresh (said in one line)."""
+    the module, or None where the ranks must start afresh (said in one line). A stop signal during the import
+    raises ``_StoppedWhileImporting``."""
     module = rank_argv[2] if len(rank_argv) > 2 and rank_argv[1] == "-m" else None
     if module is None:
         _say(f"cannot fork {rank_argv[:3]} (not 'python -m module'): each rank starts afresh")
         return None
     sys.path[0] = os.getcwd()   # python -m's first entry (this script's directory before)
     try:
+        _Signals.importing = True
+        if _Signals.received is not None:   # came before the flag was up
+            raise _StoppedWhileImporting
         __import__(module)
+    except _StoppedWhileImporting:
+        raise
     except BaseException as err:   # noqa: BLE001 - any failure: the ranks meet it again and report it as theirs
         _say(f"importing {module} failed ({type(err).__name__}: {err}): each rank starts afresh")
         return None
+    finally:
+        _Signals.importing = False
     # its imports stay; the module itself runs afresh as __main__ in each rank, as under python -m (runpy warns of a
     # module it is asked to run that was imported already)
-    del sys.modules[module]
+    sys.modules.pop(module, None)
     return module
 
 
 def _exit_code(err: SystemExit) -> int:
-    """The status Python's own exit gives ``sys.exit(code)``."""
+    """The status Python's own exit gives ``sys.exit(code)`` (a negative one as ``os._exit`` takes it: -1 is 255)."""
     if err.code is None or isinstance(err.code, int):
         return err.code or 0
     print(err.code, file=sys.stderr)
@@ -225,9 +246,25 @@ def _name_process(name: str) -> None:
         pass
 
 
+def _end(code: int, died_of: int | None) -> NoReturn:
+    """End the forked rank: nothing may interrupt this any more (a signal's exception would unwind into the agent's
+    code), the streams flushed, then die of ``died_of`` or exit with ``code``."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed or broken stream must not keep the rank from ending
+            pass
+    if died_of is not None:
+        signal.signal(died_of, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {died_of})
+        os.kill(os.getpid(), died_of)
+    os._exit(code)
+
+
 def _run_forked(module: str, argv: list[str], env: dict[str, str], blocked: set[int | signal.Signals]) -> NoReturn:
     """In the forked child: become ``python -m module argv...`` with ``env``, run it, and end the process."""
-    code = 1
+    code, died_of = 1, None
     try:
         _name_process(rank_name(int(env["RANK"])))
         for sig in _STOP_SIGNALS:
@@ -241,20 +278,12 @@ def _run_forked(module: str, argv: list[str], env: dict[str, str], blocked: set[
     except SystemExit as err:
         code = _exit_code(err)
     except KeyboardInterrupt:
-        traceback.print_exc()
-        code = -signal.SIGINT   # Python dies of an uncaught Ctrl-C's signal
+        sys.excepthook(*sys.exc_info())
+        died_of = signal.SIGINT   # Python dies of an uncaught Ctrl-C's signal
     except BaseException:   # noqa: BLE001 - the traceback Python prints for an uncaught error, and its status
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        if code < 0:
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-        os._exit(code)
+        _end(code, died_of)
 
 
 def _fork(module: str, rank_argv: list[str], env: dict[str, str]) -> _Forked:
@@ -264,22 +293,31 @@ def _fork(module: str, rank_argv: list[str], env: dict[str, str]) -> _Forked:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns of forking a process with threads. The module's imports leave idle pools
+            # (OpenBLAS's, pyarrow's jemalloc's) whose libraries reset them in the child (pthread_atfork): the
+            # children compute (tests/test_local_agent.py), and the warning would repeat in the log per rank.
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
-            _run_forked(module, rank_argv[3:], env, blocked)
+            try:
+                _run_forked(module, rank_argv[3:], env, blocked)
+            finally:   # never back into the agent's code, whatever happened
+                os._exit(1)
     finally:   # the agent's own mask back, also when fork failed (the child never returns here)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return _Forked(pid)
 
 
-def _start(ranks: list[RankProcess], nproc: int, rank_argv: list[str], store: str, fork: bool) -> None:
-    """Start the ranks one by one (forked from this process if ``fork`` and the module imports here), until all run
-    or a stop signal came."""
-    module = _preload(rank_argv) if fork else None
+def _start(ranks: list[RankProcess], nproc: int, rank_argv: list[str], store: str, module: str | None,
+           environ: dict[str, str]) -> None:
+    """Start the ranks one by one (forked from this process if the module was imported here), until all run or a
+    stop signal came. ``environ``: the agent's environment before any import."""
     for rank in range(nproc):
         if _Signals.received is not None:
             return
-        env = rank_environ(dict(os.environ), rank, nproc, store)
+        env = rank_environ(environ, rank, nproc, store)
         ranks.append(_fork(module, rank_argv, env) if module else subprocess.Popen(rank_argv, env=env))
 
 
@@ -287,11 +325,16 @@ def run(nproc: int, grace_s: float, rank_argv: list[str], fork: bool = False) ->
     """Run the job's ranks to the end; the agent's exit status (see the module docstring)."""
     for sig in _STOP_SIGNALS:
         signal.signal(sig, _on_stop_signal)
+    environ = dict(os.environ)
+    try:   # before the store: a stop during the import leaves nothing to remove
+        module = _preload(rank_argv) if fork else None
+    except _StoppedWhileImporting:
+        module = None
     ranks: list[RankProcess] = []
     store_dir = tempfile.mkdtemp(prefix="gnnpipe-job-")
     code, signum = 1, None
     try:
-        _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"), fork)
+        _start(ranks, nproc, rank_argv, os.path.join(store_dir, "store"), module, environ)
         first = -1 if _Signals.received is not None else _watch(ranks)
         if first is None:
             code = 0

@@ -74,11 +74,31 @@ def test_one_host_runs_the_agent_and_several_run_torchrun(monkeypatch):
     assert "--nproc_per_node=2" in multi.argv
 
 
-def test_can_fork_where_no_gpu_driver_is_visible(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(local_agent, "GPU_DEVICE_NODES", (str(tmp_path / "nvidiactl"),))
+@pytest.mark.parametrize("node", ["nvidiactl", "nvidia0", "kfd"])
+def test_can_fork_where_no_gpu_driver_is_visible(monkeypatch, tmp_path: Path, node: str):
+    monkeypatch.setattr(local_agent, "GPU_DEVICE_NODES",
+                        tuple(p.replace("/dev", str(tmp_path)) for p in local_agent.GPU_DEVICE_NODES))
     assert local_agent.can_fork()
-    (tmp_path / "nvidiactl").touch()
+    (tmp_path / node).touch()
     assert not local_agent.can_fork()
+
+
+def test_an_import_that_initialised_cuda_starts_each_rank_afresh(monkeypatch, capsys):
+    """The second guard: where a driver hid from ``can_fork`` and the import initialised CUDA (as PyG's does under
+    pytest with pyg-lib), the agent does not fork."""
+    class _Cuda:
+        @staticmethod
+        def is_initialized() -> bool:
+            return True
+
+    monkeypatch.setitem(sys.modules, "torch", type("torch", (), {"cuda": _Cuda}))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert local_agent._preload([sys.executable, "-m", "tests._agent_rank"]) is None
+    assert capsys.readouterr().out == ("[agent] importing tests._agent_rank initialised CUDA, which a forked rank "
+                                       "cannot use: each rank starts afresh\n")
+    monkeypatch.setitem(sys.modules, "torch", type("torch", (), {"cuda": type("cuda", (), {
+        "is_initialized": staticmethod(lambda: False)})}))
+    assert local_agent._preload([sys.executable, "-m", "tests._agent_rank"]) == "tests._agent_rank"
 
 
 def test_ranks_get_torchruns_environment_and_join_through_the_agents_store(tmp_path: Path, start: str):

@@ -50,6 +50,7 @@ isolated (``-I -S``): it needs the ranks' ``site-packages`` and ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import glob
 import os
 import runpy
 import shutil
@@ -71,13 +72,20 @@ STOPPED = ", stopped by the agent"
 
 
 FORK = "--fork"
-# a GPU driver's device nodes: NVIDIA's control device, Jetson's, AMD ROCm's kernel driver, WSL's GPU
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvhost-ctrl", "/dev/kfd", "/dev/dxg")
+# a GPU driver's device nodes: NVIDIA's (control, per GPU, UVM), Jetson's, AMD ROCm's kernel driver, WSL's GPU
+GPU_DEVICE_NODES = ("/dev/nvidia*", "/dev/nvhost-ctrl", "/dev/kfd", "/dev/dxg")
 
 
 def can_fork() -> bool:
     """Whether ranks may be forked from an agent that imported their module: no GPU driver is visible here."""
-    return not any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+    return not any(glob.glob(node) for node in GPU_DEVICE_NODES)
+
+
+def _cuda_initialised() -> bool:
+    """Whether the import initialised torch's CUDA state (the second guard, should a driver hide from
+    ``can_fork``): a child forked after that cannot use the GPU."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def command(rank_argv: list[str], nproc: int, grace_s: float, python: str = sys.executable, *,
@@ -219,6 +227,9 @@ def _preload(rank_argv: list[str]) -> str | None:
         return None
     finally:
         _Signals.importing = False
+    if _cuda_initialised():
+        _say(f"importing {module} initialised CUDA, which a forked rank cannot use: each rank starts afresh")
+        return None
     # its imports stay; the module itself runs afresh as __main__ in each rank, as under python -m (runpy warns of a
     # module it is asked to run that was imported already)
     sys.modules.pop(module, None)

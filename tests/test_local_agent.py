@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -44,10 +45,11 @@ def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return str(request.param)
 
 
-def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10,
-            module: str = "tests._agent_rank") -> None:
+def _launch(tmp_path: Path, mode: str, lines: list[str], grace_s: float = 10, module: str = "tests._agent_rank",
+            **more: object) -> None:
+    """Run 2 ranks of ``module`` in ``mode`` (``more``: the mode's other spec fields) through the launcher."""
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"mode": mode, "result_dir": str(tmp_path)}))
+    spec.write_text(json.dumps({"mode": mode, "result_dir": str(tmp_path), **more}))
     launch(str(spec), 2, result_dir=str(tmp_path), log=lines.append, timeout_s=120, grace_s=grace_s, module=module)
 
 
@@ -86,18 +88,15 @@ def test_can_fork_where_no_gpu_driver_is_visible(monkeypatch, tmp_path: Path, no
 def test_an_import_that_initialised_cuda_starts_each_rank_afresh(monkeypatch, capsys):
     """The second guard: where a driver hid from ``can_fork`` and the import initialised CUDA (as PyG's does under
     pytest with pyg-lib), the agent does not fork."""
-    class _Cuda:
-        @staticmethod
-        def is_initialized() -> bool:
-            return True
+    def torch_whose_cuda(initialised: bool) -> object:
+        return SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: initialised))
 
-    monkeypatch.setitem(sys.modules, "torch", type("torch", (), {"cuda": _Cuda}))
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "torch", torch_whose_cuda(True))
     assert local_agent._preload([sys.executable, "-m", "tests._agent_rank"]) is None
     assert capsys.readouterr().out == ("[agent] importing tests._agent_rank initialised CUDA, which a forked rank "
                                        "cannot use: each rank starts afresh\n")
-    monkeypatch.setitem(sys.modules, "torch", type("torch", (), {"cuda": type("cuda", (), {
-        "is_initialized": staticmethod(lambda: False)})}))
+    monkeypatch.setitem(sys.modules, "torch", torch_whose_cuda(False))
     assert local_agent._preload([sys.executable, "-m", "tests._agent_rank"]) == "tests._agent_rank"
 
 
@@ -252,10 +251,8 @@ def test_a_module_that_cannot_be_imported_is_said_and_each_rank_meets_it_afresh(
 def test_a_rank_that_exits_has_the_status_python_gives_it(tmp_path: Path, start: str, code: object, status: int):
     """``sys.exit(-1)`` is status 255, not a signal; ``sys.exit("a reason")`` prints the reason, status 1."""
     lines: list[str] = []
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"mode": "exit", "code": code, "result_dir": str(tmp_path)}))
     with pytest.raises(TrainingError, match=rf"^training failed: rank 1 exited with code {status}"):
-        launch(str(spec), 2, result_dir=str(tmp_path), log=lines.append, timeout_s=120, module="tests._agent_rank")
+        _launch(tmp_path, "exit", lines, code=code)
     pids = _rank_pids(lines)
     assert f"[agent] rank 1 exited with code {status} (pid {pids[1]}), the first failure" in lines
     assert isinstance(code, int) or any(line.endswith(f" {code}") for line in lines), lines   # on stderr

@@ -2,11 +2,13 @@
 
 Configuration: built-in defaults ← ``--config FILE`` (YAML or TOML) ← ``--set key=value`` (see ``flows.load``);
 ``gnnpipe params`` lists every parameter. Errors a user can fix print one line (``error: ...``) and exit 2: commands
-raise :class:`~storage.GnnpipeError`, and ``main`` alone turns it into that line.
+raise :class:`~storage.GnnpipeError`, typer's own usage errors (an unknown option, a missing argument, a value of
+the wrong type) are click's ``UsageError``, and ``main`` alone turns either into that line.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
@@ -16,7 +18,7 @@ from typing import Any
 import typer
 
 from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, cli_verify, interrupts, terminal
-from flows.config import ORDER, STAGES, PipelineConfig, flow_parameters, stage_keys
+from flows.config import ORDER, STAGES, PipelineConfig, flat_names, flow_parameters, renamed_names, stage_keys
 from flows.env import configure_prefect_env
 from flows.load import load_config
 from flows.locks import tidy
@@ -24,7 +26,12 @@ from flows.params_doc import parameter_table
 from storage import ArtifactStore, GnnpipeError
 from storage.inventory import claim_origin, mark_used
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+HELP = ("Run the pipeline or one stage, and inspect what the artifact store holds.\n\n"
+        "Configuration: built-in defaults, then --config FILE (YAML or TOML), then --set key=value (repeatable); "
+        "`gnnpipe params` lists every parameter. An error you can fix prints one line, `error: ...`, and exits 2.")
+# click's exceptions: click's own module, or the copy of click that typer carries from 0.2x on (typer._click)
+CLICK_ERRORS: Any = importlib.import_module(typer.BadParameter.__module__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
 NO_WAIT = typer.Option(False, "--no-wait", help="fail at once if another live run is building a stage this run needs, "
                                                 "instead of waiting for it (the `wait` parameter)")
 
@@ -78,22 +85,19 @@ def _print_results(store: ArtifactStore, results: dict[str, dict[str, Any]]) -> 
 
 
 @app.command()
-def run(config: Path | None = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters"),
+def run(config: Path | None = cli_store.CONFIG,
         until: str | None = typer.Option(None, help=f"last stage to run ({', '.join(ORDER)})"),
         force: list[str] = typer.Option([], "--force", "-f", help="rerun this stage even if cached (repeatable)"),
-        set_: list[str] = typer.Option([], "--set", "-s", help="parameter override key=value (repeatable)"),
-        artifacts: str | None = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)"),
+        set_: list[str] = cli_store.SETS, artifacts: str | None = cli_store.ARTIFACTS,
         no_wait: bool = NO_WAIT) -> None:
     """Run the pipeline; stages whose inputs did not change are taken from the cache."""
     _run(load_config(config, set_, until=until, force=force, artifacts=artifacts, wait=False if no_wait else None))
 
 
 @app.command()
-def stage(name: str = typer.Argument(..., help=f"one of {', '.join(ORDER)}"),
-          config: Path | None = typer.Option(None, "--config", "-c"),
-          set_: list[str] = typer.Option([], "--set", "-s"),
-          artifacts: str | None = typer.Option(None, envvar="ARTIFACTS"),
-          no_wait: bool = NO_WAIT) -> None:
+def stage(name: str = typer.Argument(..., metavar="STAGE", help=f"one of {', '.join(ORDER)}"),
+          config: Path | None = cli_store.CONFIG, set_: list[str] = cli_store.SETS,
+          artifacts: str | None = cli_store.ARTIFACTS, no_wait: bool = NO_WAIT) -> None:
     """Rerun one stage, taking its upstream from the cache."""
     cli_store.check_stage(name)
     _run(load_config(config, set_, until=name, force=[name], artifacts=artifacts, wait=False if no_wait else None))
@@ -113,6 +117,26 @@ cli_export.register(app)
 cli_score.register(app)
 
 
+def usage_line(err: Exception) -> str:
+    """click's message for ``err`` as the rest of an ``error:`` line, naming the --help that says more (or, for an
+    option named like a parameter, the ``--set`` that gives it)."""
+    message = " ".join(err.format_message().split()).rstrip(".")   # type: ignore[attr-defined]
+    message = message[:1].lower() + message[1:]
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None:
+        command = ctx.command_path
+    else:   # a parser error may come without its context (a value missing after an option): the command typed
+        commands = typer.main.get_command(app).commands   # type: ignore[attr-defined]
+        command = " ".join(["gnnpipe", *sys.argv[1:2]]) if sys.argv[1:2] in [[c] for c in commands] else "gnnpipe"
+    name = str(getattr(err, "option_name", "") or "").removeprefix("--").replace("-", "_")
+    takes_sets = ctx is not None and any(p.name == "set_" for p in ctx.command.params)
+    if isinstance(err, CLICK_ERRORS.NoSuchOption) and takes_sets and name in {**flat_names(), **renamed_names()}:
+        # click's "Possible options" would point at the wrong ones
+        return f"no such option: {err.option_name}; {name} is a parameter: --set {name}=VALUE (`gnnpipe params` " \
+               "lists them)"
+    return f"{message}; see `{command} --help`"
+
+
 def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the builds this command makes record how it was invoked (`gnnpipe status`); a value the user set wins
@@ -120,7 +144,19 @@ def main() -> None:
     interrupts.install()
     with terminal.track_stderr():   # the last line starts a line of its own, whatever a progress bar left
         try:
-            app()
+            code = app(prog_name="gnnpipe", standalone_mode=False)   # click's errors come here: one line
+            if isinstance(code, int) and code:   # a typer.Exit's code (a command returns None)
+                sys.exit(code)
+        except CLICK_ERRORS.NoArgsIsHelpError as err:   # a bare `gnnpipe`: typer has printed the help
+            sys.exit(err.exit_code)
+        except CLICK_ERRORS.ClickException as err:   # an unknown option, a missing argument, a value of the wrong type
+            terminal.start_line()
+            typer.echo(f"error: {usage_line(err)}", err=True)
+            sys.exit(2 if isinstance(err, CLICK_ERRORS.UsageError) else err.exit_code)
+        except typer.Abort:   # end of input at a prompt
+            terminal.start_line()
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
         except GnnpipeError as err:   # every command's user errors, and those raised while typer parses
             terminal.start_line()
             typer.echo(f"error: {err}", err=True)

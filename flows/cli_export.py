@@ -33,7 +33,7 @@ import typer
 import zarr
 
 from flows import cli_store
-from flows.cli_store import ARTIFACTS, CONFIG, SETS
+from flows.cli_store import ARTIFACTS, BUILD_KEY, CONFIG, SETS
 from storage import InputError
 from storage.infer import NODES, PREDICTIONS, SPLIT_CODES
 from storage.infer_artifact import InferArtifact
@@ -42,8 +42,8 @@ FORMATS = ("parquet", "zarr", "npy")
 EXPORT_JSON = "export.json"
 
 
-def export(stage: str = typer.Argument(..., help="the stage whose outputs to export: infer"),
-           key: str | None = typer.Argument(None, help="a build's key or its first characters (gnnpipe status)"),
+def export(stage: str = typer.Argument(..., metavar="STAGE", help="the stage whose outputs to export: infer"),
+           key: str | None = BUILD_KEY,
            format_: str = typer.Option(..., "--format", "-f", help=f"one of {', '.join(FORMATS)}"),
            out: Path = typer.Option(..., "--out", "-o", help="directory to write into (created if absent)"),
            force: bool = typer.Option(False, "--force", help="write into a non-empty DIR, replacing files of the "

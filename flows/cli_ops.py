@@ -21,12 +21,15 @@ def _url(port: int) -> str:
     return os.environ.get("PREFECT_API_URL") or services.api_url(services.DEFAULT_HOST, port)
 
 
+PORT = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT", help="the server's port on 127.0.0.1")
 server_app = typer.Typer(help="A local Prefect server (UI at http://127.0.0.1:PORT).", no_args_is_help=True)
 worker_app = typer.Typer(help="A process worker for the gnnpipe-local pool.", no_args_is_help=True)
 
 
 @server_app.command("up")
-def server_up(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT")) -> None:
+def server_up(port: int = PORT) -> None:
+    """Start the server in the background (one at a time), wait until it answers, and print the PREFECT_API_URL
+    to export."""
     url = services.server_up(services.DEFAULT_HOST, port)
     typer.echo(f"Prefect server at {url} (UI: {url.removesuffix('/api')}), log {services.log_file('server')}")
     typer.echo(f"export PREFECT_API_URL={url}")
@@ -34,22 +37,24 @@ def server_up(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PO
 
 @server_app.command("down")
 def server_down() -> None:
+    """Stop the server this command started."""
     typer.echo("server stopped" if services.stop("server") else "no server running")
 
 
 @worker_app.command("up")
-def worker_up(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT"),
-              pool: str = typer.Option(services.POOL)) -> None:
+def worker_up(port: int = PORT, pool: str = typer.Option(services.POOL, help="the work pool to poll")) -> None:
+    """Start a process worker in the background: it runs the deployments' flow runs (`prefect deployment run`)."""
     pid = services.worker_up(_url(port), pool)
     typer.echo(f"worker pid {pid} polling pool {pool}, log {services.log_file('worker')}")
 
 
 @worker_app.command("down")
 def worker_down() -> None:
+    """Stop the worker this command started."""
     typer.echo("worker stopped" if services.stop("worker") else "no worker running")
 
 
-def deploy(port: int = typer.Option(services.DEFAULT_PORT, envvar="PREFECT_PORT")) -> None:
+def deploy(port: int = PORT) -> None:
     """Register every deployment of prefect.yaml (gnnpipe/default, gnnpipe/ogbn-products, ...)."""
     env = {**os.environ, "PREFECT_API_URL": _url(port)}
     services.ensure_pool(env["PREFECT_API_URL"])

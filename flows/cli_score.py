@@ -94,7 +94,7 @@ def _check_out(out: Path) -> None:
         raise InputError(f"--out {out}: directory {out.parent} does not exist")
 
 
-def score(key: str | None = typer.Argument(None, help="an infer build's key or its first characters "
+def score(key: str | None = typer.Argument(None, metavar="KEY", help="an infer build's key or its first characters "
                                                       "(gnnpipe status)"),
           pairs: Path = typer.Option(..., "--pairs", "-p", help="node pairs in orig ids: .npy [2, E] or .csv "
                                                                 "src,dst"),

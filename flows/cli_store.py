@@ -28,6 +28,7 @@ from storage.train import checkpoint_dirs, job_checkpoints, remove_checkpoints
 CONFIG = typer.Option(None, "--config", "-c", help="YAML/TOML file of parameters")
 SETS = typer.Option([], "--set", "-s", help="parameter override key=value (repeatable)")
 ARTIFACTS = typer.Option(None, envvar="ARTIFACTS", help="artifact root (path or URL)")
+BUILD_KEY = typer.Argument(None, metavar="KEY", help="a build's key or its first characters (gnnpipe status)")
 
 
 def check_stage(name: str) -> None:
@@ -207,8 +208,8 @@ def _default_choice(store: ArtifactStore, name: str, key: str) -> str:
     return key
 
 
-def show(name: str = typer.Argument(..., help=f"one of {', '.join(ORDER)}"),
-         key: str | None = typer.Argument(None, help="a build's key or its first characters (gnnpipe status)"),
+def show(name: str = typer.Argument(..., metavar="STAGE", help=f"one of {', '.join(ORDER)}"),
+         key: str | None = BUILD_KEY,
          config: Path | None = CONFIG, set_: list[str] = SETS, artifacts: str | None = ARTIFACTS) -> None:
     """Print a stage's report: of build KEY, of the config given, or of the stage's only build."""
     store, manifest = find_build(name, key, config, set_, artifacts)

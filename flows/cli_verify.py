@@ -76,11 +76,12 @@ def _root_builds(store: ArtifactStore, name: str | None) -> list[tuple[str, str]
     return found
 
 
-def verify(name: str | None = typer.Argument(None, help=f"only this stage's builds ({', '.join(ORDER)})"),
+def verify(name: str | None = typer.Argument(None, metavar="STAGE",
+                                             help=f"only this stage's builds ({', '.join(ORDER)})"),
            config: Path | None = CONFIG, set_: list[str] = SETS, artifacts: str | None = ARTIFACTS) -> None:
-    """Re-read builds (all, a config's with --config/--set, one stage's with STAGE): every file against the size and
-    checksum its manifest recorded, every Zarr chunk through its crc32c. Names the command that rebuilds a damaged
-    one."""
+    """Re-read builds (all, a config's with --config/--set, one stage's with STAGE): every file against the size
+    and checksum its manifest recorded, every Zarr chunk through its crc32c. Names the command that rebuilds a
+    damaged one."""
     if name is not None:
         check_stage(name)
     given: list[str] | None = None   # the --config/--set to rebuild with, when the user named a config

@@ -106,6 +106,38 @@ def test_the_command_prints_a_config_error_as_one_line_and_exits_2(tmp_path: Pat
     assert len(lines) == 1 and re.match(f"error: {message}", lines[0]), proc.stderr
 
 
+# typer's own usage errors (before any command runs) go through the same one line: two cases through the command,
+# one with click's context and one a parser error without it (then the command is read from argv)
+@pytest.mark.parametrize("args, line", [
+    (["run", "--bogus"], "error: no such option: --bogus; see `gnnpipe run --help`"),
+    (["export", "infer", "--format"], "error: option '--format' requires an argument; see `gnnpipe export --help`"),
+])
+def test_a_usage_error_is_one_line_naming_the_help_and_exits_2(args: list[str], line: str):
+    proc = gnnpipe(*args)
+    assert (proc.returncode, proc.stderr.strip().splitlines(), proc.stdout) == (2, [line], "")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["show"], "missing argument 'STAGE'; see `gnnpipe show --help`"),
+    (["train", "--nnodes", "two"], "invalid value for '--nnodes': .*; see `gnnpipe train --help`"),
+    (["show", "train", "abc", "extra"], r"got unexpected extra argument\(s\) \(extra\); see `gnnpipe show --help`"),
+    (["--bogus"], "no such option: --bogus; see `gnnpipe --help`"),
+    # an option named like a parameter: the --set that gives it, not click's guess at an option
+    (["stage", "train", "--fanouts", "5"],
+     r"no such option: --fanouts; fanouts is a parameter: --set fanouts=VALUE \(`gnnpipe params` lists them\)"),
+    (["run", "--train-seed=3"], "no such option: --train-seed; train_seed is a parameter: --set train_seed=VALUE .*"),
+    (["run", "--epochz", "3"], "no such option: --epochz; see `gnnpipe run --help`"),
+])
+def test_usage_errors_read_as_the_rest_of_an_error_line(args: list[str], line: str, monkeypatch):
+    import typer
+
+    from flows import cli
+    monkeypatch.setattr("sys.argv", ["gnnpipe", *args])
+    with pytest.raises(cli.CLICK_ERRORS.UsageError) as err:
+        typer.main.get_command(cli.app).main(args, prog_name="gnnpipe", standalone_mode=False)
+    assert re.fullmatch(line, cli.usage_line(err.value)), cli.usage_line(err.value)
+
+
 def test_a_broken_toml_file_names_line_and_column(tmp_path: Path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("epochs = 3\nmodel = \n")
@@ -120,3 +152,18 @@ def test_unknown_stage_and_missing_config(tmp_path: Path):
     assert proc.returncode == 2 and "config file" in proc.stderr and "not found" in proc.stderr
     proc = gnnpipe("show", "partition", "--artifacts", str(tmp_path / "empty"))
     assert proc.returncode == 2 and "is missing" in proc.stderr and "rerun the pipeline" in proc.stderr
+
+
+def test_every_command_and_option_says_what_it_is_for():
+    import typer
+
+    from flows import cli
+
+    def silent(cmd: Any, path: str) -> list[str]:
+        found = [] if (cmd.help or "").strip() else [path]
+        found += [f"{path} {p.name}" for p in cmd.params if p.name != "help" and not (getattr(p, "help", "") or "")]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            found += silent(sub, f"{path} {name}")
+        return found
+
+    assert silent(typer.main.get_command(cli.app), "gnnpipe") == []

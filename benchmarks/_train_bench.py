@@ -53,6 +53,7 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
     from stages.jobs.errors import JobError
     from stages.jobs.launcher import launch
     from stages.train.spec import TrainSpec
+    from storage.train import torchrun_log_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = str(Path(tmp, "spec.json"))
@@ -60,7 +61,8 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
                   features_key=manifests["features"].key, hotness_key=manifests["hotness"].key,
                   params=params.model_dump(mode="json"), checkpoint_dir=tmp, result_dir=tmp).save(spec_path)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               "--max-restarts=0", str(Path(script).resolve()), "--rank-worker", "--spec", spec_path, *worker_argv]
+               "--max-restarts=0", f"--log-dir={torchrun_log_dir(tmp)}", str(Path(script).resolve()),
+               "--rank-worker", "--spec", spec_path, *worker_argv]
         written = Path(tmp, "bench.json")
         try:
             launch(spec_path, ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),

@@ -55,8 +55,9 @@ RANK_ARGV = [sys.executable, "-m", RANK_MODULE]
 
 
 def torchrun_job(ranks: int) -> None:
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                    "--max-restarts=0", "-m", RANK_MODULE], check=True, capture_output=True)
+    with tempfile.TemporaryDirectory() as logs:   # torchrun's default, a new $TMPDIR/torchelastic_*, stays behind
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                        "--max-restarts=0", f"--log-dir={logs}", "-m", RANK_MODULE], check=True, capture_output=True)
 
 
 def _agent_job(ranks: int, fork: bool) -> None:

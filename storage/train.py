@@ -162,6 +162,14 @@ def error_path(results: str | os.PathLike[str], rank: int) -> Path:
     return Path(results) / f"error-{rank}.json"
 
 
+def torchrun_log_dir(results: str | os.PathLike[str]) -> Path:
+    """torchrun's folder of a job's attempts (``--log-dir``). Left to itself torchrun makes a new
+    ``$TMPDIR/torchelastic_*`` a job and never removes it (916 of them piled up in this box's /tmp over two days of
+    tests); here the launcher removes it with the job, and the next attempt, which starts its results afresh,
+    whatever a killed job left."""
+    return Path(results) / "torchrun"
+
+
 def error_paths(results: str | os.PathLike[str]) -> list[Path]:
     return sorted(Path(results).glob("error-*.json"))
 

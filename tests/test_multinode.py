@@ -239,13 +239,17 @@ def test_a_node_with_another_config_refuses_to_start(job: dict[str, Any]):
     assert job["store"].find("train", job["key"]) is None
 
 
-def test_a_node_left_alone_gives_up_at_the_join_timeout(job: dict[str, Any]):
+def test_a_node_left_alone_gives_up_at_the_join_timeout(job: dict[str, Any], tmp_path: Path):
+    tmp = tmp_path / "tmp"   # torchrun's own default for its folder of attempts, which it never removes
+    tmp.mkdir()
     lone = subprocess.run([*GNNPIPE, "train", "-c", job["cfg"], "--nnodes", "2", "--rdzv",
-                           f"127.0.0.1:{_free_port()}", "--join-timeout", "3"], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+                           f"127.0.0.1:{_free_port()}", "--join-timeout", "3"], cwd=REPO,
+                          env={**cli_env(), "TMPDIR": str(tmp)}, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S)
     assert lone.returncode != 0
     assert lone.stderr.strip().splitlines()[-1].startswith("error: the other nodes did not join the rendezvous at "
                                                            "127.0.0.1:")
+    assert not list(tmp.iterdir()) and not list(job["root"].rglob("torchrun"))
 
 
 def test_train_command_rejects_bad_cluster_setups_before_reading_anything(tmp_path: Path):

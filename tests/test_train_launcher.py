@@ -157,6 +157,7 @@ def test_torchrun_command_runs_one_rank_per_partition_without_restarts():
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in cmd and "--nproc_per_node=4" in cmd and "--max-restarts=0" in cmd
     assert cmd[-4:] == ["-m", "stages.train.rank.worker", "--spec", "/tmp/spec.json"]
+    assert "--log-dir=/job/result/torchrun" in torchrun_command("/tmp/spec.json", 4, log_dir="/job/result/torchrun")
 
 
 # A torchrun stand-in: on SIGTERM it stops its worker and exits, as torchrun's agent does. It names its pids only

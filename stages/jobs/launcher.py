@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from stages.jobs.cluster import Cluster
 from stages.jobs.errors import TRAINING, JobKind
 from stages.jobs.lifeline import supervised
 from storage.errors import GnnpipeError, InputError
-from storage.train import error_paths, remove_partial_writes
+from storage.train import error_paths, remove_partial_writes, torchrun_log_dir
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 10.0
@@ -67,10 +68,13 @@ AGENT_GRACE = 0.8   # the local agent's grace, as a share of the launcher's
 
 
 def torchrun_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
-                     module: str = "stages.train.rank.worker", python: str = sys.executable) -> list[str]:
-    """This node's torchrun command line for a job of ``world_size`` ranks (single host unless ``cluster``)."""
+                     module: str = "stages.train.rank.worker", python: str = sys.executable,
+                     log_dir: str | None = None) -> list[str]:
+    """This node's torchrun command line for a job of ``world_size`` ranks (single host unless ``cluster``);
+    ``log_dir``: the folder of its attempts (``storage.train.torchrun_log_dir``; else a new one in $TMPDIR)."""
     placement = (cluster or Cluster()).torchrun_args(world_size)
-    return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5",
+    logs = [f"--log-dir={log_dir}"] if log_dir else []
+    return [python, "-m", "torch.distributed.run", *placement, "--max-restarts=0", "--monitor-interval=0.5", *logs,
             "-m", module, "--spec", spec_path]
 
 
@@ -84,11 +88,13 @@ class JobCommand:
 
 def job_command(spec_path: str, world_size: int, cluster: Cluster | None = None, *,
                 module: str = "stages.train.rank.worker", python: str = sys.executable,
-                grace_s: float = GRACE_S) -> JobCommand:
-    """``local_agent`` for a single-host job, torchrun for this node's share of a multi-node one."""
+                grace_s: float = GRACE_S, log_dir: str | None = None) -> JobCommand:
+    """``local_agent`` for a single-host job, torchrun for this node's share of a multi-node one (``log_dir``: its
+    folder of attempts, ``torchrun_command``)."""
     cluster = cluster or Cluster()
     if cluster.multi_node:
-        return JobCommand(torchrun_command(spec_path, world_size, cluster, module=module, python=python), TORCHRUN)
+        return JobCommand(torchrun_command(spec_path, world_size, cluster, module=module, python=python,
+                                           log_dir=log_dir), TORCHRUN)
     rank_argv = [python, "-m", module, "--spec", spec_path]
     # the agent's own grace ends first: it has reaped its ranks and removed its store before the launcher's SIGKILL
     # of the group (terminate_group, after grace_s) could cut it short
@@ -286,8 +292,10 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
 
     ``command`` replaces the agent's command line (tests of the teardown use a torchrun stand-in).
     """
+    torchrun_logs = torchrun_log_dir(result_dir)
     chosen = JobCommand(command, TORCHRUN) if command else job_command(spec_path, world_size, cluster,
-                                                                         module=module, grace_s=grace_s)
+                                                                         module=module, grace_s=grace_s,
+                                                                         log_dir=str(torchrun_logs))
     argv = chosen.argv
     cmd, lifeline = supervised(argv, grace_s)   # stopped even if this process is SIGKILLed
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -312,6 +320,7 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
         proc.wait()
         reader.join(timeout=5)
         remove_partial_writes(result_dir)   # every rank is gone: a record half-written by a killed one is litter
+        shutil.rmtree(torchrun_logs, ignore_errors=True)   # torchrun's empty attempt folders (no --redirects)
     if stubborn:
         log(f"[launcher] SIGKILLed pids {stubborn} that ignored SIGTERM for {grace_s:.0f} s")
     if timed_out:

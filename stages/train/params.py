@@ -96,7 +96,8 @@ class Params(StageParams):
                                                         "accumulation; Ampere and later; no faster on a CPU); "
                                                         "bfloat16 autocasts them "
                                                         "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
-                                                        "accuracy on the default graph); weights stay float32")
+                                                        "accuracy on the default graph); weights stay float32, "
+                                                        "and the infer stage computes in float32 whatever this is")
     edge_features: bool = Field(True, description="use the graph's edge features when it has them and the model "
                                                    "takes them (gat, or a plug-in factory with an edge_dim "
                                                    "parameter); false: ignore them")

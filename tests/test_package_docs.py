@@ -1,5 +1,6 @@
-"""Every package's map names all its rooms: each module (and sub-package) of ``stages/*/``, ``storage/`` and
-``flows/`` appears in its ``__init__.py`` docstring as ``name``, so a newcomer reading the map misses none."""
+"""Every package's map names all its rooms: each module (and sub-package) of ``stages/``, ``stages/*/``,
+``storage/`` and ``flows/`` appears in its ``__init__.py`` docstring as ``name``, so a newcomer reading the map
+misses none."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = sorted([*(p.parent for p in (ROOT / "stages").glob("*/__init__.py")), ROOT / "storage", ROOT / "flows"])
+PACKAGES = sorted([*(p.parent for p in (ROOT / "stages").glob("*/__init__.py")), ROOT / "stages", ROOT / "storage",
+                   ROOT / "flows"])
 
 
 def rooms(package: Path) -> list[str]:

@@ -10,7 +10,7 @@ to the output in bucket order: the bytes the in-process loop appends, bucket aft
 The files are in the sort's scratch directory, which the unit's worker must reach: beside the work directory on a
 local artifact root (a shared file system on a cluster, reached by every worker: ``executor.check_reach``), in
 ``$TMPDIR`` on an object-store root (the download stage then sorts in this process unless the executor is a local
-cluster on this host: ``stages.download.streamed.sort_executor``).
+cluster on this host: ``sort_executor`` below).
 
 Idempotent: a unit writes each file under a temporary name and renames it (the sources last: they say the bucket
 is done), and removes its keys only then. A unit rerun after its worker died (Dask reschedules it) either finds

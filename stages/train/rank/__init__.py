@@ -6,7 +6,7 @@
   end, the order of the published embedding tables); ``typed_data``: the same for a typed graph.
 - ``cache_policy``: which gids the rank caches on its device (policy; the mechanism is ``stages.runtime``);
   ``cache_budget``: how many bytes of them, decided where the rank runs (a GPU's free memory).
-- ``loader``: seeds → sampled batch → feature rows → labels, in lockstep; ``prefetch``: the next batch prepared
+- ``loader``: seeds → sampled batch → feature rows, in lockstep; ``prefetch``: the next batch prepared
   while the model computes.
 - ``trainer``: task, model, DDP, optimiser and the run; ``loop``: the epoch and evaluation loops; ``recipe``:
   best-validation selection, early stopping, the LR schedule; ``stats``: an epoch's metrics, all-reduced.

@@ -1,4 +1,5 @@
-"""The loader room: a rank's seed gids -> sampled batch -> gathered feature rows -> labels, in lockstep batches.
+"""The loader room: a rank's seed gids -> sampled batch -> gathered feature rows, in lockstep batches (the labels are
+the task's: ``stages.train.tasks``).
 
 Lockstep contract, for every pass (a training epoch, a validation or test pass):
 

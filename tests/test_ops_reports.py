@@ -37,6 +37,7 @@ from stages.train.rank.recipe import BestModel
 from stages.train.rank.stats import EpochStats
 from stages.train.tasks import NodeClassification
 from storage import ArtifactError, ArtifactStore, InputError, Manifest
+from storage.train import torchrun_log_dir
 from storage.zarr_io import open_group, read_array, rerun_hint, write_array
 from tests._download_cases import write_dataset
 
@@ -231,8 +232,9 @@ def test_a_real_torchrun_group_killed_from_outside(tmp_path: Path):
     """torchrun and its rank, signalled as `kill -TERM -<pgid>` (Slurm, systemd, docker stop) would."""
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
+    logs = torchrun_log_dir(tmp_path)   # as the launcher's own torchrun command has it (else a $TMPDIR folder stays)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-               "--max-restarts=0", "--monitor-interval=0.5", str(script)]
+               "--max-restarts=0", "--monitor-interval=0.5", f"--log-dir={logs}", str(script)]
     lines: list[str] = []
 
     def kill_when_up() -> None:
@@ -248,3 +250,4 @@ def test_a_real_torchrun_group_killed_from_outside(tmp_path: Path):
         launch("unused", 1, result_dir=str(tmp_path), log=lines.append, timeout_s=120, command=command)
     killer.join(5)
     assert str(err.value) == SIGNALLED.format(sig="SIGTERM"), lines
+    assert not logs.exists()   # removed with the job, however it ended

@@ -2,7 +2,8 @@
 
 - The flow: ``pipeline`` (download → partition → features → hotness → train → infer, each a cached task up to
   ``until``), ``tasks`` (one Prefect task per stage; the cache key is the artifact's key), ``direct`` (the same
-  stages in this process, without Prefect, for tests and benchmarks).
+  stages in this process, without Prefect, for tests and benchmarks), ``builds`` (which stages a config would take
+  from the cache: ``cached``, ``stale`` or ``missing``).
 - Configuration: ``config`` (the pipeline's config, derived from the stages' ``Params``), ``load`` (defaults ←
   ``--config FILE`` ← ``--set``), ``params_doc`` (the parameter table of ``gnnpipe params`` and the README).
 - The CLI: ``cli`` (``gnnpipe``: run the pipeline or a stage, inspect the store), ``cli_train`` (this node's share of

@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from flows import locks
+from flows.builds import find_builds
 from flows.config import ORDER, STAGES, PipelineConfig, stage_keys
 from flows.load import load_config
 from flows.records import locks_dir, prefect_dir
@@ -142,15 +143,18 @@ def list_root(store: ArtifactStore) -> list[str]:
 
 
 def config_status(store: ArtifactStore, cfg: PipelineConfig) -> list[str]:
-    """Per stage of ``cfg``: its key, ``cached`` or ``missing``, where, and the summary line."""
+    """Per stage of ``cfg``: its key, ``cached``, ``stale`` (``flows.builds``) or ``missing``, where, and the
+    summary line."""
     lines = []
     ckpts = checkpoint_dirs(store)
-    for name, key in stage_keys(cfg).items():
-        manifest = store.find(name, key)
+    for name, found in find_builds(store, cfg).items():
+        key, manifest = found.key, found.manifest
         if manifest is not None:
             headline = STAGES[name].report(manifest).headline
-            lines.append(f"{name:<10} {key}  cached     {store.url(name, key)}  {manifest.bytes / 2**20:.1f} MiB  "
-                         f"{headline}")
+            if found.state == "stale":
+                headline = f"rests on another build of {', '.join(manifest.upstream_builds)}: a run rebuilds it"
+            lines.append(f"{name:<10} {key}  {found.state:<10} {store.url(name, key)}  "
+                         f"{manifest.bytes / 2**20:.1f} MiB  {headline}")
             continue
         note = f"  (checkpoints: {_epochs_done(ckpts[key])}; a run resumes)" if name == "train" and key in ckpts else ""
         lines.append(f"{name:<10} {key}  missing    {store.url(name, key)}{note}")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import typer
 
-from flows.config import PipelineConfig, stage_keys
+from flows.builds import find_builds
+from flows.config import PipelineConfig
 from flows.load import load_config
 from stages.jobs.cluster import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_PORT, DEFAULT_RDZV_ID, Cluster, from_slurm
 from stages.train import stage as train_stage
@@ -23,15 +24,17 @@ from storage import ArtifactStore, InputError, Manifest
 
 def upstream_manifests(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, Manifest]:
     """The train stage's inputs for ``cfg``, found by key; a missing one is a one-line error saying what to run."""
-    keys = stage_keys(cfg.model_copy(update={"until": "train"}))
+    builds = find_builds(store, cfg.model_copy(update={"until": "train"}))
     found: dict[str, Manifest] = {}
     for name in train_stage.UPSTREAM:
-        manifest = store.find(name, keys[name])
-        if manifest is None:
-            raise InputError(f"{name} artifact {keys[name]} is not in {store.root}: build the pipeline up to hotness "
+        build = builds[name]
+        if build.manifest is None or build.state != "cached":
+            why = "is not in" if build.manifest is None else \
+                f"rests on another build of {', '.join(build.manifest.upstream_builds)} in"
+            raise InputError(f"{name} artifact {build.key} {why} {store.root}: build the pipeline up to hotness "
                              f"once (`gnnpipe run --until hotness` with this config and artifact root), where every "
                              f"node can read it")
-        found[name] = manifest
+        found[name] = build.manifest
     return found
 
 

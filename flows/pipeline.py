@@ -69,14 +69,16 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
 def _run_stages(cfg: PipelineConfig, store: ArtifactStore, before_stage: Callable[[Any], None]) -> dict[str, Any]:
     logger = get_run_logger()
     results: dict[str, Any] = {}
-    keys: dict[str, str] = {}
+    manifests: dict[str, Manifest] = {}
     for name in cfg.stages():
         module, params = STAGES[name], cfg.stage_params(name)
         before_stage(params)   # stops the run's cluster before training: its ranks get the workers' CPUs and memory
-        upstream = {u: keys[u] for u in module.UPSTREAM}
+        upstream = {u: manifests[u].key for u in module.UPSTREAM}
         key = artifact_key(module, params, upstream)
         forced = name in cfg.force
-        valid = store.find(name, key) is not None
+        # a build made from another build of a non-reproducible upstream is not valid: Prefect's record of it,
+        # under the same key, must not be taken either (refresh_cache)
+        valid = store.find(name, key, {u: manifests[u] for u in module.UPSTREAM}) is not None
         logger.info("%s: inputs %s → key %s (%s)", name, upstream or "-", key,
                     "forced" if forced else "artifact present" if valid else "to build")
         task = TASKS[name].with_options(
@@ -90,8 +92,10 @@ def _run_stages(cfg: PipelineConfig, store: ArtifactStore, before_stage: Callabl
         if not state.is_completed():   # its exception's record is never read: leave nothing of a failure behind
             remove_failure_records(cfg.artifacts)
         outcome: StageOutcome = state.result()
-        manifest = outcome.manifest
-        keys[name] = manifest.key
+        # the store's manifest, not the cache record's copy: a build rebuilt outside this flow (`gnnpipe stage`
+        # runs one in a flow of its own, but a deleted .prefect/ keeps records apart) has another build id
+        manifest = store.load(name, outcome.manifest.key)
+        manifests[name] = manifest
         mark_used(store, name, manifest.key)   # `gnnpipe status`'s "last used"
         label = stage_label(state.name, outcome)
         for path in tidy(store.root, name, manifest.key):

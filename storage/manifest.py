@@ -7,10 +7,12 @@ import hashlib
 import importlib.metadata
 import json
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from storage.errors import ArtifactError
 
 MANIFEST = "manifest.json"
 _LIBRARIES = ("torch", "numpy", "zarr", "pymetis", "prefect", "torch_geometric", "gnnpipe")
@@ -20,8 +22,9 @@ class Manifest(BaseModel):
     """A stage's manifest, ``<root>/<stage>/<key>/manifest.json``: what was built, from what, and which files.
 
     Unknown fields are ignored (a manifest written by a newer gnnpipe still loads, and is never taken for a
-    corrupted one and rebuilt over); every field below is required but ``origin`` and ``digests``, which manifests
-    written before they existed lack. Neither enters the key (``stage_key``): adding them rebuilt nothing.
+    corrupted one and rebuilt over); every field below is required but ``origin``, ``digests``, ``reproducible``
+    and ``upstream_builds``, which manifests written before they existed lack. None enters the key
+    (``stage_key``): adding them rebuilt nothing.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -41,6 +44,43 @@ class Manifest(BaseModel):
     origin: str = ""                # how the run that built it was invoked (storage.inventory.current_origin)
     # path -> "crc32c:<hex>" of every file but the Zarr chunks, which carry their own (storage.checksums)
     digests: dict[str, str] = Field(default_factory=dict)
+    # False: a rebuild of this key may differ (KaMinPar on several threads, training on a GPU), so what was built on
+    # this build must not be taken for what a rebuild would give (``upstream_builds``, ``made_from``)
+    reproducible: bool = True
+    # the builds that are not reproducible among this one's ancestors, every generation: stage -> build_id
+    upstream_builds: dict[str, str] = Field(default_factory=dict)
+
+    def made_from(self, upstream: Mapping[str, Manifest]) -> bool:
+        """Whether this build rests on exactly these upstream builds wherever a rebuild could differ: False after
+        an upstream stage that is not reproducible was rebuilt (forced, or its build deleted) under the same key.
+        A reproducible rebuild (``--force`` after ``gnnpipe verify`` found damage) changes nothing here."""
+        return self.upstream_builds == builds_behind(upstream)
+
+
+def provenance(manifest: Manifest) -> dict[str, str]:
+    """The builds that are not reproducible among ``manifest``'s ancestors and itself: what a build made from it
+    rests on through it."""
+    return {**manifest.upstream_builds, **({} if manifest.reproducible else {manifest.stage: manifest.build_id})}
+
+
+def merge_builds(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """One ``upstream_builds`` from several upstreams' ``provenance``. Two that rest on different builds of one
+    stage (features made from an older partition build than the one given beside them) are refused: whatever is
+    built on both would mix them."""
+    out: dict[str, str] = {}
+    for part in parts:
+        for stage, build in part.items():
+            if out.setdefault(stage, build) != build:
+                raise ArtifactError(f"the upstream artifacts rest on two builds of {stage} ({out[stage][:8]} and "
+                                    f"{build[:8]}): a {stage} build that is not reproducible was rebuilt after "
+                                    f"some of them were made; rerun the pipeline, which rebuilds what rests on the "
+                                    f"old one")
+    return dict(sorted(out.items()))
+
+
+def builds_behind(upstream: Mapping[str, Manifest]) -> dict[str, str]:
+    """What a build made from ``upstream`` records as its ``upstream_builds``."""
+    return merge_builds(provenance(m) for m in upstream.values())
 
 
 def _canonical(obj: Any) -> str:

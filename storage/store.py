@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from storage.checksums import digests
 from storage.errors import ArtifactError, InputError
-from storage.manifest import MANIFEST, Manifest, library_versions, stage_key
+from storage.manifest import MANIFEST, Manifest, builds_behind, library_versions, stage_key
 from storage.write_errors import write_failure
 
 _log = logging.getLogger("gnnpipe.store")
@@ -78,12 +78,15 @@ class ArtifactStore:
                                 f"delete {self.url(stage, key)} or rerun with --force {stage}") from None
         return _parse(data, stage, key, self)
 
-    def find(self, stage: str, key: str) -> Manifest | None:
-        """The manifest if ``stage/key`` exists and is valid, else None."""
+    def find(self, stage: str, key: str, upstream: Mapping[str, Manifest] | None = None) -> Manifest | None:
+        """The manifest if ``stage/key`` exists and is valid, else None. Given ``upstream`` (the builds a run
+        would make it from), None too when it was made from other builds of a stage that is not reproducible
+        (``Manifest.made_from``): what a run would rebuild."""
         try:
-            return self.load(stage, key)
+            manifest = self.load(stage, key)
         except ArtifactError:
             return None
+        return manifest if upstream is None or manifest.made_from(upstream) else None
 
     def check_files(self, manifest: Manifest) -> Manifest:
         """``manifest`` if every file it lists exists with its recorded size, else an ArtifactError naming one."""
@@ -212,9 +215,15 @@ class ArtifactStore:
         and whoever comes second finds the first one's artifact here instead of computing it again.
         """
         key = stage_key(stage, version, params, {name: m.key for name, m in upstream.items()})
-        if not force and (existing := self.find(stage, key)) is not None:
+        if not force and (existing := self.find(stage, key, upstream)) is not None:
             return existing
-        with self.writing(stage, key, version=version, params=params, upstream=upstream, replace=force) as writer:
+        # a build made from another build of a non-reproducible upstream is replaced like a forced one
+        stale = not force and self.find(stage, key) is not None
+        if stale:
+            _log.info("%s/%s rests on another build of %s: rebuilding it", stage, key,
+                      ", ".join(sorted(builds_behind(upstream))))
+        with self.writing(stage, key, version=version, params=params, upstream=upstream,
+                          replace=force or stale) as writer:
             body(writer)
         assert writer.manifest is not None
         self._log_build(writer.manifest)
@@ -312,6 +321,8 @@ class StageWriter:
         self.store, self.stage, self.key, self._work = store, stage, key, work
         self.version, self.params, self.upstream = version, dict(params), dict(upstream)
         self.summary: dict[str, Any] = {}
+        # the stage sets False when a rebuild of this key may differ (Manifest.reproducible)
+        self.reproducible = True
         self.manifest: Manifest | None = None
 
     @property
@@ -356,6 +367,8 @@ class StageWriter:
             "libraries": library_versions(),
             "uri": self.store.url(self.stage, self.key),
             "build_id": uuid.uuid4().hex,
+            "reproducible": self.reproducible,
+            "upstream_builds": builds_behind(self.upstream),
             "origin": os.environ.get("GNNPIPE_ORIGIN", ""),   # who built it: storage.inventory.current_origin
             # re-read once here (from the page cache: the build just wrote them) so `gnnpipe verify` can tell a
             # flipped byte from an intact file; Zarr chunks, the bulk of the bytes, are skipped (own crc32c)

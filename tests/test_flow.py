@@ -65,6 +65,44 @@ def test_force_reruns_the_named_stage(prefect_server: str, tiny: dict[str, Any])
     assert forced["features"]["build_id"] != first["features"]["build_id"]
 
 
+def test_a_rebuilt_unreproducible_partition_rebuilds_what_rests_on_it(prefect_server: str, tiny: dict[str, Any]):
+    """KaMinPar on two threads cuts differently every run, under the same key: once the partition is rebuilt
+    outside this flow, the features made from the old one are stale for `gnnpipe status`, the every-stage-cached
+    shortcut and the flow (whose Prefect record of them has the same key) alike, and the next run rebuilds them."""
+    from flows.cli import _all_cached
+    from flows.cli_store import config_status
+    from flows.cli_train import upstream_manifests
+    from flows.config import STAGES as MODULES
+    from flows.config import make_config
+
+    cfg = {**tiny, "method": "kaminpar", "kaminpar_threads": 2}
+    first = run_flow(cfg)
+    pc, store = make_config(cfg, until="features"), ArtifactStore(cfg["artifacts"])
+    part = store.load("partition", first["partition"]["key"])
+    assert not part.reproducible
+    assert store.load("features", first["features"]["key"]).upstream_builds == {"partition": part.build_id}
+    assert _all_cached(pc, store) is not None
+
+    rebuilt = MODULES["partition"].run(store, pc.stage_params("partition"),
+                                       {"download": store.load("download", first["download"]["key"])}, force=True,
+                                       progress=False)
+    status = {line.split()[0]: line.split()[2] for line in config_status(store, pc)}
+    assert status == {"download": "cached", "partition": "cached", "features": "stale"}
+    assert _all_cached(pc, store) is None
+    with pytest.raises(InputError, match=r"^features artifact \w+ rests on another build of partition in .*"
+                                         r"`gnnpipe run --until hotness`"):
+        upstream_manifests(pc, store)   # what `gnnpipe train` on each node of a multi-node job takes
+    again = run_flow(cfg)
+    assert states(again) == {"download": "Cached", "partition": "Cached", "features": "Completed"}
+    assert again["features"]["key"] == first["features"]["key"]
+    assert store.load("features", first["features"]["key"]).upstream_builds == {"partition": rebuilt.build_id}
+    assert states(run_flow(cfg)) == dict.fromkeys(STAGES, "Cached")
+    # its build deleted, the partition will be cut afresh: what was made from it is stale already
+    store.remove("partition", part.key)
+    status = {line.split()[0]: line.split()[2] for line in config_status(store, pc)}
+    assert status == {"download": "cached", "partition": "missing", "features": "stale"}
+
+
 def test_until_stops_early(prefect_server: str, tiny: dict[str, Any]):
     result = run_flow(tiny, until="partition")
     assert list(result) == ["download", "partition"]

@@ -125,12 +125,56 @@ def test_forced_build_replaces_a_valid_artifact(tmp_path: Path):
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [first.key]
 
 
+def _unreproducible(writer):
+    _body(writer)
+    writer.reproducible = False   # as KaMinPar on several threads, or training on a GPU
+
+
+def test_what_rests_on_a_rebuilt_unreproducible_build_is_rebuilt_and_nothing_else(tmp_path: Path):
+    """A rebuild of a build that is not reproducible may differ under the same key: what was made from the old one
+    (here two generations down) is rebuilt, and its checks see it; a reproducible rebuild keeps what rests on it."""
+    store = ArtifactStore(tmp_path)
+    up = store.build("up", 1, {}, {}, _unreproducible)
+    mid = store.build("mid", 1, {}, {"up": up}, _body)
+    down = store.build("down", 1, {}, {"mid": mid}, _body)
+    assert not up.reproducible and up.upstream_builds == {}
+    assert mid.upstream_builds == down.upstream_builds == {"up": up.build_id}
+    assert store.find("mid", mid.key, {"up": up}) == mid
+
+    up2 = store.build("up", 1, {}, {}, _unreproducible, force=True)
+    assert store.find("mid", mid.key) == mid and store.find("mid", mid.key, {"up": up2}) is None
+    mid2 = store.build("mid", 1, {}, {"up": up2}, _body)
+    assert mid2.key == mid.key and mid2.build_id != mid.build_id and mid2.upstream_builds == {"up": up2.build_id}
+    down2 = store.build("down", 1, {}, {"mid": mid2}, _body)   # mid is reproducible, yet rests on the new up
+    assert down2.key == down.key and down2.build_id != down.build_id
+    assert sorted(p.name for p in (tmp_path / "mid").iterdir()) == [mid.key]   # replaced, not beside
+    # upstreams made from two builds of one stage are refused: what rests on both would mix them
+    with pytest.raises(ArtifactError, match=r"rest on two builds of up \("):
+        store.build("both", 1, {}, {"mid": mid2, "down": down}, _body)
+
+    # a reproducible upstream rebuilt (say after `gnnpipe verify` found damage) keeps what was made from it
+    r = store.build("r", 1, {}, {}, _body)
+    on_r = store.build("on_r", 1, {}, {"r": r}, _body)
+    r2 = store.build("r", 1, {}, {}, _body, force=True)
+    assert r2.build_id != r.build_id and on_r.upstream_builds == {}
+    assert store.build("on_r", 1, {}, {"r": r2}, lambda w: pytest.fail("rebuilt")) == on_r
+
+
+def test_manifests_written_before_reproducibility_load_as_reproducible(tmp_path: Path):
+    store = ArtifactStore(tmp_path)
+    m = store.build("s", 1, {}, {}, _body)
+    path = tmp_path / "s" / m.key / "manifest.json"
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("reproducible", "upstream_builds")}
+    path.write_text(json.dumps(old))
+    assert store.load("s", m.key).reproducible and store.find("s", m.key, {}) is not None
+
+
 def test_manifest_is_typed_and_its_json_keeps_its_keys(tmp_path: Path):
     store = ArtifactStore(tmp_path)
     m = store.build("s", 1, {"a": 1}, {}, _body)
     on_disk = json.loads((tmp_path / "s" / m.key / "manifest.json").read_text())
     assert set(on_disk) == {"stage", "version", "key", "params", "upstream", "created", "files", "bytes", "summary",
-                            "libraries", "uri", "build_id", "origin", "digests"}
+                            "libraries", "uri", "build_id", "origin", "digests", "reproducible", "upstream_builds"}
     assert m.model_dump() == on_disk and m.bytes == sum(m.files.values())
     # every file but the Zarr chunks has a crc32c (the chunks carry their own, in the codec)
     assert sorted(m.digests) == sorted(f for f in m.files if "/c/" not in f) and "arr.zarr/x/zarr.json" in m.digests

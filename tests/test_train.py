@@ -20,19 +20,29 @@ import torch
 
 from stages.features import stage as features
 from stages.hotness import stage as hotness
+from stages.jobs.cluster import Cluster
 from stages.jobs.errors import TrainingError
 from stages.jobs.launcher import launch
 from stages.train import stage as train
 from stages.train.models.model import build_model
 from stages.train.rank.faults import FAULT_ENV
-from stages.train.spec import TrainSpec
+from stages.train.spec import TrainSpec, checkpoints_of_other_builds
 from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
-from storage.manifest import stage_key
+from storage.manifest import builds_behind, stage_key
 from storage.phases import PHASES
 from storage.tracking import event_file_name
-from storage.train import CURVES_PNG, HIT_RATE_PNG, METRICS, MODEL, PHASES_PNG, checkpoint_dir, list_checkpoints
+from storage.train import (
+    CURVES_PNG,
+    HIT_RATE_PNG,
+    METRICS,
+    MODEL,
+    PHASES_PNG,
+    checkpoint_dir,
+    list_checkpoints,
+    spec_path,
+)
 from storage.train_summary import TrainSummary
 from tests._train_pipeline import BATCH_SIZE, FANOUTS, TrainRun, build_upstream, train_params, train_upstream
 
@@ -218,6 +228,27 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
     assert resumed.state.keys() == reference.state.keys()
     assert all(torch.equal(resumed.state[k], reference.state[k]) for k in reference.state)
     assert not checkpoint_dir(other, key).exists()
+
+
+def test_checkpoints_taken_on_another_partition_build_are_not_resumed(art, two, tmp_path):
+    """A killed attempt's checkpoints rest on the partition it trained on. If that partition was not reproducible
+    (KaMinPar on several threads) and was rebuilt, under the same key, the next attempt starts afresh."""
+    lines: list[str] = []
+    job = train._Job(art, train_params(), two, Cluster(), lines.append)
+    job.ckpt_dir.mkdir(parents=True)
+    assert not checkpoints_of_other_builds(job.ckpt_dir, {})   # no spec yet: nothing to compare
+    made_on = {"partition": "0" * 32}
+    TrainSpec(artifacts=art.root, key=job.key, partition_key="p", features_key="f", hotness_key="h", params={},
+              checkpoint_dir=str(job.ckpt_dir), result_dir=str(tmp_path), upstream_builds=made_on
+              ).save(spec_path(job.ckpt_dir))
+    (job.ckpt_dir / "ckpt-00000.pt").write_bytes(b"x")
+    assert not checkpoints_of_other_builds(job.ckpt_dir, made_on)
+    job._drop_checkpoints_of_other_builds(made_on)   # the same builds: resumed
+    assert (job.ckpt_dir / "ckpt-00000.pt").exists() and lines == []
+    job._drop_checkpoints_of_other_builds(builds_behind(two))   # {}: the fixture's partition is reproducible
+    assert not job.ckpt_dir.exists()
+    assert lines == [f"train/{job.key}: the checkpoints in {job.ckpt_dir} were taken on other builds of the inputs: "
+                     f"starting afresh"]
 
 
 def test_cache_plan_of_another_partitioning_is_an_input_error(art, two, one):

@@ -69,7 +69,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     layout = Layout(params.chunk_rows, params.compressor, params.dtype, params.normalize)
     plan = make_plan(graph, parts, layout)
     key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
-    if not force and (cached := store.find(NAME, key)) is not None:   # returned whatever the budget and executor
+    if not force and (cached := store.find(NAME, key, upstream)) is not None:   # whatever the budget and executor
         return cached
     with open_executor(params.executor, units=parts.num_partitions, store=store) as executor:
         share = budget.share(executor.slots, plan.minimum(), "the partition book, y, the splits and one output "

@@ -87,7 +87,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
     layout = CsrLayout.of(partition)
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
-    if not force and (cached := store.find(NAME, key)) is not None:   # returned whatever the budget and executor
+    if not force and (cached := store.find(NAME, key, upstream)) is not None:   # whatever the budget and executor
         return cached
     num_parts = partition.num_partitions
     with open_executor(params.executor, units=num_parts, store=store) as executor:

@@ -103,7 +103,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     partition, features, trained = (upstream[name] for name in UPSTREAM)
     num_layers = check_inputs(partition, features, trained, params)
     if force or store.find(NAME, stage_key(NAME, VERSION, params.key_params(),
-                                           {n: m.key for n, m in upstream.items()})) is None:
+                                           {n: m.key for n, m in upstream.items()}), upstream) is None:
         require_trackers()   # tensorboard, and mlflow where MLFLOW_TRACKING_URI is set: before any rank starts
     log = log or stage_log(NAME)
     built = False

@@ -20,6 +20,7 @@ from stages.memory import MemoryBudget
 from stages.meter import measure
 from stages.params import BudgetedParams, Seed, runtime
 from stages.partition.footprint import UNIT_HOLDS, MemoryPlan, plan, unit_minimum
+from stages.partition.kaminpar_runner import kaminpar_threads
 from stages.partition.streamed import link_stats, mapped_graph, with_part_lists, write_parts_streamed
 from stages.partition.units import PartsJob, part_lists, unit_figures, write_parts
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -62,7 +63,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
                          f"choose 1..{num_nodes}")
     # the memory plan fails (one line) before store.build makes any directory; a cached build needs none
     key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
-    memory = memory_plan(artifact, params) if force or store.find(NAME, key) is None else None
+    memory = memory_plan(artifact, params) if force or store.find(NAME, key, upstream) is None else None
     if memory is None or params.executor == LOCAL:   # cached, or the parts written here as before executors
         return store.build(NAME, VERSION, params.key_params(), upstream,
                            _body(artifact, params, memory, progress, None), force=force)
@@ -81,6 +82,9 @@ def _body(artifact: GraphArtifact, params: Params, memory: MemoryPlan | None, pr
     graph is let go)."""
     def body(writer: StageWriter) -> None:
         plan = memory or memory_plan(artifact, params)
+        # KaMinPar on several threads cuts differently every run: what is built on this build must be rebuilt with
+        # it (Manifest.upstream_builds)
+        writer.reproducible = params.method != "kaminpar" or kaminpar_threads(params.kaminpar_threads) == 1
         with measure() as cost:
             with writer.scratch() as scratch:
                 graph = mapped_graph(artifact, scratch) if plan.streamed else \

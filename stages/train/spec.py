@@ -16,6 +16,7 @@ from stages.runtime.rank_process import JobSpec
 from storage.errors import InputError
 from storage.store import ArtifactStore, Manifest, library_versions
 from storage.summaries import HotnessSummary, PartitionSummary
+from storage.train import spec_path
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,8 @@ class TrainSpec(JobSpec):
     result_dir: str                # local rank 0 writes model.pt and metrics.json here; ranks write error-<r>.json
     node_rank: int = 0             # this node (the user's --node-rank / SLURM_NODEID); 0 publishes the artifact
     fingerprint: dict[str, str] = field(default_factory=dict)   # artifact_fingerprint(): equal on every node
+    # storage.manifest.builds_behind of the inputs: checkpoints made on other builds of them are never resumed
+    upstream_builds: dict[str, str] = field(default_factory=dict)
 
 
 def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) -> None:
@@ -56,6 +59,13 @@ def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) ->
     planned = HotnessSummary.from_json(hotness.summary).num_partitions or parts   # 0: recorded none
     if planned != parts:
         raise InputError(f"the cache plan covers {planned} partitions but the partitioning has {parts}")
+
+
+def checkpoints_of_other_builds(job: Path, builds: Mapping[str, str]) -> bool:
+    """Whether the job directory ``job`` holds the spec of an attempt made on other builds of the inputs
+    (``TrainSpec.upstream_builds``) than ``builds``: its checkpoints must not be resumed."""
+    path = spec_path(job)
+    return path.exists() and TrainSpec.load(path).upstream_builds != dict(builds)
 
 
 def check_world_size(world_size: int, num_partitions: int) -> None:

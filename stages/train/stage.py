@@ -30,10 +30,10 @@ from stages.train.models.plugin_code import plugin_files
 from stages.train.models.plugins import rank_pythonpath
 from stages.train.params import Params
 from stages.train.report import epoch_table, phase_summary, phases_section
-from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage
+from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage, checkpoints_of_other_builds
 from stages.train.tasks import task_def
 from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.manifest import stage_key
+from storage.manifest import builds_behind, stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
 from storage.train import (
@@ -89,6 +89,8 @@ class _Job:
         from stages.jobs.errors import TRAINING
         from stages.jobs.launcher import launch
 
+        builds = builds_behind(self.upstream)
+        self._drop_checkpoints_of_other_builds(builds)
         results = result_dir(self.ckpt_dir)
         shutil.rmtree(results, ignore_errors=True)   # only this attempt's results are read back
         results.mkdir(parents=True)
@@ -99,7 +101,7 @@ class _Job:
                          node_rank=self.cluster.node_rank,
                          fingerprint=artifact_fingerprint(self.store, self.key, self.upstream, plugin_files(
                              [self.params.model, self.params.loss,
-                              *task_def(self.params.task).plugin_refs(self.params)])))
+                              *task_def(self.params.task).plugin_refs(self.params)])), upstream_builds=builds)
         spec.save(spec_path(self.ckpt_dir))
         threads = rank_threads(self.params.threads_per_rank, self.nproc)
         # the ranks run from the checkout: they find plug-ins where this process does (stages.train.models.plugins);
@@ -111,6 +113,15 @@ class _Job:
         finally:   # a checkpoint half-written by a rank the teardown killed (the launcher sweeps the results)
             remove_partial_writes(self.ckpt_dir)
         return results
+
+    def _drop_checkpoints_of_other_builds(self, builds: dict[str, str]) -> None:
+        """Remove the checkpoints a killed attempt took on other builds of the inputs (a partition rebuilt by
+        KaMinPar on several threads relabels every gid, so its rows and embeddings would not match them)."""
+        if not checkpoints_of_other_builds(self.ckpt_dir, builds):
+            return
+        self.log(f"train/{self.key}: the checkpoints in {self.ckpt_dir} were taken on other builds of "
+                 f"{', '.join(sorted(builds)) or 'the inputs'}: starting afresh")
+        self.remove_checkpoints()
 
     def remove_checkpoints(self) -> None:
         _remove_checkpoints(self.ckpt_dir, self.cluster)
@@ -135,7 +146,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     job = _Job(store, params, upstream, cluster or Cluster(), log or stage_log(NAME))
     if not job.cluster.publishes:
         raise ValueError(f"node {job.cluster.node_rank} does not publish: it joins the job with join()")
-    if force or store.find(NAME, job.key) is None:
+    if force or store.find(NAME, job.key, upstream) is None:
         require_trackers()   # tensorboard, and mlflow where MLFLOW_TRACKING_URI is set: now, not after training
     built = False
 
@@ -158,7 +169,7 @@ def join(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest],
          force: bool = False, log: Callable[[str], None] | None = None) -> None:
     """A non-publishing node's share of a multi-node job: run its ranks to the end; node 0 publishes."""
     job = _Job(store, params, upstream, cluster, log or stage_log(NAME))
-    if not force and store.find(NAME, job.key) is not None:
+    if not force and store.find(NAME, job.key, upstream) is not None:
         job.log(f"train/{job.key} is already built in {store.root}; nothing to do on node {cluster.node_rank}")
         return
     job.launch()
@@ -176,6 +187,9 @@ def write_build(writer: StageWriter, model_bytes: bytes, metrics: dict[str, Any]
     figures = {CURVES_PNG: curves_png(metrics), HIT_RATE_PNG: hit_rate_png(metrics["epochs"], metrics["cache_policy"])}
     phases = phases_png(metrics)   # None for metrics without phases
     write_train_artifact(writer, model_bytes, metrics, figures[CURVES_PNG], figures[HIT_RATE_PNG], phases)
+    # a GPU's atomic adds sum in a varying order: a retrained model differs, and the inference made from this one
+    # must be redone with it (Manifest.upstream_builds); the CPU path gives the same model again
+    writer.reproducible = metrics["device"] == "cpu"
     images = {"train/figures/curves": figures[CURVES_PNG], "train/figures/hit_rate": figures[HIT_RATE_PNG]}
     if phases is not None:
         images["train/figures/phases"] = phases

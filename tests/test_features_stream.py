@@ -18,7 +18,7 @@ import torch
 from flows.direct import run_stages
 from stages.download.synthetic import generate_synthetic
 from stages.features import stage as features
-from stages.features import stream
+from stages.features import stream, units
 from stages.features.normalize import normalize_rows
 from stages.features.schemes import QUANTISED, encode_rows, fit_codec, fit_codec_blocks, row_blocks
 from storage import ArtifactStore, InputError, Manifest, StageWriter
@@ -47,11 +47,11 @@ def in_memory_body(store: ArtifactStore, params: features.Params, upstream: dict
             for name, x in graph.features.items():
                 t_lo, t_hi = table.type_range(p, types[name])
                 own = book.orig_of_gid[t_lo:t_hi] - offsets[types[name]]
-                chunks[name] = params.chunk_rows or features.default_chunk_rows(t_hi - t_lo,
+                chunks[name] = params.chunk_rows or units.default_chunk_rows(t_hi - t_lo,
                                                                                 codecs[name].itemsize * x.shape[1])
                 rows[name] = encode_rows(normalize_rows(x[own], params.normalize), codecs[name], own)
             write_part_features(writer, part=p, start_gid=lo, features=rows, y=graph.y[book.orig_of_gid[lo:hi]],
-                                split_lids=features.split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
+                                split_lids=units.split_lids_of(graph.splits, book.gid_of_orig, lo, hi),
                                 num_classes=graph.num_classes, chunk_rows=chunks,
                                 schemes={n: c.scheme_record() for n, c in codecs.items()})
     return body

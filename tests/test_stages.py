@@ -12,6 +12,7 @@ import pytest
 
 from stages.download import stage as download
 from stages.features import stage as features
+from stages.features import units
 from stages.partition import stage as partition
 from storage import InputError
 from storage.features import FeaturesArtifact
@@ -102,9 +103,9 @@ def test_partition_count_is_checked(built):
 
 
 def test_default_chunk_rows_even_out_the_last_chunk():
-    rows = features.default_chunk_rows(100_000, 400)
+    rows = units.default_chunk_rows(100_000, 400)
     assert 8192 <= rows <= 65536 and -(-100_000 // rows) * rows - 100_000 < -(-100_000 // rows)
-    assert features.default_chunk_rows(10, 400) == 10
+    assert units.default_chunk_rows(10, 400) == 10
 
 
 def test_files_dataset_fingerprint_changes_with_the_files(tmp_path: Path):

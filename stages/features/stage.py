@@ -14,32 +14,24 @@ The stores are written by units (``stages.features.units``: a group of parts eac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from stages.choices import Compressor, FeatureDtype, FeatureNorm
 from stages.executor import open_executor, part_groups, unit_record
-from stages.features import stream
-from stages.features.schemes import fit_codec_blocks
-from stages.features.units import (  # noqa: F401 - default_chunk_rows, split_lids_of: the stage's, re-exported
-    Layout,
-    PartsJob,
-    default_chunk_rows,
-    make_plan,
-    split_lids_of,
-    write_parts,
-)
 from stages.memory import MemoryBudget
 from stages.meter import anon_rss_bytes, measure
 from stages.params import BudgetedParams
-from stages.runtime.feature_codec import FeatureCodec
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.graph import GraphArtifact
 from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.summaries import FeaturesSummary
+
+if TYPE_CHECKING:
+    from stages.runtime.feature_codec import FeatureCodec
 
 NAME = "features"
 VERSION = 3   # 2: float64 and wide integer x are stored as float32, float16 and 1-byte types kept (features.dtype);
@@ -63,6 +55,12 @@ class Params(BudgetedParams):
 
 def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], *, force: bool = False,
         progress: bool = True) -> Manifest:
+    # imported here, not above: the coding of rows needs torch, and every `gnnpipe` command (help, status, an error
+    # line) imports this module for its Params: torch took 1.0 of `gnnpipe --help`'s 2.2 s (tests/test_cli.py)
+    from stages.features import stream
+    from stages.features.schemes import fit_codec_blocks
+    from stages.features.units import Layout, PartsJob, make_plan, write_parts
+
     download, partition = upstream["download"], upstream["partition"]
     graph, parts = GraphArtifact(store, download), PartitionArtifact(store, partition)
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)

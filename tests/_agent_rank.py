@@ -58,6 +58,7 @@ def main() -> int:
         record["cmdline"] = Path("/proc/self/cmdline").read_bytes().decode().split("\0")
         record["comm"] = Path("/proc/self/comm").read_text().strip()
         record["argv0"], record["main"] = sys.argv[0], __name__
+        record["hash"] = hash("gnnpipe")   # the string hash seed's
         record["sigint_raises"] = signal.getsignal(signal.SIGINT) is signal.default_int_handler
         record["sigterm"] = str(signal.getsignal(signal.SIGTERM))
         (out / f"env-{env.rank}.json").write_text(json.dumps(record))

@@ -115,6 +115,10 @@ def test_ranks_get_torchruns_environment_and_join_through_the_agents_store(tmp_p
         assert (SCRIPT in record["cmdline"]) == (start == "fork"), record["cmdline"]
         assert (record["comm"] == local_agent.rank_name(rank)) == (start == "fork"), record["comm"]
     assert not [line for line in lines if "RuntimeWarning" in line], "runpy warned: the module was imported already"
+    # the launcher's hash seed (0) in every rank: sets of names iterate alike on every rank, forked or not
+    seeded = subprocess.run([sys.executable, "-c", "print(hash('gnnpipe'))"], env={**os.environ, "PYTHONHASHSEED": "0"},
+                            capture_output=True, text=True, check=True).stdout
+    assert [record["hash"] for record in records] == [int(seeded)] * 2
     store_dir = Path(records[0]["GNNPIPE_INIT_METHOD"].removeprefix("file://")).parent
     assert not store_dir.exists(), "the agent removes its store"
     assert any(line.startswith("[launcher] pid ") and SCRIPT in line for line in lines), lines[:3]

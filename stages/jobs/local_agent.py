@@ -39,7 +39,8 @@ an uncaught exception goes to ``sys.excepthook`` and an uncaught Ctrl-C ends it 
 stay the agent's children: watching, stopping and naming them is the same.
 
 What differs from a fresh process: ``ps`` shows the agent's command line (the rank is named ``gnnpipe rank N``),
-``/proc/PID/environ`` the agent's environment, and the ranks share the agent's string hash seed.
+``/proc/PID/environ`` the agent's environment. The string hash seed is the agent's, which the launcher fixes for
+every process of a job (``PYTHONHASHSEED``), so forked and fresh ranks hash alike.
 
 The launcher asks for it only where no GPU driver is visible (``can_fork``): an import may initialise the driver
 (PyG's ``typing`` runs a CUDA op at import under pytest where pyg-lib is installed), and a child forked after that

@@ -47,27 +47,9 @@ def test_executor_is_runtime_in_every_data_stage() -> None:
 
 
 @pytest.mark.slow
-def test_dask_build_is_byte_identical(tmp_path: Any) -> None:
-    """executor=dask:2 starts its own cluster, writes the same files under the same key, and stops it."""
-    store, built = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "a"), "until": "features"})
-    local = built["features"]
-    want = artifact_files(store, local)
-    params = features.Params(**{**local.params, "executor": "dask:2"})
-    got = features.run(store, params, {u: built[u] for u in features.UPSTREAM}, force=True, progress=False)
-    assert got.key == local.key and got.build_id != local.build_id
-    files = artifact_files(store, got)
-    assert sorted(files) == sorted(want)
-    assert [f for f in files if files[f] != want[f]] == []
-    assert got.files == local.files and got.digests == local.digests
-    s = got.summary
-    assert s["executor_slots"] == 2 and [u["parts"] for u in s["units"]] == [[0, 1], [2]]
-    assert s["parts"] == local.summary["parts"]
-
-
-@pytest.mark.slow
 def test_a_run_builds_every_data_stage_on_one_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Within a run (``run_scope``) the four data stages share the one dask:2 cluster the first of them started,
-    and each stage is the local build's, file for file."""
+    stopped after them, and each stage is the local build's under its key, file for file and digest for digest."""
     values = {**TINY, **LAYOUT, "until": "hotness"}
     store, local = run_stages({**values, "artifacts": str(tmp_path / "local")})
     started: list[str] = []
@@ -78,7 +60,11 @@ def test_a_run_builds_every_data_stage_on_one_cluster(tmp_path: Any, monkeypatch
     for name in DATA_STAGES:
         assert on_dask[name].key == local[name].key
         assert artifact_files(dask_store, on_dask[name]) == artifact_files(store, local[name]), name
-    assert [u["parts"] for u in on_dask["hotness"].summary["units"]] == [[0, 1], [2]]
+        assert (on_dask[name].files, on_dask[name].digests) == (local[name].files, local[name].digests), name
+    for name in ("features", "hotness"):   # 3 parts on 2 slots
+        s = on_dask[name].summary
+        assert s["executor_slots"] == 2 and [u["parts"] for u in s["units"]] == [[0, 1], [2]], name
+    assert on_dask["features"].summary["parts"] == local["features"].summary["parts"]
 
 
 def test_a_worker_without_the_prefect_api_is_said() -> None:

@@ -42,9 +42,10 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """A tiny pipeline, every stage built (without Prefect); returns the `gnnpipe run` arguments that match it."""
+    """A tiny pipeline up to train, every stage built (without Prefect); returns the `gnnpipe run` arguments that
+    match it (infer, which nothing here reads, is left out: ~5 s)."""
     values = {**TINY, "fanouts": [5, 5], "batch_size": 64, "hidden": 16, "epochs": 2, "lr": 0.02,
-              "threads_per_rank": 1}
+              "threads_per_rank": 1, "until": "train"}
     root = tmp_path_factory.mktemp("ops-server") / "art"
     build_without_prefect({**values, "artifacts": str(root)})
     return [*(a for k, v in values.items() for a in ("--set", f"{k}={json.dumps(v)}")), "--artifacts", str(root)]

@@ -106,7 +106,7 @@ def test_the_example_model_and_loss_train_through_the_pipeline(tmp_path, caplog)
            "fanouts": FANOUTS, "batch_size": BATCH_SIZE, "model": "examples.custom_model:build",
            "model_kwargs": {"aggr": "max"}, "loss": "examples.custom_model:smoothed_cross_entropy", "hidden": 32,
            "epochs": 6, "lr": 0.01, "dropout": 0.3, "threads_per_rank": 1, "timeout_s": 300.0,
-           "peer_timeout_s": 60.0}
+           "peer_timeout_s": 60.0, "until": "train"}
     store, manifests = build_without_prefect(cfg)
     s = manifests["train"].summary
     # chance 0.25; built-in GraphSAGE 0.83

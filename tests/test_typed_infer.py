@@ -34,12 +34,18 @@ def _case(root: str, model: str, chunk_edges: int) -> tuple[ArtifactStore, dict[
     return store, manifests, infer.run(store, params, {u: manifests[u] for u in infer.UPSTREAM}, log=lambda _: None)
 
 
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One artifact root for every model: the data stages are built once, each model trains and infers on them."""
+    return str(tmp_path_factory.mktemp("typed-infer"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model, path", [("rgcn", "layer matrices and halo"), ("rgat", "per-chunk gather"),
                                          ("hgt", "per-chunk gather"), ("gat", "per-chunk gather"),
                                          ("examples.hetero_model:build", "whole model per chunk")])
-def test_typed_inference_equals_the_whole_graph_forward(tmp_path, model: str, path: str):
-    store, manifests, manifest = _case(str(tmp_path), model, chunk_edges=4000)
+def test_typed_inference_equals_the_whole_graph_forward(root: str, model: str, path: str):
+    store, manifests, manifest = _case(root, model, chunk_edges=4000)
     ref: Reference = typed_full_graph_reference(store, manifests)
     art = InferArtifact(store, manifest)
     s = manifest.summary

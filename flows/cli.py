@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from flows import api, cli_export, cli_ops, cli_score, cli_store, cli_train, cli_verify, interrupts, terminal
-from flows.builds import find_builds
+from flows.builds import config_builds
 from flows.config import ORDER, STAGES, PipelineConfig, flat_names, flow_parameters, renamed_names
 from flows.env import configure_prefect_env
 from flows.load import load_config
@@ -68,7 +68,7 @@ def _all_cached(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, dict[str
     """Each stage's result as the flow would report it, if all are in the store and none is forced; else None."""
     if cfg.force:
         return None
-    found = find_builds(store, cfg)
+    found = config_builds(store, cfg)
     if any(f.state != "cached" for f in found.values()):
         return None
     return {name: {"state": "Cached", "key": f.key} for name, f in found.items()}

@@ -16,11 +16,12 @@ from pathlib import Path
 import typer
 
 from flows import locks
-from flows.builds import find_builds
+from flows.builds import config_builds
 from flows.config import ORDER, STAGES, PipelineConfig, stage_keys
 from flows.load import load_config
 from flows.records import locks_dir, prefect_dir
 from stages.params import as_typed
+from stages.train.spec import checkpoints_of_other_builds
 from storage import ArtifactStore, InputError, Manifest, leftovers
 from storage import inventory as inv
 from storage.reach import remove_tokens
@@ -147,16 +148,20 @@ def config_status(store: ArtifactStore, cfg: PipelineConfig) -> list[str]:
     summary line."""
     lines = []
     ckpts = checkpoint_dirs(store)
-    for name, found in find_builds(store, cfg).items():
+    for name, found in config_builds(store, cfg).items():
         key, manifest = found.key, found.manifest
         if manifest is not None:
             headline = STAGES[name].report(manifest).headline
             if found.state == "stale":
-                headline = f"rests on another build of {', '.join(manifest.upstream_builds)}: a run rebuilds it"
+                headline = f"rests on another build of {', '.join(found.changed)}: a run rebuilds it"
             lines.append(f"{name:<10} {key}  {found.state:<10} {store.url(name, key)}  "
                          f"{manifest.bytes / 2**20:.1f} MiB  {headline}")
             continue
-        note = f"  (checkpoints: {_epochs_done(ckpts[key])}; a run resumes)" if name == "train" and key in ckpts else ""
+        note = ""
+        if name == "train" and key in ckpts:
+            then = "a run starts afresh: they were taken on other builds" \
+                if checkpoints_of_other_builds(ckpts[key], found.behind) else "a run resumes"
+            note = f"  (checkpoints: {_epochs_done(ckpts[key])}; {then})"
         lines.append(f"{name:<10} {key}  missing    {store.url(name, key)}{note}")
     return lines
 
@@ -236,6 +241,10 @@ def find_build(name: str, key: str | None, config: Path | None, set_: list[str],
         chosen = stage_keys(cfg.model_copy(update={"until": name}))[name]
         if config is None and not set_:
             chosen = _default_choice(store, name, chosen)
+        elif (found := config_builds(store, cfg.model_copy(update={"until": name}))[name]).state == "stale":
+            raise InputError(f"{name} {chosen} in {store.root} rests on another build of {', '.join(found.changed)} "
+                             f"than this config's: rerun the pipeline to rebuild it: "
+                             f"{_run_command(name, config, set_, artifacts)}")
     if not inv.has_manifest(store, name, chosen):
         raise InputError(f"{name} {chosen} is missing from {store.root} (not built for this config); rerun the "
                          f"pipeline to build it: {_run_command(name, config, set_, artifacts)}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from flows.builds import find_builds
+from flows.builds import config_builds
 from flows.config import PipelineConfig
 from flows.load import load_config
 from stages.jobs.cluster import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_PORT, DEFAULT_RDZV_ID, Cluster, from_slurm
@@ -24,13 +24,13 @@ from storage import ArtifactStore, InputError, Manifest
 
 def upstream_manifests(cfg: PipelineConfig, store: ArtifactStore) -> dict[str, Manifest]:
     """The train stage's inputs for ``cfg``, found by key; a missing one is a one-line error saying what to run."""
-    builds = find_builds(store, cfg.model_copy(update={"until": "train"}))
+    builds = config_builds(store, cfg.model_copy(update={"until": "train"}))
     found: dict[str, Manifest] = {}
     for name in train_stage.UPSTREAM:
         build = builds[name]
         if build.manifest is None or build.state != "cached":
             why = "is not in" if build.manifest is None else \
-                f"rests on another build of {', '.join(build.manifest.upstream_builds)} in"
+                f"rests on another build of {', '.join(build.changed)} in"
             raise InputError(f"{name} artifact {build.key} {why} {store.root}: build the pipeline up to hotness "
                              f"once (`gnnpipe run --until hotness` with this config and artifact root), where every "
                              f"node can read it")

@@ -114,7 +114,8 @@ def verify(name: str | None = typer.Argument(None, metavar="STAGE",
              f"{rerun_hint(store.url(v.stage, v.key), _rebuild_with(v, given, artifacts))}" for v in damaged]
     # a downstream build's key is made of its parameters and its upstream's key, never of the data it read
     raise ArtifactError("; ".join(hints) + ". The builds downstream of it keep their keys: they stay valid only if "
-                        "the rebuild is byte-identical, else force them too")
+                        "the rebuild is byte-identical (a stage that is not reproducible rebuilds them itself), else "
+                        "force them too")
 
 
 def register(app: typer.Typer) -> None:

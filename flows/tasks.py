@@ -2,10 +2,11 @@
 
 ``StageKey`` computes the key with ``flows.config.artifact_key``, as ``gnnpipe status`` does: the store's
 ``stage_key`` over the stage's ``key_params()`` and its upstream keys, which ``ArtifactStore.build`` computes when
-the stage runs, so "Cached" means exactly "the store has this key". A task receives the stage's full Params
-(runtime fields included) and its upstream keys; runtime fields are not in ``key_params()``, so raising a timeout
-does not re-key. A change to a stage's code is caught by its VERSION, not by hashing source (docs/design.md §3,
-tests/test_stage_versions.py).
+the stage runs, so "Cached" means "the store has this key" (and the flow refreshes a record whose build was made
+from other builds of a stage that is not reproducible: ``flows.pipeline``, docs/design.md §3). A task receives the
+stage's full Params (runtime fields included) and its upstream keys; runtime fields are not in ``key_params()``, so
+raising a timeout does not re-key. A change to a stage's code is caught by its VERSION, not by hashing source
+(docs/design.md §3, tests/test_stage_versions.py).
 
 The persisted result of a task is a :class:`StageOutcome`, its stage's manifest (small, never arrays: the data lives
 in the artifact store) and whether this task computed it. A task can run and compute nothing: its cache record was

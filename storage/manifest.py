@@ -71,8 +71,9 @@ def merge_builds(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
     for part in parts:
         for stage, build in part.items():
             if out.setdefault(stage, build) != build:
-                raise ArtifactError(f"the upstream artifacts rest on two builds of {stage} ({out[stage][:8]} and "
-                                    f"{build[:8]}): a {stage} build that is not reproducible was rebuilt after "
+                raise ArtifactError(f"the upstream artifacts rest on two builds of {stage} (build ids "
+                                    f"{out[stage][:8]} and {build[:8]}): a {stage} build that is not reproducible "
+                                    f"was rebuilt after "
                                     f"some of them were made; rerun the pipeline, which rebuilds what rests on the "
                                     f"old one")
     return dict(sorted(out.items()))
@@ -81,6 +82,18 @@ def merge_builds(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
 def builds_behind(upstream: Mapping[str, Manifest]) -> dict[str, str]:
     """What a build made from ``upstream`` records as its ``upstream_builds``."""
     return merge_builds(provenance(m) for m in upstream.values())
+
+
+def changed_builds(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """The stages whose non-reproducible build differs between what a build recorded (``upstream_builds``) and
+    what it is checked against: what a stale build's message names."""
+    return sorted(stage for stage in {*recorded, *current} if recorded.get(stage) != current.get(stage))
+
+
+def rests_on(manifest: Manifest, upstream: Manifest) -> bool:
+    """Whether ``manifest`` was made from this very build of ``upstream`` wherever a rebuild could differ (an
+    infer build and the train build whose decoder scores its embeddings)."""
+    return all(manifest.upstream_builds.get(stage) == build for stage, build in provenance(upstream).items())
 
 
 def _canonical(obj: Any) -> str:

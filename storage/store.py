@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from storage.checksums import digests
 from storage.errors import ArtifactError, InputError
-from storage.manifest import MANIFEST, Manifest, builds_behind, library_versions, stage_key
+from storage.manifest import MANIFEST, Manifest, builds_behind, changed_builds, library_versions, stage_key
 from storage.write_errors import write_failure
 
 _log = logging.getLogger("gnnpipe.store")
@@ -81,7 +81,8 @@ class ArtifactStore:
     def find(self, stage: str, key: str, upstream: Mapping[str, Manifest] | None = None) -> Manifest | None:
         """The manifest if ``stage/key`` exists and is valid, else None. Given ``upstream`` (the builds a run
         would make it from), None too when it was made from other builds of a stage that is not reproducible
-        (``Manifest.made_from``): what a run would rebuild."""
+        (``Manifest.made_from``): what a run would rebuild. Upstream builds that rest on two builds of one stage
+        raise a one-line ArtifactError (``storage.manifest.merge_builds``)."""
         try:
             manifest = self.load(stage, key)
         except ArtifactError:
@@ -170,7 +171,7 @@ class ArtifactStore:
             yield writer
             writer._finish()
             if self.is_local:
-                self._publish_local(work, final, stage, key, replace)
+                self._publish_local(work, final, stage, key, replace, upstream)
         except BaseException as err:
             self._remove_quietly(work if self.is_local else final)
             self._prune_empty(stage)
@@ -179,9 +180,11 @@ class ArtifactStore:
             raise
         writer.manifest = self.load(stage, key)
 
-    def _publish_local(self, work: str, final: str, stage: str, key: str, replace: bool) -> None:
+    def _publish_local(self, work: str, final: str, stage: str, key: str, replace: bool,
+                       upstream: Mapping[str, Manifest]) -> None:
         if os.path.isdir(final):
-            if not replace and self.find(stage, key) is not None:  # a concurrent run published it first
+            # a concurrent run published it first, from the same upstream builds
+            if not replace and self.find(stage, key, upstream) is not None:
                 shutil.rmtree(work, ignore_errors=True)
                 return
             # Move the old one aside first: the final name is never a half-deleted directory.
@@ -218,12 +221,12 @@ class ArtifactStore:
         if not force and (existing := self.find(stage, key, upstream)) is not None:
             return existing
         # a build made from another build of a non-reproducible upstream is replaced like a forced one
-        stale = not force and self.find(stage, key) is not None
-        if stale:
+        stale = None if force else self.find(stage, key)
+        if stale is not None:
             _log.info("%s/%s rests on another build of %s: rebuilding it", stage, key,
-                      ", ".join(sorted(builds_behind(upstream))))
+                      ", ".join(changed_builds(stale.upstream_builds, builds_behind(upstream))))
         with self.writing(stage, key, version=version, params=params, upstream=upstream,
-                          replace=force or stale) as writer:
+                          replace=force or stale is not None) as writer:
             body(writer)
         assert writer.manifest is not None
         self._log_build(writer.manifest)

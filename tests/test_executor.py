@@ -47,6 +47,19 @@ def test_executor_is_runtime_in_every_data_stage() -> None:
 
 
 @pytest.mark.slow
+def test_dask_build_is_byte_identical(tmp_path: Any) -> None:
+    """Outside a run's scope, executor=dask:2 starts a cluster of its own and writes the same files under the same
+    key as the local build it replaces (forced)."""
+    store, built = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "a"), "until": "features"})
+    local = built["features"]
+    want = artifact_files(store, local)
+    params = features.Params(**{**local.params, "executor": "dask:2"})
+    got = features.run(store, params, {u: built[u] for u in features.UPSTREAM}, force=True, progress=False)
+    assert got.key == local.key and got.build_id != local.build_id
+    assert artifact_files(store, got) == want
+
+
+@pytest.mark.slow
 def test_a_run_builds_every_data_stage_on_one_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Within a run (``run_scope``) the four data stages share the one dask:2 cluster the first of them started,
     stopped after them, and each stage is the local build's under its key, file for file and digest for digest."""

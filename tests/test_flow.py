@@ -70,7 +70,7 @@ def test_a_rebuilt_unreproducible_partition_rebuilds_what_rests_on_it(prefect_se
     outside this flow, the features made from the old one are stale for `gnnpipe status`, the every-stage-cached
     shortcut and the flow (whose Prefect record of them has the same key) alike, and the next run rebuilds them."""
     from flows.cli import _all_cached
-    from flows.cli_store import config_status
+    from flows.cli_store import config_status, find_build
     from flows.cli_train import upstream_manifests
     from flows.config import STAGES as MODULES
     from flows.config import make_config
@@ -86,9 +86,15 @@ def test_a_rebuilt_unreproducible_partition_rebuilds_what_rests_on_it(prefect_se
     rebuilt = MODULES["partition"].run(store, pc.stage_params("partition"),
                                        {"download": store.load("download", first["download"]["key"])}, force=True,
                                        progress=False)
-    status = {line.split()[0]: line.split()[2] for line in config_status(store, pc)}
-    assert status == {"download": "cached", "partition": "cached", "features": "stale"}
+    lines = {line.split()[0]: line for line in config_status(store, pc)}
+    assert {name: line.split()[2] for name, line in lines.items()} == {"download": "cached", "partition": "cached",
+                                                                     "features": "stale"}
+    assert lines["features"].endswith("rests on another build of partition: a run rebuilds it")
     assert _all_cached(pc, store) is None
+    sets = [f"{k}={json.dumps(v)}" for k, v in cfg.items() if k != "artifacts"]
+    with pytest.raises(InputError, match=r"^features \w+ in .* rests on another build of partition than this "
+                                         r"config's: rerun the pipeline"):
+        find_build("features", None, None, sets, cfg["artifacts"])   # what `gnnpipe show/export --set` pick
     with pytest.raises(InputError, match=r"^features artifact \w+ rests on another build of partition in .*"
                                          r"`gnnpipe run --until hotness`"):
         upstream_manifests(pc, store)   # what `gnnpipe train` on each node of a multi-node job takes

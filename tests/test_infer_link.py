@@ -179,6 +179,23 @@ def _score(store: ArtifactStore, *args: str) -> Any:
 
 
 @pytest.mark.slow
+def test_embeddings_of_a_model_retrained_since_are_not_scored(tmp_path: Path):
+    """A model trained on a GPU is not reproducible: retrained under the same key, its decoder is not the one the
+    infer build's embeddings came from, so scoring refuses in one line, before reading either build's files."""
+    store = ArtifactStore(tmp_path)
+
+    def gpu_train(writer) -> None:
+        writer.write_json("model.json", {})
+        writer.reproducible = False
+
+    trained = store.build("train", 1, {}, {}, gpu_train)
+    made = store.build("infer", 1, {}, {"train": trained}, lambda writer: writer.write_json("emb.json", {}))
+    store.build("train", 1, {}, {}, gpu_train, force=True)
+    with pytest.raises(InputError, match=rf"^infer/{made.key} was made from another build of train than "
+                                         rf"train/{trained.key} holds now: rerun the pipeline"):
+        link_build(store, made)
+
+
 def test_gnnpipe_score_reads_npy_or_csv_and_writes_npy_or_parquet(built: Built, tmp_path: Path):
     src, dst = _pairs(N, 50)
     np.save(tmp_path / "pairs.npy", np.stack([src, dst]))

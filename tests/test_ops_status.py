@@ -243,3 +243,30 @@ def test_a_cached_run_removes_what_a_killed_attempt_left(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert f"note: partition: removed {work}, left by an earlier attempt at this build" in proc.stderr
     assert not work.exists() and (Path(root) / "partition" / manifests["partition"].key).is_dir()
+
+
+def test_config_status_says_whether_a_run_would_resume_the_checkpoints(tmp_path: Path):
+    """An unfinished train job of the config's key is resumed only if it trained on the builds the run would use:
+    a spec recording another build of a partition that is not reproducible, or one cut short, starts afresh."""
+    from flows.cli_store import config_status
+    from flows.config import make_config, stage_keys
+    from stages.train.spec import TrainSpec
+    from storage.train import spec_path
+
+    store = ArtifactStore(tmp_path / "art")
+    cfg = make_config(TINY, artifacts=store.root)
+    key = stage_keys(cfg)["train"]
+    job = fake_checkpoints(store, key, epochs=2)
+
+    def note(upstream_builds: dict[str, str]) -> str:
+        TrainSpec(artifacts=store.root, key=key, partition_key="p", features_key="f", hotness_key="h", params={},
+                  checkpoint_dir=str(job), result_dir=str(job / "results"), upstream_builds=upstream_builds
+                  ).save(spec_path(job))
+        [line] = [line for line in config_status(store, cfg) if line.startswith("train ")]
+        return line[line.index("(checkpoints: "):]
+
+    assert note({}).endswith("; a run resumes)")   # nothing built yet: the run's builds will record none
+    assert note({"partition": "0" * 32}).endswith("; a run starts afresh: they were taken on other builds)")
+    spec_path(job).write_text('{"artifacts": ')
+    [line] = [line for line in config_status(store, cfg) if line.startswith("train ")]
+    assert line.endswith("a run starts afresh: they were taken on other builds)")

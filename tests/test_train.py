@@ -26,7 +26,7 @@ from stages.jobs.launcher import launch
 from stages.train import stage as train
 from stages.train.models.model import build_model
 from stages.train.rank.faults import FAULT_ENV
-from stages.train.spec import TrainSpec, checkpoints_of_other_builds
+from stages.train.spec import TrainSpec
 from storage import ArtifactStore, InputError, Manifest
 from storage.features import FeaturesArtifact, write_part_features
 from storage.graph import GraphArtifact
@@ -230,25 +230,41 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes_to_the_same_result(referen
     assert not checkpoint_dir(other, key).exists()
 
 
-def test_checkpoints_taken_on_another_partition_build_are_not_resumed(art, two, tmp_path):
+def test_checkpoints_taken_on_another_partition_build_are_not_resumed(art, two, tmp_path, monkeypatch):
     """A killed attempt's checkpoints rest on the partition it trained on. If that partition was not reproducible
-    (KaMinPar on several threads) and was rebuilt, under the same key, the next attempt starts afresh."""
+    (KaMinPar on several threads) and was rebuilt, under the same key, the next attempt starts afresh; so does one
+    after a spec cut short by a kill. Driven through the job's launch, the ranks' start stubbed."""
+    import stages.jobs.launcher
+
     lines: list[str] = []
     job = train._Job(art, train_params(), two, Cluster(), lines.append)
-    job.ckpt_dir.mkdir(parents=True)
-    assert not checkpoints_of_other_builds(job.ckpt_dir, {})   # no spec yet: nothing to compare
-    made_on = {"partition": "0" * 32}
-    TrainSpec(artifacts=art.root, key=job.key, partition_key="p", features_key="f", hotness_key="h", params={},
-              checkpoint_dir=str(job.ckpt_dir), result_dir=str(tmp_path), upstream_builds=made_on
-              ).save(spec_path(job.ckpt_dir))
-    (job.ckpt_dir / "ckpt-00000.pt").write_bytes(b"x")
-    assert not checkpoints_of_other_builds(job.ckpt_dir, made_on)
-    job._drop_checkpoints_of_other_builds(made_on)   # the same builds: resumed
-    assert (job.ckpt_dir / "ckpt-00000.pt").exists() and lines == []
-    job._drop_checkpoints_of_other_builds(builds_behind(two))   # {}: the fixture's partition is reproducible
-    assert not job.ckpt_dir.exists()
+    at_launch: list[tuple[bool, dict[str, str]]] = []   # (the checkpoint still there, the spec's upstream_builds)
+    monkeypatch.setattr(stages.jobs.launcher, "launch", lambda spec, *a, **k: at_launch.append(
+        ((job.ckpt_dir / "ckpt-00000.pt").exists(), TrainSpec.load(spec).upstream_builds)))
+
+    def attempt_after(spec_text: str | None) -> bool:
+        """An attempt after one that left a checkpoint and ``spec_text`` as its spec: was the checkpoint kept?"""
+        shutil.rmtree(job.ckpt_dir, ignore_errors=True)
+        job.ckpt_dir.mkdir(parents=True)
+        if spec_text is not None:
+            spec_path(job.ckpt_dir).write_text(spec_text)
+        (job.ckpt_dir / "ckpt-00000.pt").write_bytes(b"x")
+        job.launch()
+        return at_launch[-1][0]
+
+    def spec_on(builds: dict[str, str]) -> str:
+        TrainSpec(artifacts=art.root, key=job.key, partition_key="p", features_key="f", hotness_key="h", params={},
+                  checkpoint_dir=str(job.ckpt_dir), result_dir=str(tmp_path), upstream_builds=builds
+                  ).save(tmp_path / "spec.json")
+        return (tmp_path / "spec.json").read_text()
+
+    assert builds_behind(two) == {}   # the fixture's partition is reproducible
+    assert attempt_after(spec_on({})) and attempt_after(None) and lines == []   # the same builds: resumed
+    assert not attempt_after(spec_on({"partition": "0" * 32}))
     assert lines == [f"train/{job.key}: the checkpoints in {job.ckpt_dir} were taken on other builds of the inputs: "
                      f"starting afresh"]
+    assert not attempt_after('{"artifacts": ')   # cut short
+    assert [builds for _, builds in at_launch] == [{}] * 4   # each attempt's own spec records its builds
 
 
 def test_cache_plan_of_another_partitioning_is_an_input_error(art, two, one):

@@ -83,7 +83,8 @@ def test_a_flipped_byte_in_a_features_chunk_is_named_with_its_rebuild(root):
     assert error[0] == (f"error: features {key} is damaged: rerun the features stage to rebuild it: `gnnpipe run "
                         f"--force features` (or `gnnpipe stage features`) with `{' '.join(SETS)} --artifacts {path}`,"
                         f" the --config/--set that built it. The builds downstream of it keep their keys: they stay "
-                        f"valid only if the rebuild is byte-identical, else force them too")
+                        f"valid only if the rebuild is byte-identical (a stage that is not reproducible rebuilds "
+                        f"them itself), else force them too")
 
 
 @pytest.mark.parametrize("stage", ["hotness", "train"])

@@ -301,8 +301,9 @@ def launch(spec_path: str, world_size: int, *, result_dir: str, log: Callable[[s
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     # one string hash seed for every rank of the job, forked or started afresh, on every node: a set of names
     # iterates in the same order everywhere (ranks forked from the agent shared its seed, exec'd ones did not, so
-    # the CPU tests could not see an order that differs between GPU ranks), and in every run of the job alike
-    child_env.setdefault("PYTHONHASHSEED", "0")
+    # the CPU tests could not see an order that differs between GPU ranks), and in every run of the job alike. Set
+    # whatever the environment says: a seed inherited on one node only would split the ranks again
+    child_env["PYTHONHASHSEED"] = "0"
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), child_env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", cwd=str(REPO), env=child_env, start_new_session=True,

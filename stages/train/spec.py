@@ -63,9 +63,16 @@ def check_lineage(partition: Manifest, features: Manifest, hotness: Manifest) ->
 
 def checkpoints_of_other_builds(job: Path, builds: Mapping[str, str]) -> bool:
     """Whether the job directory ``job`` holds the spec of an attempt made on other builds of the inputs
-    (``TrainSpec.upstream_builds``) than ``builds``: its checkpoints must not be resumed."""
+    (``TrainSpec.upstream_builds``) than ``builds``: its checkpoints must not be resumed. A spec that cannot be
+    read (cut short by a kill as it was written, or from another gnnpipe) counts as other builds: refusing it
+    would stop every later attempt until `gnnpipe clean`."""
     path = spec_path(job)
-    return path.exists() and TrainSpec.load(path).upstream_builds != dict(builds)
+    if not path.exists():
+        return False
+    try:
+        return TrainSpec.load(path).upstream_builds != dict(builds)
+    except InputError:
+        return True
 
 
 def check_world_size(world_size: int, num_partitions: int) -> None:

@@ -7,8 +7,8 @@ attrs (a partial store, as a kill mid-unit leaves), writes its worker's pid to `
 until ``<control>/release`` appears (at most ``HOLD_S``), and writes ``<control>/ended`` when that attempt ends,
 however it ends; ``<control>`` is the artifact root's parent directory, so the pause needs no setting sent to the
 workers. A later attempt (the unit rescheduled onto another worker) does not stop. Production code paths know
-nothing of it: the stage's module attribute ``write_parts`` is swapped in the process that submits the units, and
-the function travels to the workers by reference.
+nothing of it: ``stages.features.units.write_parts``, which the stage imports when it runs, is swapped in the
+process that submits the units, and the function travels to the workers by reference.
 """
 
 from __future__ import annotations
@@ -59,9 +59,7 @@ def held_write_parts(job: PartsJob) -> dict[str, Any]:
 
 def hold_features() -> None:
     """Make this process's features stage submit :func:`held_write_parts` as its unit."""
-    from stages.features import stage
-
-    stage.write_parts = held_write_parts   # type: ignore[assignment]
+    units.write_parts = held_write_parts   # type: ignore[assignment]
 
 
 def cli() -> None:

@@ -123,7 +123,7 @@ def test_a_worker_killed_mid_unit_changes_no_byte(tmp_path: Path, own_cluster: A
     store, built = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "art"), "until": "features"})
     local = built["features"]
     want = artifact_files(store, local)
-    monkeypatch.setattr(features, "write_parts", _fault_units.held_write_parts)
+    monkeypatch.setattr(_fault_units.units, "write_parts", _fault_units.held_write_parts)
     with Client(own_cluster) as client:
         client.wait_for_workers(2, timeout=WAIT_S)   # a worker killed by an earlier test is back
         killer = _kill_when_held(tmp_path, client)
@@ -146,7 +146,7 @@ def test_a_unit_that_kills_every_worker_fails_in_one_line(tmp_path: Path, own_cl
 
     _, reference = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "ref" / "art"), "until": "features"})
     store, built = run_stages({**TINY, **LAYOUT, "artifacts": str(tmp_path / "art"), "until": "partition"})
-    monkeypatch.setattr(features, "write_parts", _fault_units.held_write_parts)
+    monkeypatch.setattr(_fault_units.units, "write_parts", _fault_units.held_write_parts)
     params = features.Params(**{**reference["features"].params, "executor": own_cluster.scheduler_address})
     upstream = {u: built[u] for u in features.UPSTREAM}
     scheduler = own_cluster.scheduler

@@ -58,6 +58,7 @@ def test_exact_inference_on_two_partitions_equals_the_whole_graph_sage(sage2: Ca
     assert s["mode"] == "exact" and s["path"] == "layer-wise (layer matrices and halo)" and s["num_partitions"] == 2
     assert all(r["chunks"] > 1 and r["remote_mib"] > 0 and r["peak_rss_mib"] > 0 for r in s["ranks"])
     assert all(r["device"] == "cpu" and r["placement"] == "host,host" for r in s["ranks"])   # 2 layers, in place
+    assert sage2.manifest.reproducible and sage2.manifest.upstream_builds == {}   # a CPU model, a CPU inference
 
 
 @pytest.mark.slow

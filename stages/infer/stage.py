@@ -127,7 +127,10 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
         write_metrics(writer, metrics)
         write_infer_events(writer, metrics["scalars"])
-        writer.summary.update(task.summary(metrics, _summary_ranks(metrics)))
+        rank_rows = _summary_ranks(metrics)
+        writer.summary.update(task.summary(metrics, rank_rows))
+        # a GPU's atomic adds sum in a varying order (as in training): recorded, though no stage rests on infer
+        writer.reproducible = all(r["device"] == "cpu" for r in rank_rows)
         writer.summary.update(cost)
         writer.summary.update({k: export[k] for k in ("export_executor_slots", "export_units") if k in export})
         built = True

@@ -151,9 +151,8 @@ def config_status(store: ArtifactStore, cfg: PipelineConfig) -> list[str]:
     for name, found in config_builds(store, cfg).items():
         key, manifest = found.key, found.manifest
         if manifest is not None:
-            headline = STAGES[name].report(manifest).headline
-            if found.state == "stale":
-                headline = f"rests on another build of {', '.join(found.changed)}: a run rebuilds it"
+            headline = f"rests on another build of {', '.join(found.changed)}: a run rebuilds it" \
+                if found.state == "stale" else STAGES[name].report(manifest).headline
             lines.append(f"{name:<10} {key}  {found.state:<10} {store.url(name, key)}  "
                          f"{manifest.bytes / 2**20:.1f} MiB  {headline}")
             continue

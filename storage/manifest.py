@@ -73,9 +73,8 @@ def merge_builds(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
             if out.setdefault(stage, build) != build:
                 raise ArtifactError(f"the upstream artifacts rest on two builds of {stage} (build ids "
                                     f"{out[stage][:8]} and {build[:8]}): a {stage} build that is not reproducible "
-                                    f"was rebuilt after "
-                                    f"some of them were made; rerun the pipeline, which rebuilds what rests on the "
-                                    f"old one")
+                                    f"was rebuilt after some of them were made; rerun the pipeline, which rebuilds "
+                                    f"what rests on the old one")
     return dict(sorted(out.items()))
 
 
@@ -90,10 +89,12 @@ def changed_builds(recorded: Mapping[str, str], current: Mapping[str, str]) -> l
     return sorted(stage for stage in {*recorded, *current} if recorded.get(stage) != current.get(stage))
 
 
-def rests_on(manifest: Manifest, upstream: Manifest) -> bool:
-    """Whether ``manifest`` was made from this very build of ``upstream`` wherever a rebuild could differ (an
-    infer build and the train build whose decoder scores its embeddings)."""
-    return all(manifest.upstream_builds.get(stage) == build for stage, build in provenance(upstream).items())
+def builds_apart(manifest: Manifest, upstream: Manifest) -> list[str]:
+    """The stages whose non-reproducible build behind ``upstream`` (itself included) is not the one ``manifest``
+    was made from; empty when it was made from this very build (an infer build and the train build whose decoder
+    scores its embeddings)."""
+    made_from = manifest.upstream_builds
+    return sorted(stage for stage, build in provenance(upstream).items() if made_from.get(stage) != build)
 
 
 def _canonical(obj: Any) -> str:

@@ -218,15 +218,14 @@ class ArtifactStore:
         and whoever comes second finds the first one's artifact here instead of computing it again.
         """
         key = stage_key(stage, version, params, {name: m.key for name, m in upstream.items()})
-        if not force and (existing := self.find(stage, key, upstream)) is not None:
+        existing = None if force else self.find(stage, key)
+        if existing is not None and existing.made_from(upstream):
             return existing
-        # a build made from another build of a non-reproducible upstream is replaced like a forced one
-        stale = None if force else self.find(stage, key)
-        if stale is not None:
+        if existing is not None:   # made from another build of a non-reproducible upstream: replaced as if forced
             _log.info("%s/%s rests on another build of %s: rebuilding it", stage, key,
-                      ", ".join(changed_builds(stale.upstream_builds, builds_behind(upstream))))
+                      ", ".join(changed_builds(existing.upstream_builds, builds_behind(upstream))))
         with self.writing(stage, key, version=version, params=params, upstream=upstream,
-                          replace=force or stale is not None) as writer:
+                          replace=force or existing is not None) as writer:
             body(writer)
         assert writer.manifest is not None
         self._log_build(writer.manifest)

@@ -22,7 +22,7 @@ from stages.infer.params import train_params
 from stages.infer.tasks import build_task, infer_task
 from storage import ArtifactStore, InputError, Manifest
 from storage.infer_artifact import InferArtifact
-from storage.manifest import provenance, rests_on
+from storage.manifest import builds_apart
 from storage.train import MODEL, split_model_state
 
 PIECE_PAIRS = 1 << 16   # pairs scored at a time: 2 x 65 536 rows of D floats at most (64 MiB at D = 256)
@@ -77,8 +77,7 @@ def pair_scores(rows_of: RowsOf, decoder: torch.nn.Module, src: np.ndarray, dst:
 def link_build(store: ArtifactStore, infer: Manifest) -> tuple[InferArtifact, Manifest]:
     """The infer build's artifact and its train manifest, when they hold a link prediction model."""
     train = store.load("train", infer.upstream["train"])
-    if not rests_on(infer, train):   # a model retrained on a GPU since: its decoder is not the embeddings' model's
-        changed = sorted(s for s, build in provenance(train).items() if infer.upstream_builds.get(s) != build)
+    if changed := builds_apart(infer, train):   # a model retrained on a GPU since: not the embeddings' model
         raise InputError(f"infer/{infer.key} was made from another build of {', '.join(changed)} than train/"
                          f"{train.key} holds now: rerun the pipeline (it redoes the inference), then score")
     art = InferArtifact(store, infer)

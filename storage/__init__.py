@@ -22,6 +22,7 @@ the format modules' ``write_*`` functions.
 """
 
 from storage.errors import ArtifactError, GnnpipeError, InputError
-from storage.store import ArtifactStore, Manifest, StageWriter
+from storage.store import ArtifactStore, Manifest
+from storage.writer import StageWriter
 
 __all__ = ["ArtifactError", "ArtifactStore", "GnnpipeError", "InputError", "Manifest", "StageWriter"]

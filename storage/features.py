@@ -32,8 +32,9 @@ from storage.errors import ArtifactError
 from storage.graph import SPLITS
 from storage.progress import progress as tqdm
 from storage.schema import only_type
-from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.store import ArtifactHandle
 from storage.summaries import FeaturesSummary
+from storage.writer import StageWriter, WorkDir
 from storage.zarr_io import (
     BloscCname,
     attr_int,

@@ -57,8 +57,9 @@ import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, only_type
-from storage.store import ArtifactHandle, StageWriter
+from storage.store import ArtifactHandle
 from storage.summaries import DownloadSummary
+from storage.writer import StageWriter
 from storage.zarr_io import (
     attr_str,
     open_array_at,

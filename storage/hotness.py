@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from storage.errors import ArtifactError
-from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.store import ArtifactHandle
 from storage.summaries import HotnessSummary
+from storage.writer import StageWriter, WorkDir
 from storage.zarr_io import attr_int, open_group, read_array, write_array
 
 CURVE_PNG = "curve.png"

@@ -50,7 +50,7 @@ import numpy as np
 import zarr
 
 from storage.graph import SPLITS
-from storage.store import StageWriter
+from storage.writer import StageWriter
 from storage.zarr_io import open_group, open_subgroup, write_array
 
 NODES = "nodes.zarr"

@@ -29,7 +29,7 @@ from storage.graph import SPLITS
 from storage.infer import NODES, OUT, PART_CHUNK_ROWS, PREDICTIONS, SPLIT_CODES, layer_name, part_name, read_rows
 from storage.partition import PartitionBook
 from storage.schema import GraphSchema
-from storage.store import StageWriter
+from storage.writer import StageWriter
 from storage.zarr_io import open_array, open_group, open_subgroup, write_array
 
 EXPORT_CHUNK_BYTES = 64 << 20

@@ -43,8 +43,9 @@ import zarr
 
 from storage.errors import ArtifactError
 from storage.schema import GraphSchema, RangeTable
-from storage.store import ArtifactHandle, StageWriter, WorkDir
+from storage.store import ArtifactHandle
 from storage.summaries import PartitionSummary
+from storage.writer import StageWriter, WorkDir
 from storage.zarr_io import attr_int, open_array, open_group, open_subgroup, read_array, read_ids, write_array
 
 _BOOK = "book.zarr"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from storage.partition import _part_name, id_dtype, part_attrs, write_link_arrays
-from storage.store import StageWriter, WorkDir
+from storage.writer import StageWriter, WorkDir
 from storage.zarr_io import ChunkAppender, create_rows_array, open_group, write_array
 
 

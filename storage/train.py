@@ -42,7 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from storage.store import ArtifactStore, StageWriter
+from storage.store import ArtifactStore
+from storage.writer import StageWriter
 
 MODEL = "model.pt"
 METRICS = "metrics.json"

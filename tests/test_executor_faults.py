@@ -34,7 +34,7 @@ from storage import ArtifactStore, InputError
 from storage.features import FeatureScheme, PartFeaturesWriter, write_part_features
 from storage.graph import SPLITS
 from storage.reach import reach_token
-from storage.store import WorkDir
+from storage.writer import WorkDir
 from tests import _fault_units
 from tests._cli_runs import GnnpipeRun
 from tests.conftest import TINY, artifact_files

@@ -18,7 +18,7 @@ from stages.hotness.whole_csr import CsrLayout
 from stages.memory import MemoryBudget
 from storage import ArtifactStore, InputError, Manifest
 from storage.partition import PartitionArtifact
-from storage.store import WorkDir
+from storage.writer import WorkDir
 from tests._train_pipeline import build_without_prefect
 from tests.conftest import artifact_files
 

@@ -19,7 +19,7 @@ from stages.partition import stage as partition
 from storage import ArtifactStore, InputError, Manifest
 from storage.graph import GraphArtifact
 from storage.partition import PartitionArtifact, write_book
-from storage.store import WorkDir
+from storage.writer import WorkDir
 from tests import ogbl_fixture
 from tests.conftest import TINY, artifact_files
 

@@ -143,6 +143,9 @@ def test_what_rests_on_a_rebuilt_unreproducible_build_is_rebuilt_and_nothing_els
 
     up2 = store.build("up", 1, {}, {}, _unreproducible, force=True)
     assert store.find("mid", mid.key) == mid and store.find("mid", mid.key, {"up": up2}) is None
+    # what a stage asks before it plans memory or opens an executor: the same answer as build's
+    assert store.cached("mid", 1, {}, {"up": up}) == mid and store.cached("mid", 1, {}, {"up": up2}) is None
+    assert store.cached("mid", 2, {}, {"up": up}) is None and store.cached("mid", 1, {"p": 1}, {"up": up}) is None
     mid2 = store.build("mid", 1, {}, {"up": up2}, _body)
     assert mid2.key == mid.key and mid2.build_id != mid.build_id and mid2.upstream_builds == {"up": up2.build_id}
     down2 = store.build("down", 1, {}, {"mid": mid2}, _body)   # mid is reproducible, yet rests on the new up

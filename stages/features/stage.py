@@ -25,7 +25,6 @@ from stages.meter import anon_rss_bytes, measure
 from stages.params import BudgetedParams
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.graph import GraphArtifact
-from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.summaries import FeaturesSummary
@@ -66,8 +65,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
     layout = Layout(params.chunk_rows, params.compressor, params.dtype, params.normalize)
     plan = make_plan(graph, parts, layout)
-    key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
-    if not force and (cached := store.find(NAME, key, upstream)) is not None:   # whatever the budget and executor
+    # a cached build is returned whatever the budget and executor (runtime settings, not in the key)
+    if not force and (cached := store.cached(NAME, VERSION, params.key_params(), upstream)) is not None:
         return cached
     with open_executor(params.executor, units=parts.num_partitions, store=store) as executor:
         share = budget.share(executor.slots, plan.minimum(), "the partition book, y, the splits and one output "

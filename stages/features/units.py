@@ -31,7 +31,7 @@ from storage import ArtifactStore, Manifest
 from storage.features import FeatureScheme, PartFeaturesWriter
 from storage.graph import SPLITS, GraphArtifact
 from storage.partition import PartitionArtifact
-from storage.store import WorkDir
+from storage.writer import WorkDir
 from storage.zarr_io import chunk_rows_for
 
 # ~16 MiB chunks within [8 192, 65 536] rows: the fastest whole loads measured (benchmarks/RESULTS.md, "Chunk

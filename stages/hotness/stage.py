@@ -31,7 +31,6 @@ from stages.train.tasks import TASKS
 from stages.train.tasks.base import key_without
 from storage import ArtifactStore, Manifest, StageWriter
 from storage.hotness import CURVE_PNG, write_curves
-from storage.manifest import stage_key
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table
 from storage.summaries import HotnessSummary
@@ -86,8 +85,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     check_graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)   # checked before anything is written
     budget = MemoryBudget.resolve(params.memory_budget_bytes, NAME)
     layout = CsrLayout.of(partition)
-    key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
-    if not force and (cached := store.find(NAME, key, upstream)) is not None:   # whatever the budget and executor
+    # a cached build is returned whatever the budget and executor (runtime settings, not in the key)
+    if not force and (cached := store.cached(NAME, VERSION, params.key_params(), upstream)) is not None:
         return cached
     num_parts = partition.num_partitions
     with open_executor(params.executor, units=num_parts, store=store) as executor:

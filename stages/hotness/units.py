@@ -31,7 +31,7 @@ from storage import ArtifactStore, Manifest
 from storage.features import FeaturesArtifact
 from storage.hotness import CachePlan, write_plan
 from storage.partition import PartitionArtifact
-from storage.store import WorkDir
+from storage.writer import WorkDir
 
 if TYPE_CHECKING:
     import torch

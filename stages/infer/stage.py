@@ -52,7 +52,6 @@ from storage.infer import (
 )
 from storage.infer_export import export_link_embeddings, export_orig_order
 from storage.leftovers import infer_job_dir
-from storage.manifest import stage_key
 from storage.partition import PartitionArtifact, PartitionBook
 from storage.report import Report
 from storage.summaries import InferSummary
@@ -102,8 +101,7 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
     """Run inference (or find its artifact) for the model of ``upstream["train"]`` over every node."""
     partition, features, trained = (upstream[name] for name in UPSTREAM)
     num_layers = check_inputs(partition, features, trained, params)
-    if force or store.find(NAME, stage_key(NAME, VERSION, params.key_params(),
-                                           {n: m.key for n, m in upstream.items()}), upstream) is None:
+    if force or store.cached(NAME, VERSION, params.key_params(), upstream) is None:
         require_trackers()   # tensorboard, and mlflow where MLFLOW_TRACKING_URI is set: before any rank starts
     log = log or stage_log(NAME)
     built = False
@@ -168,7 +166,7 @@ def _launch(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifes
     from stages.train.models.plugins import rank_pythonpath
 
     num_partitions = PartitionArtifact(store, upstream["partition"]).num_partitions
-    key = stage_key(NAME, VERSION, params.key_params(), {n: m.key for n, m in upstream.items()})
+    key = writer.key
     job = infer_job_dir(store, key)   # beside the artifacts: the next attempt removes what a killed one left
     shutil.rmtree(job, ignore_errors=True)
     try:

@@ -25,7 +25,6 @@ from stages.partition.streamed import link_stats, mapped_graph, with_part_lists,
 from stages.partition.units import PartsJob, part_lists, unit_figures, write_parts
 from storage import ArtifactStore, InputError, Manifest, StageWriter
 from storage.graph import Graph, GraphArtifact
-from storage.manifest import stage_key
 from storage.partition import PartitionBook, write_book, write_part
 from storage.progress import progress as tqdm
 from storage.report import Report, markdown_table
@@ -62,8 +61,8 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         raise InputError(f"num_partitions={params.num_partitions} exceeds the graph's {num_nodes} nodes; "
                          f"choose 1..{num_nodes}")
     # the memory plan fails (one line) before store.build makes any directory; a cached build needs none
-    key = stage_key(NAME, VERSION, params.key_params(), {name: m.key for name, m in upstream.items()})
-    memory = memory_plan(artifact, params) if force or store.find(NAME, key, upstream) is None else None
+    cached = not force and store.cached(NAME, VERSION, params.key_params(), upstream) is not None
+    memory = None if cached else memory_plan(artifact, params)
     if memory is None or params.executor == LOCAL:   # cached, or the parts written here as before executors
         return store.build(NAME, VERSION, params.key_params(), upstream,
                            _body(artifact, params, memory, progress, None), force=force)

@@ -25,7 +25,7 @@ from storage.partition import PartitionBook
 from storage.partition_stream import write_part_streamed
 from storage.progress import progress as tqdm
 from storage.spill import spill_array
-from storage.store import StageWriter, WorkDir
+from storage.writer import StageWriter, WorkDir
 from storage.zarr_io import read_into
 
 

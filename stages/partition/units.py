@@ -29,7 +29,7 @@ from stages.partition.streamed import mapped_graph, write_streamed
 from storage import ArtifactStore, Manifest
 from storage.graph import GraphArtifact
 from storage.partition import read_book, remove_parts
-from storage.store import WorkDir
+from storage.writer import WorkDir
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 from stages.runtime.rank_process import JobSpec
 from storage.errors import InputError
-from storage.store import ArtifactStore, Manifest, library_versions
+from storage.manifest import Manifest, library_versions
+from storage.store import ArtifactStore
 from storage.summaries import HotnessSummary, PartitionSummary
 from storage.train import spec_path
 

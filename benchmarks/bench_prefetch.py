@@ -57,8 +57,9 @@ def rank_main(args: argparse.Namespace) -> None:
     params = Params(**spec.params)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(params.threads_per_rank or 1)
-    device = pick_device(params, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
-    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    device = pick_device(params, int(os.environ["LOCAL_RANK"]), local_world)
+    dist.init_process_group(rank_backend(params, device, local_world), timeout=timedelta(seconds=600))
     depths = [int(d) for d in args.depths.split(",")]
     data = RankData.open(spec, rank, world, world, device, group=producer_group(max(depths)))
     trainer = Trainer(spec, params.model_copy(update={"prefetch": max(depths)}), data)

@@ -191,12 +191,13 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
     from stages.runtime.sampling.dist_sampler import DistNeighborSampler
 
     torch.set_num_threads(args.threads_per_rank)
-    device = "cpu"
-    if args.device == "cuda":   # one GPU per rank when there are two, else both ranks share one
-        device = f"cuda:{rank % torch.cuda.device_count()}"
+    device, backend = "cpu", "gloo"
+    if args.device == "cuda":   # one GPU per rank when there are two, else both ranks share one over gloo (NCCL
+        # refuses two ranks on one GPU: "Duplicate GPU detected", seen on an H200)
+        gpus = torch.cuda.device_count()
+        device, backend = f"cuda:{rank % gpus}", "nccl" if gpus >= 2 else "gloo"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"file://{init_file}",
-                            rank=rank, world_size=2)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=2)
     with np.load(args.graph) as z:
         indptr = z["indptr"]
         # the partition's own bounds if the graph came from a partition artifact, else two contiguous halves
@@ -220,7 +221,8 @@ def _dist_worker(rank: int, args: argparse.Namespace, init_file: str, out_dir: s
             batches = _GatherEdgeAttr(sampler, [int(indptr[b]) for b in bounds], own_attr, device)
     need = (args.batches + args.warmup) * args.batch_size
     dist.barrier()
-    stats = _run_batches(batches, _train_gid(int(lo), int(hi), need, args.seed + rank), args, device)
+    stats = {**_run_batches(batches, _train_gid(int(lo), int(hi), need, args.seed + rank), args, device),
+             "backend": backend}
     dist.barrier()
     Path(out_dir, f"{rank}.json").write_text(json.dumps(stats))
     dist.destroy_process_group()

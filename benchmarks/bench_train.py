@@ -96,7 +96,7 @@ def rank_main(args: argparse.Namespace) -> None:
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(params.threads_per_rank or 1)
-    dist.init_process_group(rank_backend(params, device), timeout=timedelta(seconds=600))
+    dist.init_process_group(rank_backend(params, device, local_world), timeout=timedelta(seconds=600))
     data = RankData.open(spec, rank, world, local_world, device,
                          group=producer_group(params.prefetch_depth(device.type, world)))
     if not isinstance(data.features, DistFeatures):

@@ -12,8 +12,11 @@ import torch
 from stages.hotness.plan import degree_order
 from stages.train.params import Params
 from stages.train.rank.cache_budget import (
+    CACHE_INDEX_BYTES_PER_ROW,
     FIXED_RESERVE_BYTES,
     FREE_MARGIN,
+    CacheBudget,
+    DeviceShare,
     cache_budget,
     graph_placement,
     largest_batch_nodes,
@@ -34,6 +37,11 @@ def test_the_largest_batch_is_bounded_by_the_fanouts_and_the_graph():
     assert largest_batch_nodes(p, 1000) == 4 + 8 + 24
     assert largest_batch_nodes(p, 20) == 20
     assert largest_batch_nodes(Params(batch_size=4, fanouts=(2, -1)), 1000) == 1000   # -1: every neighbour
+    # link prediction samples around a positive's two ends and its negatives: (2 + k) B in training, 2B + the
+    # shared eval_negatives in evaluation, whichever is more
+    link = Params(task="link", batch_size=4, fanouts=(2, 3), num_negatives=3, eval_negatives=5)
+    assert largest_batch_nodes(link, 10**6) == 20 * (1 + 2 + 6)
+    assert largest_batch_nodes(link.model_copy(update={"eval_negatives": 50}), 10**6) == 58 * (1 + 2 + 6)
 
 
 def test_products_features_fit_one_h100_with_no_flag():
@@ -50,18 +58,55 @@ def test_products_features_fit_one_h100_with_no_flag():
 
 
 def test_caps_bound_the_device_and_a_cpu_rank_keeps_the_plan():
-    def budget(device: torch.device, free: int = 40 * GiB, **caps: float | int) -> int | None:
+    def budget(device: torch.device, free: int = 40 * GiB, sharing: int = 1, beside: int = 0,
+               **caps: float | int) -> int | None:
         return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=100, num_nodes=10**6,
-                            free_bytes=lambda d: free).bytes
+                            share=DeviceShare(sharing, beside), free_bytes=lambda d: free).bytes
 
     assert budget(CPU) is None, "CPU ranks: the hotness plan's size, as before"
     assert budget(CPU, device_cache_ratio=0.25) == int(0.25 * 10 * GiB)
     assert budget(CPU, device_cache_ratio=0.25, device_cache_bytes=1000) == 1000, "the smaller cap"
+    cpu = cache_budget(Params(device_cache_bytes=1000), CPU, own_feature_bytes=10 * GiB, in_features=100,
+                       num_nodes=10**6)
+    assert not cpu.fills and cpu.why == "the hotness plan's size, at most device_cache_bytes 1,000 (CPU rank)"
+    assert cache_budget(Params(device_cache_bytes=1000), GPU, own_feature_bytes=10 * GiB, in_features=100,
+                        num_nodes=10**6, free_bytes=lambda d: 40 * GiB).fills
     assert budget(GPU, device_cache_ratio=0.25) == int(0.25 * 10 * GiB), "a cap below what the device leaves"
-    assert budget(GPU, device_cache_bytes=10**15) < 40 * GiB, "a cap above it leaves the device's figure"
-    assert budget(GPU, free=GiB) == 0, "less free than the reserve: no cache, not a negative one"
     reserve = reserve_bytes(Params(), in_features=100, num_nodes=10**6)
-    assert budget(GPU, ranks_per_gpu=2) == int(FREE_MARGIN * 40 * GiB / 2) - reserve, "ranks sharing a GPU share it"
+    fill = int(FREE_MARGIN * 40 * GiB) - reserve
+    assert budget(GPU) == budget(GPU, device_cache_bytes=10**15) == fill, "a cap above it leaves the device's figure"
+    assert budget(GPU, device_cache_bytes=fill - 1) == fill - 1 and budget(GPU, device_cache_bytes=fill + 1) == fill
+    assert budget(GPU, free=GiB) == 0, "less free than the reserve: no cache, not a negative one"
+    assert budget(GPU, sharing=2) == int(FREE_MARGIN * 40 * GiB / 2) - reserve, "ranks sharing a GPU share it"
+    assert budget(GPU, sharing=3) == int(FREE_MARGIN * 40 * GiB / 3) - reserve
+    assert budget(GPU, sharing=2, beside=GiB) == int(FREE_MARGIN * 40 * GiB / 2) - reserve - GiB, "what else it holds"
+    assert budget(GPU, beside=40 * GiB) == 0
+
+
+def test_a_fill_counts_the_cache_index_and_what_else_the_rank_places_on_its_device():
+    """A GPU fill pays 8 bytes of index a cached row (a cap counts rows alone); ``beside_cache_bytes`` counts the
+    learnt embeddings with SparseAdam's two moments, the edges' feature rows and the link positives."""
+    from types import SimpleNamespace
+
+    from stages.train.rank.rank_data import LinkEdges, beside_cache_bytes
+    from storage.schema import RangeTable
+
+    assert CacheBudget(10**6, "fill").slot_bytes(16) == 16 + CACHE_INDEX_BYTES_PER_ROW == 24
+    assert CacheBudget(10**6, "cap", fills=False).slot_bytes(16) == 16
+    assert CacheBudget(10**6, "fill").slot_bytes(0) == 0, "a learnt type's rows are in no cache"
+    # two parts, three node types: part 1 owns 30 papers (featured), 50 authors and 7 institutions (learnt)
+    table = RangeTable.from_counts(np.array([[10, 20, 3], [30, 50, 7]]))
+    types = [SimpleNamespace(name=n) for n in ("paper", "author", "institution")]
+    partition = SimpleNamespace(range_table=lambda: table, schema=SimpleNamespace(node_types=types),
+                                num_edge_features=8)
+    features = SimpleNamespace(featured_types=("paper",))
+    csr = SimpleNamespace(indices=torch.zeros(1000, dtype=torch.long))
+    link = LinkEdges({s: torch.zeros(2, n, dtype=torch.long) for s, n in (("train", 40), ("valid", 5),
+                                                                        ("test", 5))}, 0)
+    got = beside_cache_bytes(Params(hidden=32), partition, features, 1, csr, link)
+    assert got == 2 * 50 * 8 + 1000 * 8 * 4 + (50 + 7) * 32 * 4 * 3
+    assert beside_cache_bytes(Params(hidden=32), SimpleNamespace(**{**vars(partition), "num_edge_features": 0}),
+                              SimpleNamespace(featured_types=("paper", "author", "institution")), 1, csr, None) == 0
 
 
 def test_bytes_within_walks_rows_of_several_widths():
@@ -104,6 +149,22 @@ def test_a_budget_takes_the_rankings_first_rows_and_all_of_them_at_most(artifact
     assert np.array_equal(by_degree, degree_order(in_degree)[:7])
 
 
+def test_a_cap_on_a_cpu_rank_bounds_the_plan_and_never_raises_it(artifacts):
+    """``fills=False`` (a CPU rank's cap, ``CacheBudget.fills``): the plan's rows, at most the cap; a cap above the
+    plan caches the plan, not more of the ranking (before, a GPU-sized cap copied the whole graph into RAM)."""
+    partition, hotness = artifacts
+    for policy in ("hotness", "hotness-remote", "degree"):
+        planned = cache_gids(policy, partition=partition, hotness=hotness, rank=0)
+        m = int(planned.shape[0])
+        assert m > 3, policy
+        big = cache_gids(policy, partition=partition, hotness=hotness, rank=0, fit=rows_within(10**9), fills=False)
+        assert np.array_equal(big, planned), policy
+        small = cache_gids(policy, partition=partition, hotness=hotness, rank=0, fit=rows_within(3), fills=False)
+        assert np.array_equal(small, planned[:3]), policy
+        filled = cache_gids(policy, partition=partition, hotness=hotness, rank=0, fit=rows_within(10**9))
+        assert filled.shape[0] > m, f"{policy}: a fill of the whole graph takes more than the plan"
+
+
 def test_the_csr_goes_to_the_device_when_it_fits_its_budget_else_to_pinned_memory():
     """Issue [4/5] item 7: placed before the cache, against the same budget; a CPU rank keeps it in RAM and a
     choice by name is kept. (tests/test_gpu_paths.py samples a pinned CSR on a GPU.)"""
@@ -113,8 +174,9 @@ def test_the_csr_goes_to_the_device_when_it_fits_its_budget_else_to_pinned_memor
     free = 80 * GiB
     fill = int(FREE_MARGIN * free) - reserve
 
-    def place(csr_bytes: int, p: Params = params, device: torch.device = GPU):
-        return graph_placement(p, device, csr_bytes=csr_bytes, free_bytes=lambda _: free, **shape)
+    def place(csr_bytes: int, p: Params = params, device: torch.device = GPU, sharing: int = 1):
+        return graph_placement(p, device, csr_bytes=csr_bytes, share=DeviceShare(sharing), free_bytes=lambda _: free,
+                               **shape)
 
     assert place(fill).mode == "device" and "fits the device budget" in place(fill).why
     assert place(fill + 1).mode == "uva" and "sampled through UVA" in place(fill + 1).why
@@ -122,8 +184,10 @@ def test_the_csr_goes_to_the_device_when_it_fits_its_budget_else_to_pinned_memor
     assert place(fill + 1, device=CPU).mode == "cpu"
     for choice in ("device", "uva"):   # kept whatever the budget says
         assert place(fill + 1, params.model_copy(update={"graph_placement": choice})).mode == choice
-    shared = params.model_copy(update={"ranks_per_gpu": 2})   # each of two ranks on the card: half the free memory
-    assert place(fill // 2, shared).mode == "uva" and "/ 2 ranks" in place(fill // 2, shared).why
+    # each of two ranks on the card: half the free memory, to the byte
+    half = int(FREE_MARGIN * free / 2) - reserve
+    assert place(half, sharing=2).mode == "device" and "/ 2 ranks" in place(half, sharing=2).why
+    assert place(half + 1, sharing=2).mode == "uva"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no CUDA device is")

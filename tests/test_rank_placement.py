@@ -9,6 +9,7 @@ import torch
 
 from stages.train.params import Params
 from stages.train.rank import worker
+from stages.train.rank.cache_budget import ranks_sharing_gpu
 from stages.train.rank.worker import pick_device, rank_backend
 from storage import InputError
 
@@ -30,20 +31,33 @@ def test_one_gpu_per_rank_over_nccl_by_default(gpus):
     chosen = gpus(2)
     params = Params(device="cuda")
     assert [pick_device(params, r, 2) for r in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
-    assert chosen == [0, 1] and rank_backend(params, torch.device("cuda", 1)) == "nccl"
-    assert rank_backend(params, torch.device("cpu")) == "gloo"
+    assert chosen == [0, 1] and rank_backend(params, torch.device("cuda", 1), 2) == "nccl"
+    assert rank_backend(params, torch.device("cpu"), 2) == "gloo"
 
 
 def test_ranks_share_one_gpu_over_gloo_when_asked(gpus):
     chosen = gpus(1)
     shared = Params(device="cuda", ranks_per_gpu=2)
     assert [pick_device(shared, r, 2) for r in (0, 1)] == [torch.device("cuda", 0)] * 2 and chosen == [0, 0]
-    assert rank_backend(shared, torch.device("cuda", 0)) == "gloo"
+    assert rank_backend(shared, torch.device("cuda", 0), 2) == "gloo"
     auto = Params(ranks_per_gpu=2)   # device=auto takes the GPU once sharing makes it enough
     assert pick_device(auto, 1, 2) == torch.device("cuda", 0)
     four = Params(device="cuda", ranks_per_gpu=2)
     gpus(2)
     assert [pick_device(four, r, 4).index for r in range(4)] == [0, 0, 1, 1]
+    assert rank_backend(four, torch.device("cuda", 1), 4) == "gloo"
+
+
+def test_a_lone_rank_asked_to_share_has_its_gpu_to_itself(gpus):
+    """``ranks_per_gpu`` above the host's ranks (stages.train.rank.cache_budget.ranks_sharing_gpu): one rank keeps
+    NCCL and the whole device budget, and two ranks on two GPUs asked to share both sit on the first GPU."""
+    chosen = gpus(1)
+    lone = Params(device="cuda", ranks_per_gpu=2)
+    assert pick_device(lone, 0, 1) == torch.device("cuda", 0) and chosen == [0]
+    assert rank_backend(lone, torch.device("cuda", 0), 1) == "nccl"
+    assert ranks_sharing_gpu(lone, 1) == 1 and ranks_sharing_gpu(lone, 2) == ranks_sharing_gpu(lone, 5) == 2
+    gpus(2)
+    assert [pick_device(lone, r, 2).index for r in (0, 1)] == [0, 0]
 
 
 def test_too_few_gpus_is_one_line_naming_the_sharing_setting(gpus, capsys):
@@ -55,4 +69,7 @@ def test_too_few_gpus_is_one_line_naming_the_sharing_setting(gpus, capsys):
                                          "ranks_per_gpu=2"):
         pick_device(Params(device="cuda", ranks_per_gpu=2), 0, 3)
     assert pick_device(Params(), 0, 2) == torch.device("cpu"), "auto: the CPU, saying why"
+    gpus(0)
+    with pytest.raises(InputError, match=r"^device=cuda, but this host has no GPU: set device=cpu \(or auto\)$"):
+        pick_device(Params(device="cuda", ranks_per_gpu=2), 0, 2)
     assert "training on the CPU" in capsys.readouterr().out

@@ -110,6 +110,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
         assert e["cached_bytes"] == e["cached_rows"] * row_bytes
     assert all(r["feature_store"] == "memory" and r["cache_rows"] > 0 for r in m["ranks"])
     assert [r["host_gather"] for r in m["ranks"]] == ["cpu", "cpu"]   # host_gather=auto on CPU ranks
+    assert {r["host_gather_why"] for r in m["ranks"]} == {"a CPU rank reads its host rows in place"}
     assert [r["graph"] for r in m["ranks"]] == ["cpu", "cpu"]   # graph_placement=auto: a CPU rank's CSR in RAM
     assert m["phase_clock"] == "wall_clock" and m["prefetch"] == 0   # prefetch auto: 0 on CPU ranks
     for e in epochs:   # each rank's pass split into phases (tests/test_phases.py): every step of the path shows

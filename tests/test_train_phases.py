@@ -20,7 +20,8 @@ from storage.train import PHASES_PNG
 from storage.train_summary import TrainSummary
 
 PNG = b"\x89PNG"
-PREFETCH_PHASES = ("sample", "gather_remote", "exchange", "other")   # the producer thread's only non-zero phases
+# the producer thread's only non-zero phases (its wait: idle, ahead of the model)
+PREFETCH_PHASES = ("sample", "gather_remote", "exchange", "wait", "other")
 
 
 def _split(epoch: int, rank: int, phase: int) -> float:
@@ -149,6 +150,8 @@ def test_the_report_says_where_the_time_goes(tmp_path: Path):
     assert rows == sorted(rows), "in PHASES' order, though the summary's JSON sorted them by name"
     prefetch = section.split("The prefetch thread")[1]
     assert "gather: remote rows (`gather_remote`)" in prefetch and "(`forward_backward`)" not in prefetch
+    assert "| idle, ahead of the model (`wait`) |" in prefetch and "waiting for the batch" not in prefetch
+    assert "| waiting for the batch (`wait`) |" in section.split("The prefetch thread")[0]
 
 
 def test_the_events_carry_each_phase_of_the_slowest_rank(tmp_path: Path):

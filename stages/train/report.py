@@ -56,13 +56,18 @@ def _share(values: list[float], totals: list[float]) -> float | None:
     return sum(shares) / len(shares) if shares else None
 
 
-def _rows(phases: Mapping[str, list[float]], totals: list[float], *, keep_zero: bool) -> list[dict[str, Any]]:
+# the prefetch thread's "wait" is its idle time, ahead of the model: the model has not yet asked for the next batch
+PREFETCH_LABELS = {**PHASE_LABELS, "wait": "idle, ahead of the model"}
+
+
+def _rows(phases: Mapping[str, list[float]], totals: list[float], *, keep_zero: bool,
+          labels: Mapping[str, str] = PHASE_LABELS) -> list[dict[str, Any]]:
     rows = []
     for name in in_order(phases):   # the summary's JSON has sorted them by name
         values = phases[name]
         if not keep_zero and not any(values):
             continue
-        row: dict[str, Any] = {"phase": f"{PHASE_LABELS.get(name, name)} (`{name}`)"}
+        row: dict[str, Any] = {"phase": f"{labels.get(name, name)} (`{name}`)"}
         row.update({f"rank {r} s/epoch": v for r, v in enumerate(values)})   # 4 significant digits: a short epoch too
         row["share of the epoch"] = percent(_share(values, totals), 1)
         rows.append(row)
@@ -89,6 +94,7 @@ def phases_section(t: TrainSummary) -> str:
           f"{markdown_table(rows)}\n")
     prefetch = t.prefetch_phases_s
     if prefetch:
+        table = markdown_table(_rows(prefetch, totals, keep_zero=False, labels=PREFETCH_LABELS))
         md += ("\nThe prefetch thread's work, overlapping the model's thread (not part of the pass above; its share "
-               f"is of the model's epoch):\n\n{markdown_table(_rows(prefetch, totals, keep_zero=False))}\n")
+               f"is of the model's epoch):\n\n{table}\n")
     return md

@@ -2,11 +2,15 @@
 [4/5] items 1 and 7).
 
 - A CUDA rank fills its device: the free device memory (read once the rank's CSR is on it), less a margin, less what
-  the model, its optimiser and the largest batch will need (``reserve_bytes``, an estimate stated below). On one H100
+  the model, its optimiser and the largest batch will need (``reserve_bytes``, an estimate stated below), less what
+  the rank places there itself (``DeviceShare.beside_bytes``), split between the ranks sharing the card; each
+  cached row costs its index's 8 bytes besides its own. On one H100
   a products-sized graph's features (0.96 GB) then sit wholly in HBM, which took a products epoch from 36.5 to 25.7
   ms a batch (benchmarks/RESULTS.md "[4/5] The GPU check on an H100"), with no flag.
 - A CPU rank keeps the hotness plan's size (``None``): its "device" cache sits in the RAM its store already uses.
-- ``device_cache_bytes`` and ``device_cache_ratio`` (train's, runtime) cap either, when set. (The hotness stage's
+- ``device_cache_bytes`` and ``device_cache_ratio`` (train's, runtime) cap either, when set: a GPU rank's fill, or
+  a CPU rank's plan (never raising it: a config written for a GPU's large cap does not copy a CPU rank's whole
+  graph into its RAM). (The hotness stage's
   ``cache_ratio`` and ``cache_budget_bytes`` size its plan, which its report evaluates, and a CPU rank's cache.)
 - The CSR is placed first (``graph_placement``): in device memory when it fits the same budget, else in pinned host
   memory that the GPU samples through UVA; the cache's budget is then read with the CSR already on the device.
@@ -32,21 +36,52 @@ FIXED_RESERVE_BYTES = 1 << 30
 # float32 values kept per sampled node per layer while a batch trains: its activations, their gradients and one
 # temporary (the aggregation's); GAT-like models keep more per head, which the margin and fixed reserve cover
 VALUES_PER_NODE_LAYER = 3
+# the cache's own index beside each cached row: its int64 gid (FeatureCache.gid_sorted); for 16 int8 columns that
+# is half again the row's bytes, so a fill counts it
+CACHE_INDEX_BYTES_PER_ROW = 8
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """What else holds this rank's GPU beside its CSR, cache, model and batch: ``ranks`` sharing the card
+    (``ranks_sharing_gpu``) and ``beside_bytes`` the rank places there itself (``rank_data.beside_cache_bytes``:
+    learnt embeddings with their optimiser state, edge feature rows, link positives)."""
+
+    ranks: int = 1
+    beside_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class CacheBudget:
-    """``bytes``: the cache's budget, or None for the hotness plan's own size; ``why``: how it was decided (the
-    ranks' table in the train report)."""
+    """``bytes``: the cache's budget, or None for the hotness plan's own size; ``fills``: True when the cache takes
+    as much of the policy's ranking as ``bytes`` holds (a GPU rank), False when ``bytes`` only caps the plan's own
+    rows (a CPU rank: a cap never makes its cache larger than the plan); ``why``: how it was decided (the ranks'
+    table in the train report)."""
 
     bytes: int | None
     why: str
+    fills: bool = True
+
+    def slot_bytes(self, row_bytes: int) -> int:
+        """What one cached row of ``row_bytes`` costs against ``bytes``: a fill counts the cache's index too
+        (``CACHE_INDEX_BYTES_PER_ROW``), a cap the rows alone (the cap's figure is the rows' bytes)."""
+        return row_bytes + (CACHE_INDEX_BYTES_PER_ROW if self.fills and row_bytes else 0)
+
+
+def batch_seeds(params: Params) -> int:
+    """The most seeds a batch samples around: ``batch_size`` nodes, or for link prediction a batch's positives'
+    two ends and their negatives, (2 + num_negatives) a positive in training and 2 a positive plus the shared
+    ``eval_negatives`` in evaluation (``stages.train.tasks.link``)."""
+    if params.task != "link":
+        return params.batch_size
+    return max(params.batch_size * (2 + params.num_negatives), 2 * params.batch_size + params.eval_negatives)
 
 
 def largest_batch_nodes(params: Params, num_nodes: int) -> int:
-    """An upper bound on a batch's sampled nodes: the seeds times (1 + fanout) per hop (-1: the whole graph),
-    capped at the graph."""
-    nodes = total = params.batch_size
+    """An upper bound on a batch's sampled nodes on one edge type: the seeds times (1 + fanout) per hop (-1: the
+    whole graph), capped at the graph. A typed graph's fanout applies per edge type, which this leaves to the
+    margin: its hops' repeats (products: 650 k distinct nodes of this bound's 938 k) usually absorb it."""
+    nodes = total = batch_seeds(params)
     for fanout in params.fanouts:
         nodes = num_nodes if fanout < 0 else nodes * fanout
         total = min(num_nodes, total + nodes)
@@ -63,16 +98,24 @@ def reserve_bytes(params: Params, *, in_features: int, num_nodes: int) -> int:
     return 16 * weights + largest_batch_nodes(params, num_nodes) * per_node + FIXED_RESERVE_BYTES
 
 
+def ranks_sharing_gpu(params: Params, local_world: int) -> int:
+    """How many ranks of this host share each GPU: ``ranks_per_gpu``, but never more than the host's ranks (a lone
+    rank asked to share has its GPU to itself: NCCL, the whole budget). With an uneven count (3 ranks, 2 a GPU) the
+    last GPU's rank still takes its share only: a smaller cache, never an oversubscribed card."""
+    return max(1, min(params.ranks_per_gpu, local_world))
+
+
 def free_device_bytes(device: torch.device) -> int:
     """The device's free memory now (CUDA's own count: other processes' use included)."""
     return int(torch.cuda.mem_get_info(device)[0])
 
 
 def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int, in_features: int, num_nodes: int,
+                 share: DeviceShare = DeviceShare(),
                  free_bytes: Callable[[torch.device], int] = free_device_bytes) -> CacheBudget:
     """This rank's cache budget on ``device``; ``own_feature_bytes``: its partition's stored rows (what
-    ``device_cache_ratio`` is a fraction of); ``free_bytes``: how the free device memory is read (tests pass
-    their own)."""
+    ``device_cache_ratio`` is a fraction of); ``share``: what else holds the GPU; ``free_bytes``: how the free
+    device memory is read (tests pass their own)."""
     caps = []
     if params.device_cache_bytes is not None:
         caps.append((params.device_cache_bytes, f"device_cache_bytes {params.device_cache_bytes:,}"))
@@ -81,26 +124,31 @@ def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int
                      f"device_cache_ratio {params.device_cache_ratio:g}"))
     cap = min(caps) if caps else None
     if device.type != "cuda":
-        return CacheBudget(None, "the hotness plan's size (CPU rank)") if cap is None else CacheBudget(*cap)
-    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, free_bytes=free_bytes)
+        if cap is None:
+            return CacheBudget(None, "the hotness plan's size (CPU rank)")
+        return CacheBudget(cap[0], f"the hotness plan's size, at most {cap[1]} (CPU rank)", fills=False)
+    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, share=share,
+                              free_bytes=free_bytes)
     if cap is not None and cap[0] < fill:
         return CacheBudget(*cap)
     return CacheBudget(fill, f"device: {why}")
 
 
 def device_budget(params: Params, device: torch.device, *, in_features: int, num_nodes: int,
+                  share: DeviceShare = DeviceShare(),
                   free_bytes: Callable[[torch.device], int] = free_device_bytes) -> tuple[int, str]:
     """What this CUDA rank may still place on its device, and the arithmetic as a phrase: the margin's share of
     the free memory, less the reserve for the model and the largest batch."""
     free = free_bytes(device)
     reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes)
-    # ranks sharing the GPU (ranks_per_gpu) each take their share of what they see free; one that reads after
+    # ranks sharing the GPU (ranks_sharing_gpu) each take their share of what they see free; one that reads after
     # another built its cache sees less and takes less: never more than the card holds
-    share = params.ranks_per_gpu
-    shared = f" / {share} ranks" if share > 1 else ""
-    return (max(0, int(FREE_MARGIN * free / share) - reserve),
+    shared = f" / {share.ranks} ranks" if share.ranks > 1 else ""
+    beside = (f" − {share.beside_bytes / 2**30:.1f} GiB of embeddings, edge rows and link edges"
+              if share.beside_bytes else "")
+    return (max(0, int(FREE_MARGIN * free / share.ranks) - reserve - share.beside_bytes),
             f"{FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model and "
-            f"the largest batch")
+            f"the largest batch{beside}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +161,7 @@ class GraphPlacementChoice:
 
 
 def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_features: int, num_nodes: int,
+                    share: DeviceShare = DeviceShare(),
                     free_bytes: Callable[[torch.device], int] = free_device_bytes) -> GraphPlacementChoice:
     """Where this rank's CSR (``csr_bytes``) lives (issue [4/5] item 7). It is placed before the cache, which then
     fills what is left: the CSR goes to the device when it fits the device budget, since every sampled edge reads
@@ -122,7 +171,8 @@ def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_
         return GraphPlacementChoice("cpu", "a CPU rank samples its CSR in RAM")
     if params.graph_placement != "auto":
         return GraphPlacementChoice(params.graph_placement, "set by graph_placement")
-    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, free_bytes=free_bytes)
+    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, share=share,
+                              free_bytes=free_bytes)
     size = f"{csr_bytes / 2**30:.2f} GiB of CSR"
     if csr_bytes <= fill:
         return GraphPlacementChoice("device", f"auto: {size} fits the device budget ({why})")

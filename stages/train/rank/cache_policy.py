@@ -48,9 +48,13 @@ def full_ranking(ranked_gid: np.ndarray, in_degree_of_gid: np.ndarray) -> np.nda
 
 
 def cache_gids(policy: str, *, partition: PartitionArtifact, hotness: HotnessArtifact, rank: int,
-               fit: Fit | None = None) -> np.ndarray:
+               fit: Fit | None = None, fills: bool = True) -> np.ndarray:
     """The gids rank ``rank`` caches under ``policy`` (int64; hot first for ``hotness``): the plan's count, or with
-    ``fit`` as many of the policy's ranking as it says fit."""
+    ``fit`` as many of the policy's ranking as it says fit; with ``fills=False`` the plan's count, at most what
+    ``fit`` says fit (a cap, ``CacheBudget.fills``)."""
+    if fit is not None and not fills:
+        planned = cache_gids(policy, partition=partition, hotness=hotness, rank=rank)
+        return planned[:fit(planned)]
     if policy == "none":
         return np.empty(0, dtype=np.int64)
     if policy not in CACHE_POLICIES:   # the Params' Literal took user input; this is a caller's bug

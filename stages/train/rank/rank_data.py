@@ -28,7 +28,13 @@ from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.typed_rows import TypedRows
 from stages.runtime.uva import UvaUnavailableError
 from stages.train.params import Params
-from stages.train.rank.cache_budget import GraphPlacementChoice, cache_budget, graph_placement
+from stages.train.rank.cache_budget import (
+    DeviceShare,
+    GraphPlacementChoice,
+    cache_budget,
+    graph_placement,
+    ranks_sharing_gpu,
+)
 from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
 from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
@@ -54,6 +60,13 @@ class LinkEdges:
             return None
         return cls({s: torch.from_numpy(partition.edge_split(rank, s)).to(device) for s in SPLITS},
                    partition.schema.edge_type_id(EdgeType.from_key(key)))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(e.numel()) * e.element_size() for e in self.edge_gid.values())
+
+    def to(self, device: torch.device) -> LinkEdges:
+        return LinkEdges({s: e.to(device) for s, e in self.edge_gid.items()}, self.edge_type)
 
 
 class EdgeData:
@@ -145,12 +158,15 @@ class RankData:
         if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
         widest = max((features.num_features_of(t) for t in features.featured_types), default=0)
-        csr, placed = place_csr(csr, params, device, in_features=widest, num_nodes=int(bounds[-1]))
+        link = LinkEdges.open(partition, rank, torch.device("cpu"))   # on the host first: its bytes join the budget
+        share = DeviceShare(ranks_sharing_gpu(params, local_world),
+                            beside_cache_bytes(params, partition, features, rank, csr, link))
+        csr, placed = place_csr(csr, params, device, in_features=widest, num_nodes=int(bounds[-1]), share=share)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         try:
             rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
-                             local_world=local_world, device=device, group=group)
+                             local_world=local_world, device=device, group=group, share=share)
         except HostGatherError as err:   # the runtime's ValueError for a user's setting: one line (storage/errors.py)
             raise InputError(str(err)) from None
         setup = {"rank": rank, "graph": placed.mode, "graph_placement": placed.why, **rows.setup,
@@ -160,15 +176,33 @@ class RankData:
                    split_gid={s: torch.from_numpy(part.split_lids[s] + lo).to(device) for s in part.split_lids},
                    num_features=rows.num_features, num_classes=int(part.attrs["num_classes"]),
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
-                   schema=partition.schema, link=LinkEdges.open(partition, rank, device), edge_bounds=edge_bounds,
+                   schema=partition.schema, link=None if link is None else link.to(device), edge_bounds=edge_bounds,
                    edges=edges, group=group, partition=partition)
 
 
-def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_features: int,
-              num_nodes: int) -> tuple[LocalCSR, GraphPlacementChoice]:
+def beside_cache_bytes(params: Params, partition: PartitionArtifact, features: FeaturesArtifact, rank: int,
+                       csr: LocalCSR, link: LinkEdges | None) -> int:
+    """What a GPU rank places on its device beside its CSR, cache, model and batch, counted before the cache is
+    sized (``cache_budget.DeviceShare``): its link positives; its edges' feature rows, float32, which the loader
+    moves over when the model reads them (counted whether or not it does); and each featureless node type's learnt
+    embedding rows with SparseAdam's two dense moments, 12 bytes x hidden a row (30 GB for 10 M rows at hidden 256:
+    left out, such a rank filled its cache and then failed at its first step)."""
+    table, featured = partition.range_table(), set(features.featured_types)
+    learnt = 0
+    for t, node_type in enumerate(partition.schema.node_types):
+        if node_type.name not in featured:
+            lo, hi = table.type_range(rank, t)
+            learnt += hi - lo
+    edge_rows = int(csr.indices.numel()) * partition.num_edge_features * 4
+    return (0 if link is None else link.nbytes) + edge_rows + learnt * params.hidden * 4 * 3
+
+
+def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_features: int, num_nodes: int,
+              share: DeviceShare = DeviceShare()) -> tuple[LocalCSR, GraphPlacementChoice]:
     """``csr`` (on the CPU) where ``graph_placement`` puts it: the device's memory, or pinned host memory the device
     samples in place (where UVA is unavailable, an auto choice falls back to device memory, saying so)."""
-    placed = graph_placement(params, device, csr_bytes=csr.nbytes, in_features=in_features, num_nodes=num_nodes)
+    placed = graph_placement(params, device, csr_bytes=csr.nbytes, in_features=in_features, num_nodes=num_nodes,
+                             share=share)
     if placed.mode != "uva":
         return csr.to_device(device), placed
     try:
@@ -193,7 +227,7 @@ def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                       hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                      group: dist.ProcessGroup | None) -> RowSources:
+                      group: dist.ProcessGroup | None, share: DeviceShare = DeviceShare()) -> RowSources:
     """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
     x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
@@ -202,11 +236,13 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     budget = cache_budget(params, device, own_feature_bytes=x_store.num_rows * x_store.row_bytes,
-                          in_features=x_store.num_features, num_nodes=int(partition.bounds()[-1]))
-    fit = None if budget.bytes is None else rows_within(budget.bytes // max(x_store.row_bytes, 1))
-    cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank, fit=fit)   # reads the plan
+                          in_features=x_store.num_features, num_nodes=int(partition.bounds()[-1]), share=share)
+    fit = None if budget.bytes is None else rows_within(budget.bytes // max(budget.slot_bytes(x_store.row_bytes), 1))
+    cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank, fit=fit,   # reads the plan
+                            fills=budget.fills)
     cache = dist_features.build_cache(torch.from_numpy(cached_gid))
     setup = {"feature_store": x_store.kind, "host_gather": dist_features.host_gather_mode,
+             "host_gather_why": dist_features.host_gather_why,
              "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes, "cache_budget": budget.why,
              "cache_build_s": round(time.perf_counter() - start, 3)}
     return RowSources(dist_features, x_store.num_features, None, policy, setup)

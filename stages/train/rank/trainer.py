@@ -31,6 +31,7 @@ from stages.runtime.typed_rows import TypedRows
 from stages.train.models.encoder import build_encoder
 from stages.train.models.model import is_block_model, matmul_precision, needs_degrees
 from stages.train.params import Params
+from stages.train.rank.cache_budget import ranks_sharing_gpu
 from stages.train.rank.checkpoint import resume_part, resume_state, save_checkpoint, save_replicated_part
 from stages.train.rank.graphed import WARMUP_STEPS, GraphedStep, first_line, why_not_graphed
 from stages.train.rank.graphed_sampling import SampleGraph, make_sample_graph, why_not_graphed_sampling
@@ -370,7 +371,7 @@ class Trainer:
                 "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
                 "cuda_graph": self.graph_report(),
                 "graphed_sampling": self.sampling_report(),
-                "ranks_per_gpu": params.ranks_per_gpu if self.device.type == "cuda" else None}
+                "ranks_per_gpu": ranks_sharing_gpu(params, self.local_world) if self.device.type == "cuda" else None}
 
     def graph_report(self) -> str:
         """``metrics.json``'s ``cuda_graph``: on, or off: why."""

@@ -22,7 +22,7 @@ from stages.runtime.feature_store import fit_in_budget, host_budget, open_featur
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.params import Params
-from stages.train.rank.cache_budget import CacheBudget, cache_budget
+from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget
 from stages.train.rank.cache_policy import Fit, bytes_within, cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
@@ -43,7 +43,7 @@ class RowSources:
 
 def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                     hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                    group: dist.ProcessGroup | None = None) -> RowSources:
+                    group: dist.ProcessGroup | None = None, share: DeviceShare = DeviceShare()) -> RowSources:
     """The row sources of rank ``rank``, exchanging on ``group`` (``RankData.group``; the embeddings' sparse step
     stays on the default group, the trainer's main thread's). A collective (each featured type's cache build, in
     schema order)."""
@@ -53,9 +53,9 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     x_of = {name: features.x(rank, name) for name in features.featured_types}
-    budget, fit = _typed_budget(params, device, x_of, partition)
+    budget, fit = _typed_budget(params, device, x_of, partition, share)
     cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank,
-                                             fit=fit)).to(device)
+                                             fit=fit, fills=budget.fills)).to(device)
     cached_type, cached_tgid = index.locate(cached_gid)
     # the host budget is the rank's, for all its featured types together (each type had all of it before)
     in_ram = fit_in_budget({name: x_nbytes(x) for name, x in x_of.items()},
@@ -69,12 +69,13 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
             store = open_feature_store(x_of[name], codec=FeatureCodec.of(features.scheme(rank, name)),
                                        memory_budget_bytes=x_nbytes(x_of[name]) if name in in_ram else 0,
                                        pin=device.type == "cuda")
-            # a type left in Zarr (past the budget) has no pinned rows to read in place: it copies
-            rows = DistFeatures(store, tgid_bounds, device=device, group=group,
-                                host_gather=params.host_gather if name in in_ram else "copy")
+            # a type left in Zarr (past the budget) has no pinned rows to read in place: auto copies them, and
+            # uva asked for by name fails in one line, as on a homogeneous graph (DistFeatures)
+            rows = DistFeatures(store, tgid_bounds, device=device, group=group, host_gather=params.host_gather)
             cache = rows.build_cache(cached_tgid[cached_type == t])
             sources[name] = rows
             types[name] = {"rows": own_rows, "feature_store": store.kind, "host_gather": rows.host_gather_mode,
+                           "host_gather_why": rows.host_gather_why,
                            "cache_rows": cache.num_rows, "cache_bytes": cache.nbytes}
         else:
             emb = ShardedEmbedding(tgid_bounds, params.hidden, lr=params.embedding_lr, seed=params.seed,
@@ -83,14 +84,16 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
             types[name] = {"rows": own_rows, "embedding_bytes": own_rows * params.hidden * 4}
     typed_rows = TypedRows(index, tuple(t.name for t in schema.node_types), sources)
     setup = {"feature_store": _joined(types, "feature_store"), "host_gather": _joined(types, "host_gather"),
+             "host_gather_why": "; ".join(f"{name}: {v['host_gather_why']}" for name, v in types.items()
+                                          if "host_gather_why" in v),
              "cache_rows": sum(v.get("cache_rows", 0) for v in types.values()),
              "cache_bytes": sum(v.get("cache_bytes", 0) for v in types.values()), "cache_budget": budget.why,
              "cache_build_s": round(time.perf_counter() - start, 3), "types": types}
     return RowSources(typed_rows, 0, typed_in_channels(partition, features), policy, setup)
 
 
-def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any],
-                  partition: PartitionArtifact) -> tuple[CacheBudget, Fit | None]:
+def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any], partition: PartitionArtifact,
+                  share: DeviceShare) -> tuple[CacheBudget, Fit | None]:
     """The rank's cache budget over its featured types' rows (``cache_budget``), and the fit that walks the ranking
     by each gid's own row width (0 for a type whose rows are learnt: no cache holds them)."""
     schema, table = partition.schema, partition.range_table()
@@ -98,10 +101,11 @@ def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any],
                           for t in schema.node_types], dtype=np.int64)
     budget = cache_budget(params, device, own_feature_bytes=sum(x_nbytes(x) for x in x_of.values()),
                           in_features=max((int(x.shape[1]) for x in x_of.values()), default=params.hidden),
-                          num_nodes=int(table.bounds[-1]))
+                          num_nodes=int(table.bounds[-1]), share=share)
     if budget.bytes is None:
         return budget, None
-    return budget, bytes_within(budget.bytes, lambda gid: row_bytes[table.locate(gid)[1]])
+    slot_bytes = np.array([budget.slot_bytes(int(b)) for b in row_bytes], dtype=np.int64)
+    return budget, bytes_within(budget.bytes, lambda gid: slot_bytes[table.locate(gid)[1]])
 
 
 def _joined(types: dict[str, dict[str, Any]], key: str) -> str:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from stages.jobs.cluster import rank_threads
 from stages.runtime.rank_process import init_method, rank_env, run_rank
 from stages.train.params import Params
+from stages.train.rank.cache_budget import ranks_sharing_gpu
 from stages.train.rank.faults import fault_hook
 from stages.train.rank.guard import PeerStoppedError
 from stages.train.rank.prefetch import producer_group
@@ -43,13 +44,15 @@ def pick_device(params: Params, local_rank: int, local_world: int) -> torch.devi
     """One GPU per rank when there are enough (NCCL refuses two ranks on one GPU), or ``ranks_per_gpu`` ranks on each
     (over gloo: ``rank_backend``), else the CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    share = params.ranks_per_gpu
+    share = ranks_sharing_gpu(params, local_world)
     needed = -(-local_world // share)
     if params.device == "cpu" or (params.device == "auto" and gpus < needed):
         if gpus and params.device == "auto":
             print(f"{gpus} GPU(s) for {local_world} ranks on this host: training on the CPU (NCCL needs one GPU "
                   f"per rank; set device=cuda to make this an error)", flush=True)
         return torch.device("cpu")
+    if gpus == 0:
+        raise InputError("device=cuda, but this host has no GPU: set device=cpu (or auto)")
     if gpus < needed:
         fix = (f"; tests and benchmarks can share one over gloo: ranks_per_gpu={local_world}" if share == 1 else
                f" at ranks_per_gpu={share}")
@@ -60,9 +63,10 @@ def pick_device(params: Params, local_rank: int, local_world: int) -> torch.devi
     return torch.device("cuda", index)
 
 
-def rank_backend(params: Params, device: torch.device) -> str:
-    """NCCL for one rank per GPU, gloo on a CPU and for ranks sharing a GPU (it moves CUDA tensors; NCCL refuses)."""
-    return "nccl" if device.type == "cuda" and params.ranks_per_gpu == 1 else "gloo"
+def rank_backend(params: Params, device: torch.device, local_world: int) -> str:
+    """NCCL for one rank per GPU, gloo on a CPU and for ranks sharing a GPU (it moves CUDA tensors; NCCL refuses).
+    Every rank of a job picks the same: ``local_world`` is the same on every node."""
+    return "nccl" if device.type == "cuda" and ranks_sharing_gpu(params, local_world) == 1 else "gloo"
 
 
 def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: int) -> None:
@@ -70,7 +74,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    dist.init_process_group(rank_backend(params, device), init_method=init_method(),
+    dist.init_process_group(rank_backend(params, device, local_world), init_method=init_method(),
                             timeout=timedelta(seconds=params.peer_timeout_s))
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device,

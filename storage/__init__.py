@@ -3,10 +3,11 @@
 Stages talk to each other only through this package, and only it knows file names and layouts: a stage reads its
 upstream artifacts through the typed handles defined here (``storage.graph.GraphArtifact``,
 ``storage.partition.PartitionArtifact``, ``storage.features.FeaturesArtifact``, ``storage.hotness.HotnessArtifact``),
-built from a :class:`~storage.manifest.Manifest`, and writes its own through a :class:`~storage.store.StageWriter` with
+built from a :class:`~storage.manifest.Manifest`, and writes its own through a :class:`~storage.writer.StageWriter` with
 the format modules' ``write_*`` functions.
 
-- The store: ``store`` (content-addressed builds, ``StageWriter``), ``manifest`` (a build's manifest and its key),
+- The store: ``store`` (content-addressed builds), ``writer`` (``StageWriter``: where a build writes, and its
+  manifest), ``manifest`` (a build's manifest and its key),
   ``checksums`` (the files' digests a manifest records), ``verify`` (a build re-read against them), ``inventory``
   (what a root holds, who built it, when it was last used), ``leftovers`` (what attempts leave outside a build),
   ``reach`` (whether another process or host sees the root), ``report`` (what a stage shows a person),

@@ -19,6 +19,7 @@ from stages.train.rank.cache_budget import (
     DeviceShare,
     cache_budget,
     graph_placement,
+    input_width,
     largest_batch_nodes,
     reserve_bytes,
 )
@@ -42,6 +43,13 @@ def test_the_largest_batch_is_bounded_by_the_fanouts_and_the_graph():
     link = Params(task="link", batch_size=4, fanouts=(2, 3), num_negatives=3, eval_negatives=5)
     assert largest_batch_nodes(link, 10**6) == 20 * (1 + 2 + 6)
     assert largest_batch_nodes(link.model_copy(update={"eval_negatives": 50}), 10**6) == 58 * (1 + 2 + 6)
+
+
+def test_the_widest_input_row_counts_a_learnt_types_hidden_width():
+    p = Params(hidden=64)
+    assert input_width(p, ["node"], {"node": 100}) == 100
+    assert input_width(p, ["paper", "author"], {"paper": 16}) == 64, "author's rows are learnt, hidden wide"
+    assert input_width(p, ["paper", "author"], {"paper": 128}) == 128
 
 
 def test_products_features_fit_one_h100_with_no_flag():

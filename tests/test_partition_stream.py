@@ -76,8 +76,7 @@ def _nothing_written(store: ArtifactStore, params: partition.Params, dl: Manifes
     folder = os.path.join(store.root, "partition")
     left = os.listdir(folder) if os.path.isdir(folder) else []
     assert [n for n in left if n.startswith(".tmp-")] == []
-    assert store.find("partition", partition.stage_key(partition.NAME, partition.VERSION, params.key_params(),
-                                                       {"download": dl.key})) is None
+    assert store.cached(partition.NAME, partition.VERSION, params.key_params(), {"download": dl}) is None
 
 
 def test_metis_over_budget_fails_in_one_line(tmp_path):

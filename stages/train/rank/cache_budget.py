@@ -21,12 +21,13 @@ cache takes its first rows from (``cache_policy.cache_gids``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from stages.train.params import Params
+from stages.train.tasks import task_def
 
 # the share of free device memory the cache may take before the reserve: the rest absorbs the allocator's rounding
 # and fragmentation, which on a long run can hold several % of what was freed
@@ -68,24 +69,21 @@ class CacheBudget:
         return row_bytes + (CACHE_INDEX_BYTES_PER_ROW if self.fills and row_bytes else 0)
 
 
-def batch_seeds(params: Params) -> int:
-    """The most seeds a batch samples around: ``batch_size`` nodes, or for link prediction a batch's positives'
-    two ends and their negatives, (2 + num_negatives) a positive in training and 2 a positive plus the shared
-    ``eval_negatives`` in evaluation (``stages.train.tasks.link``)."""
-    if params.task != "link":
-        return params.batch_size
-    return max(params.batch_size * (2 + params.num_negatives), 2 * params.batch_size + params.eval_negatives)
-
-
 def largest_batch_nodes(params: Params, num_nodes: int) -> int:
     """An upper bound on a batch's sampled nodes on one edge type: the seeds times (1 + fanout) per hop (-1: the
     whole graph), capped at the graph. A typed graph's fanout applies per edge type, which this leaves to the
     margin: its hops' repeats (products: 650 k distinct nodes of this bound's 938 k) usually absorb it."""
-    nodes = total = batch_seeds(params)
+    nodes = total = task_def(params.task).batch_seeds(params)
     for fanout in params.fanouts:
         nodes = num_nodes if fanout < 0 else nodes * fanout
         total = min(num_nodes, total + nodes)
     return min(total, num_nodes)
+
+
+def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str, int]) -> int:
+    """A batch's widest input row, what ``reserve_bytes`` takes as ``in_features``: a featured type's stored columns
+    (``featured``: type -> columns), or ``hidden`` for a featureless type's learnt embedding row."""
+    return max(featured.get(name, params.hidden) for name in node_types)
 
 
 def reserve_bytes(params: Params, *, in_features: int, num_nodes: int) -> int:

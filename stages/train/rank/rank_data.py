@@ -33,6 +33,7 @@ from stages.train.rank.cache_budget import (
     GraphPlacementChoice,
     cache_budget,
     graph_placement,
+    input_width,
     ranks_sharing_gpu,
 )
 from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
@@ -157,7 +158,8 @@ class RankData:
         edges = EdgeData.open(partition, rank)
         if params.edge_weight is not None and edges is not None:   # the stage checked the column exists
             csr = weighted_csr(csr, edges.own_attr[:, params.edge_weight], params.edge_weight)
-        widest = max((features.num_features_of(t) for t in features.featured_types), default=0)
+        widest = input_width(params, (t.name for t in partition.schema.node_types),
+                             {name: features.num_features_of(name) for name in features.featured_types})
         link = LinkEdges.open(partition, rank, torch.device("cpu"))   # on the host first: its bytes join the budget
         share = DeviceShare(ranks_sharing_gpu(params, local_world),
                             beside_cache_bytes(params, partition, features, rank, csr, link))

@@ -22,7 +22,7 @@ from stages.runtime.feature_store import fit_in_budget, host_budget, open_featur
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.params import Params
-from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget
+from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget, input_width
 from stages.train.rank.cache_policy import Fit, bytes_within, cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
@@ -100,7 +100,8 @@ def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any], pa
     row_bytes = np.array([x_of[t.name].shape[1] * x_of[t.name].dtype.itemsize if t.name in x_of else 0
                           for t in schema.node_types], dtype=np.int64)
     budget = cache_budget(params, device, own_feature_bytes=sum(x_nbytes(x) for x in x_of.values()),
-                          in_features=max((int(x.shape[1]) for x in x_of.values()), default=params.hidden),
+                          in_features=input_width(params, (t.name for t in schema.node_types),
+                                                  {name: int(x.shape[1]) for name, x in x_of.items()}),
                           num_nodes=int(table.bounds[-1]), share=share)
     if budget.bytes is None:
         return budget, None

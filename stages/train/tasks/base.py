@@ -131,6 +131,11 @@ class TaskDef:
         """The train items an epoch takes over all ranks (None: all of them)."""
         return None
 
+    def batch_seeds(self, params: Params) -> int:
+        """The most seeds one batch samples around (the device budget's batch estimate,
+        ``stages.train.rank.cache_budget``): ``batch_size`` items of one seed each."""
+        return params.batch_size
+
     def summary_model(self, params: Params) -> dict[str, Any]:
         """What the task adds to ``metrics.json``'s ``model`` record."""
         return {}

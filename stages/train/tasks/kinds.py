@@ -60,6 +60,11 @@ class LinkDef(TaskDef):
     def epoch_items(self, params: Params) -> int | None:
         return params.edges_per_epoch
 
+    def batch_seeds(self, params: Params) -> int:
+        # a positive's two ends and its negatives: (2 + k) a positive in training, 2 a positive plus the batch's
+        # shared eval_negatives in evaluation (stages.train.tasks.link), whichever is more
+        return max(params.batch_size * (2 + params.num_negatives), 2 * params.batch_size + params.eval_negatives)
+
     def summary_model(self, params: Params) -> dict[str, Any]:
         return {"decoder": params.decoder}
 

@@ -17,6 +17,7 @@ from stages.train.rank.cache_budget import (
     FREE_MARGIN,
     CacheBudget,
     DeviceShare,
+    GraphPlacementChoice,
     cache_budget,
     graph_placement,
     input_width,
@@ -210,3 +211,31 @@ def test_a_pinned_csr_asked_for_without_a_gpu_fails_in_one_line():
         place_csr(csr, Params(graph_placement="uva"), GPU, in_features=4, num_nodes=2)
     same, placed = place_csr(csr, Params(), CPU, in_features=4, num_nodes=2)
     assert placed.mode == "cpu" and torch.equal(same.indices, csr.indices)
+
+
+def test_an_auto_csr_too_big_for_its_budget_and_without_uva_falls_back_or_fails_in_one_line(monkeypatch):
+    """auto chose pinned memory (the CSR exceeds the device budget) but UVA is unavailable: device memory is tried,
+    since the budget keeps a margin and a reserve, and an out-of-memory there is one line naming the fix."""
+    from stages.runtime.csr import LocalCSR
+    from stages.runtime.uva import UvaUnavailableError
+    from stages.train.rank import rank_data
+    from storage.errors import InputError
+
+    csr = LocalCSR.from_numpy(np.array([0, 1, 2]), np.array([1, 0]))
+    monkeypatch.setattr(rank_data, "graph_placement",
+                        lambda *a, **k: GraphPlacementChoice("uva", "auto: 0.00 GiB of CSR exceeds the device budget"))
+
+    def no_uva(self, device):
+        raise UvaUnavailableError("the driver refused the pointer")
+    monkeypatch.setattr(LocalCSR, "pinned_on", no_uva)
+    monkeypatch.setattr(LocalCSR, "to_device", lambda self, device: self)
+    _, placed = rank_data.place_csr(csr, Params(), GPU, in_features=4, num_nodes=2)
+    assert placed.mode == "device" and placed.why.endswith("but UVA is unavailable (the driver refused the pointer)")
+
+    def oom(self, device):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(LocalCSR, "to_device", oom)
+    with pytest.raises(InputError, match=r"^graph_placement=auto: this rank's 0.00 GiB of CSR exceed its device "
+                                         r"budget, UVA is unavailable \(the driver refused the pointer\) and device "
+                                         r"memory cannot hold it: partition the graph into more parts"):
+        rank_data.place_csr(csr, Params(), GPU, in_features=4, num_nodes=2)

@@ -212,7 +212,13 @@ def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_feature
     except UvaUnavailableError as err:
         if params.graph_placement == "uva":
             raise InputError(f"graph_placement=uva: {err}; set graph_placement=device or auto") from None
-        return csr.to_device(device), GraphPlacementChoice("device", f"{placed.why}, but UVA is unavailable ({err})")
+        try:   # the budget keeps a margin and a reserve: the CSR may still fit, leaving the cache less
+            return csr.to_device(device), GraphPlacementChoice("device", f"{placed.why}, but UVA is unavailable "
+                                                                         f"({err})")
+        except torch.OutOfMemoryError:
+            raise InputError(f"graph_placement=auto: this rank's {csr.nbytes / 2**30:.2f} GiB of CSR exceed its "
+                             f"device budget, UVA is unavailable ({err}) and device memory cannot hold it: "
+                             f"partition the graph into more parts (num_partitions)") from None
 
 
 def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:

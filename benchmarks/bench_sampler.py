@@ -319,6 +319,10 @@ def main() -> None:
     if args.prepare_only:
         print(json.dumps(result), flush=True)
         return
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this host has no GPU (torch sees none); use --device cpu")
     if args.graph_placement == "uva" and (args.mode, args.device) != ("single", "cuda"):
         parser.error("--graph-placement uva reads a pinned CSR from a GPU: it needs --mode single --device cuda")
     if args.mode == "single":

@@ -32,6 +32,10 @@ PHASE_LABELS: dict[str, str] = {
     "other": "other",
 }
 
+# the prefetch thread's "wait" is its idle time, ahead of the model: the model has not yet asked for the next batch
+PREFETCH_LABELS: dict[str, str] = {**PHASE_LABELS, "wait": "idle, ahead of the model"}
+IDLE_COLOUR = "0.9"   # the prefetch thread's idle segment in the figure: no phase's colour (tab10 holds those)
+
 CLOCK_LABELS: dict[str, str] = {"cuda_events": "CUDA events", "wall_clock": "wall clock"}
 
 

@@ -100,9 +100,15 @@ def test_a_fill_counts_the_cache_index_and_what_else_the_rank_places_on_its_devi
     from stages.train.rank.rank_data import LinkEdges, beside_cache_bytes
     from storage.schema import RangeTable
 
-    assert CacheBudget(10**6, "fill").slot_bytes(16) == 16 + CACHE_INDEX_BYTES_PER_ROW == 24
-    assert CacheBudget(10**6, "cap", fills=False).slot_bytes(16) == 16
-    assert CacheBudget(10**6, "fill").slot_bytes(0) == 0, "a learnt type's rows are in no cache"
+    def of(device: torch.device, **caps: int) -> CacheBudget:
+        return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=16, num_nodes=10**6,
+                            free_bytes=lambda d: 40 * GiB)
+
+    fill = of(GPU)
+    assert fill.slot_bytes(16) == 16 + CACHE_INDEX_BYTES_PER_ROW == 24
+    assert fill.slot_bytes(0) == 0, "a learnt type's rows are in no cache"
+    # a cap is the rows' own bytes, on either device (the report's cache_bytes counts them so)
+    assert of(GPU, device_cache_bytes=24_000).slot_bytes(16) == of(CPU, device_cache_bytes=24_000).slot_bytes(16) == 16
     # two parts, three node types: part 1 owns 30 papers (featured), 50 authors and 7 institutions (learnt)
     table = RangeTable.from_counts(np.array([[10, 20, 3], [30, 50, 7]]))
     types = [SimpleNamespace(name=n) for n in ("paper", "author", "institution")]
@@ -239,3 +245,36 @@ def test_an_auto_csr_too_big_for_its_budget_and_without_uva_falls_back_or_fails_
                                          r"budget, UVA is unavailable \(the driver refused the pointer\) and device "
                                          r"memory cannot hold it: partition the graph into more parts"):
         rank_data.place_csr(csr, Params(), GPU, in_features=4, num_nodes=2)
+
+
+def test_rank_data_hands_one_device_share_to_the_csr_placement_and_the_cache(tmp_path, monkeypatch):
+    """``RankData.open`` counts what the rank puts on its device beside the cache (here a typed graph's three
+    featureless types, learnt: 12 B x hidden a row) and hands the same ``DeviceShare`` to the CSR's placement and to
+    the cache's budget, which on a GPU subtract it (above)."""
+    from stages.train.rank import rank_data, typed_data
+    from stages.train.spec import TrainSpec
+    from tests._train_pipeline import build_upstream, train_params
+
+    store = ArtifactStore(tmp_path / "art")
+    graph = {"dataset": "synthetic-hetero", "num_nodes": 300, "avg_degree": 10.0, "num_features": 16,
+             "num_classes": 8, "seed": 1}
+    upstream = build_upstream(store, 1, graph)
+    params = train_params(hidden=32, ranks_per_gpu=2)
+    spec = TrainSpec(artifacts=store.root, key="k", partition_key=upstream["partition"].key,
+                     features_key=upstream["features"].key, hotness_key=upstream["hotness"].key,
+                     params=params.model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
+                     result_dir=str(tmp_path / "result"))
+    shares: dict[str, DeviceShare] = {}
+
+    def recording(name, real):
+        def wrapped(*args, **kwargs):
+            shares[name] = kwargs["share"]
+            return real(*args, **kwargs)
+        return wrapped
+    monkeypatch.setattr(rank_data, "graph_placement", recording("csr", rank_data.graph_placement))
+    monkeypatch.setattr(typed_data, "cache_budget", recording("cache", typed_data.cache_budget))
+    data = rank_data.RankData.open(spec, 0, 1, 1, CPU)
+    partition = PartitionArtifact(store, upstream["partition"])
+    learnt = sum(int(data.setup["types"][t]["rows"]) for t in ("author", "field_of_study", "institution"))
+    assert learnt > 0 and partition.num_edge_features == 0 and data.link is None
+    assert shares["csr"] == shares["cache"] == DeviceShare(1, learnt * 32 * 4 * 3), "one rank: nobody to share with"

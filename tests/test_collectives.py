@@ -82,6 +82,7 @@ def test_every_tensor_collective_is_a_reviewed_one() -> None:
                 continue
             text = p.read_text()
             assert "from torch.distributed import" not in text, f"{p}: call collectives as dist.<name>"
+            assert not re.search(r"import torch\.distributed as (?!dist\b)", text), f"{p}: import it as dist"
             if names := set(call.findall(text)):
                 found[str(p.relative_to(REPO))] = names
     assert found == REVIEWED_COLLECTIVES

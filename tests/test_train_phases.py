@@ -105,9 +105,18 @@ def test_an_unknown_phase_is_kept_after_the_known_ones():
 
 # ---- the figure --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_the_figure_is_a_png_with_or_without_prefetch(prefetch: bool):
+def test_the_figure_is_a_png_with_or_without_prefetch(prefetch: bool, monkeypatch: pytest.MonkeyPatch):
+    from stages.train import plot
+
+    legends: list[list[str]] = []
+    real_png = plot._png
+    monkeypatch.setattr(plot, "_png", lambda fig: legends.append([t.get_text() for t in fig.axes[0].get_legend()
+                                                                  .get_texts()]) or real_png(fig))
     png = phases_png(_metrics(epochs=_epochs(3, prefetch=prefetch)))
     assert png is not None and png[:4] == PNG
+    # the prefetch thread's wait is its idle time, in a legend entry of its own, never the model's "waiting"
+    assert ("prefetch thread: idle, ahead of the model" in legends[0]) == prefetch
+    assert "waiting for the batch" in legends[0]
 
 
 def test_no_phases_no_figure():

@@ -112,10 +112,12 @@ class Params(StageParams):
     # the cache's size is decided where the rank runs (stages.train.rank.cache_budget): a GPU's free memory, so
     # neither cap is in the key and another GPU does not rebuild the hotness plan. Not hotness's cache_ratio and
     # cache_budget_bytes, which size the plan that the hotness report evaluates (a shared name would set both)
-    device_cache_bytes: int | None = runtime(None, ge=0, description="cap on each rank's device cache, in bytes; "
-                                                                     "null: no cap (a GPU rank caches what its free "
-                                                                     "memory leaves after the model and the largest "
-                                                                     "batch, a CPU rank the hotness plan's rows)")
+    device_cache_bytes: int | None = runtime(None, ge=0, description="cap on each rank's device cache, in bytes of "
+                                                                     "rows (a CPU rank's never above the hotness "
+                                                                     "plan's rows); null: no cap (a GPU rank caches "
+                                                                     "what its free memory leaves after the model, "
+                                                                     "the largest batch and what else the rank puts "
+                                                                     "there, a CPU rank the plan's rows)")
     device_cache_ratio: float | None = runtime(None, ge=0, description="cap on each rank's device cache, as a "
                                                                        "fraction of its partition's feature bytes; "
                                                                        "null: no cap")

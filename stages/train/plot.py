@@ -12,7 +12,15 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on workers or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from storage.phases import PHASE_LABELS, PHASES, clock_label, epochs_label, mean_phases  # noqa: E402
+from storage.phases import (  # noqa: E402
+    IDLE_COLOUR,
+    PHASE_LABELS,
+    PHASES,
+    PREFETCH_LABELS,
+    clock_label,
+    epochs_label,
+    mean_phases,
+)
 from storage.report import percent  # noqa: E402
 from storage.train_summary import TrainSummary, epoch_metric  # noqa: E402
 
@@ -110,7 +118,9 @@ def phases_png(metrics: dict[str, Any]) -> bytes | None:
         bottom = [0.0] * ranks
         for name in names:
             values = (bars.get(name, []) + [0.0] * ranks)[:ranks]
-            ax.bar([i + shift for i in x], values, width, bottom=bottom, color=_phase_colour(name), hatch=hatch,
+            idle = hatch is not None and name == "wait"   # the prefetch thread's wait: idle, not the model's wait
+            ax.bar([i + shift for i in x], values, width, bottom=bottom,
+                   color=IDLE_COLOUR if idle else _phase_colour(name), hatch=hatch,
                    edgecolor="white" if hatch is None else "0.25", linewidth=0.5,
                    label=PHASE_LABELS.get(name, name) if hatch is None else None)
             bottom = [b + v for b, v in zip(bottom, values)]
@@ -124,6 +134,10 @@ def phases_png(metrics: dict[str, Any]) -> bytes | None:
 
         handles.append(Patch(facecolor="white", edgecolor="0.25", hatch="//", label="prefetch thread (overlaps)"))
         labels.append("prefetch thread (overlaps)")
+        if any(prefetch.get("wait", [])):
+            idle_label = f"prefetch thread: {PREFETCH_LABELS['wait']}"
+            handles.append(Patch(facecolor=IDLE_COLOUR, edgecolor="0.25", hatch="//", label=idle_label))
+            labels.append(idle_label)
         ax.set_xticks(x, [f"rank {r}\nmodel | prefetch" for r in x], fontsize=8)
     else:
         ax.set_xticks(x, [f"rank {r}" for r in x])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from storage.phases import PHASE_LABELS, clock_label, epochs_label, in_order, mean_phases
+from storage.phases import PHASE_LABELS, PREFETCH_LABELS, clock_label, epochs_label, in_order, mean_phases
 from storage.report import markdown_table, percent
 from storage.train_summary import TrainSummary
 
@@ -54,10 +54,6 @@ def _share(values: list[float], totals: list[float]) -> float | None:
     """The mean over ranks of each rank's share of its own epoch (ranks with an empty pass left out)."""
     shares = [v / t for v, t in zip(values, totals) if t > 0]
     return sum(shares) / len(shares) if shares else None
-
-
-# the prefetch thread's "wait" is its idle time, ahead of the model: the model has not yet asked for the next batch
-PREFETCH_LABELS = {**PHASE_LABELS, "wait": "idle, ahead of the model"}
 
 
 def _rows(phases: Mapping[str, list[float]], totals: list[float], *, keep_zero: bool,

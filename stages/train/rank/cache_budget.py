@@ -56,17 +56,18 @@ class DeviceShare:
 class CacheBudget:
     """``bytes``: the cache's budget, or None for the hotness plan's own size; ``fills``: True when the cache takes
     as much of the policy's ranking as ``bytes`` holds (a GPU rank), False when ``bytes`` only caps the plan's own
-    rows (a CPU rank: a cap never makes its cache larger than the plan); ``why``: how it was decided (the ranks'
-    table in the train report)."""
+    rows (a CPU rank: a cap never makes its cache larger than the plan); ``index_bytes``: what each cached row's
+    index costs against ``bytes`` (the device's free memory holds it too; a cap's figure is the rows' own bytes,
+    as the report's ``cache_bytes``, so 0); ``why``: how it was decided (the ranks' table in the train report)."""
 
     bytes: int | None
     why: str
     fills: bool = True
+    index_bytes: int = 0
 
     def slot_bytes(self, row_bytes: int) -> int:
-        """What one cached row of ``row_bytes`` costs against ``bytes``: a fill counts the cache's index too
-        (``CACHE_INDEX_BYTES_PER_ROW``), a cap the rows alone (the cap's figure is the rows' bytes)."""
-        return row_bytes + (CACHE_INDEX_BYTES_PER_ROW if self.fills and row_bytes else 0)
+        """What one cached row of ``row_bytes`` costs against ``bytes`` (a learnt type's 0-byte rows: nothing)."""
+        return row_bytes + (self.index_bytes if row_bytes else 0)
 
 
 def largest_batch_nodes(params: Params, num_nodes: int) -> int:
@@ -129,7 +130,7 @@ def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int
                               free_bytes=free_bytes)
     if cap is not None and cap[0] < fill:
         return CacheBudget(*cap)
-    return CacheBudget(fill, f"device: {why}")
+    return CacheBudget(fill, f"device: {why}", index_bytes=CACHE_INDEX_BYTES_PER_ROW)
 
 
 def device_budget(params: Params, device: torch.device, *, in_features: int, num_nodes: int,

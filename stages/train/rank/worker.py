@@ -65,7 +65,9 @@ def pick_device(params: Params, local_rank: int, local_world: int) -> torch.devi
 
 def rank_backend(params: Params, device: torch.device, local_world: int) -> str:
     """NCCL for one rank per GPU, gloo on a CPU and for ranks sharing a GPU (it moves CUDA tensors; NCCL refuses).
-    Every rank of a job picks the same: ``local_world`` is the same on every node."""
+    Every rank of a job must pick the same. ``local_world`` is the same on every node (``Cluster`` refuses uneven
+    ranks per node), but ``device=auto`` on nodes with different GPU counts would put some on the CPU (gloo) and
+    others on GPUs (NCCL): across nodes, set ``device`` explicitly."""
     return "nccl" if device.type == "cuda" and ranks_sharing_gpu(params, local_world) == 1 else "gloo"
 
 

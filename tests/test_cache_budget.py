@@ -112,14 +112,21 @@ def test_a_fill_counts_the_cache_index_and_what_else_the_rank_places_on_its_devi
     # two parts, three node types: part 1 owns 30 papers (featured), 50 authors and 7 institutions (learnt)
     table = RangeTable.from_counts(np.array([[10, 20, 3], [30, 50, 7]]))
     types = [SimpleNamespace(name=n) for n in ("paper", "author", "institution")]
-    partition = SimpleNamespace(range_table=lambda: table, schema=SimpleNamespace(node_types=types),
+    partition = SimpleNamespace(range_table=lambda: table, schema=SimpleNamespace(node_types=types,
+                                                                                 is_homogeneous=False),
                                 num_edge_features=8)
     features = SimpleNamespace(featured_types=("paper",))
     csr = SimpleNamespace(indices=torch.zeros(1000, dtype=torch.long))
     link = LinkEdges({s: torch.zeros(2, n, dtype=torch.long) for s, n in (("train", 40), ("valid", 5),
                                                                         ("test", 5))}, 0)
+    learnt = (50 + 7) * 32 * 4 * 3
     got = beside_cache_bytes(Params(hidden=32), partition, features, 1, csr, link)
-    assert got == 2 * 50 * 8 + 1000 * 8 * 4 + (50 + 7) * 32 * 4 * 3
+    assert got == 2 * 50 * 8 + learnt, "no typed built-in reads the edges' rows: they stay on the host"
+    # one node type, featured: GAT reads the edges' 8 float32 columns, which the loader then moves to the device
+    one = SimpleNamespace(range_table=lambda: RangeTable.from_counts(np.array([[10], [30]])), num_edge_features=8,
+                          schema=SimpleNamespace(node_types=types[:1], is_homogeneous=True))
+    assert beside_cache_bytes(Params(model="gat"), one, features, 1, csr, None) == 1000 * 8 * 4
+    assert beside_cache_bytes(Params(model="sage"), one, features, 1, csr, None) == 0
     assert beside_cache_bytes(Params(hidden=32), SimpleNamespace(**{**vars(partition), "num_edge_features": 0}),
                               SimpleNamespace(featured_types=("paper", "author", "institution")), 1, csr, None) == 0
 

@@ -27,6 +27,7 @@ from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
 from stages.runtime.typed_rows import TypedRows
 from stages.runtime.uva import UvaUnavailableError
+from stages.train.models.encoder import encoder_edge_dim
 from stages.train.params import Params
 from stages.train.rank.cache_budget import (
     DeviceShare,
@@ -186,7 +187,7 @@ def beside_cache_bytes(params: Params, partition: PartitionArtifact, features: F
                        csr: LocalCSR, link: LinkEdges | None) -> int:
     """What a GPU rank places on its device beside its CSR, cache, model and batch, counted before the cache is
     sized (``cache_budget.DeviceShare``): its link positives; its edges' feature rows, float32, which the loader
-    moves over when the model reads them (counted whether or not it does); and each featureless node type's learnt
+    moves over when the run's model reads them (``encoder_edge_dim``); and each featureless node type's learnt
     embedding rows with SparseAdam's two dense moments, 12 bytes x hidden a row (30 GB for 10 M rows at hidden 256:
     left out, such a rank filled its cache and then failed at its first step)."""
     table, featured = partition.range_table(), set(features.featured_types)
@@ -195,7 +196,9 @@ def beside_cache_bytes(params: Params, partition: PartitionArtifact, features: F
         if node_type.name not in featured:
             lo, hi = table.type_range(rank, t)
             learnt += hi - lo
-    edge_rows = int(csr.indices.numel()) * partition.num_edge_features * 4
+    edge_dim = encoder_edge_dim(params, typed=not partition.schema.is_homogeneous,
+                                num_edge_features=partition.num_edge_features)
+    edge_rows = int(csr.indices.numel()) * partition.num_edge_features * 4 if edge_dim > 0 else 0
     return (0 if link is None else link.nbytes) + edge_rows + learnt * params.hidden * 4 * 3
 
 

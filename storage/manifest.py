@@ -115,6 +115,11 @@ def stage_key(stage: str, version: int, params: Mapping[str, Any], upstream: Map
     return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
 
 
+def build_key(stage: str, version: int, params: Mapping[str, Any], upstream: Mapping[str, Manifest]) -> str:
+    """``stage_key`` of a build made from the ``upstream`` manifests (by stage name)."""
+    return stage_key(stage, version, params, {name: m.key for name, m in upstream.items()})
+
+
 def library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for lib in _LIBRARIES:

@@ -30,7 +30,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
 from storage.errors import ArtifactError, InputError
-from storage.manifest import MANIFEST, Manifest, builds_behind, changed_builds, stage_key
+from storage.manifest import MANIFEST, Manifest, build_key, builds_behind, changed_builds
 from storage.write_errors import write_failure
 from storage.writer import StageWriter
 
@@ -91,7 +91,7 @@ class ArtifactStore:
                upstream: Mapping[str, Manifest]) -> Manifest | None:
         """The build ``build`` would return for these inputs without running its body, else None: a stage asks
         before it opens an executor or plans memory that a cached build does not need."""
-        return self.find(stage, stage_key(stage, version, params, {n: m.key for n, m in upstream.items()}), upstream)
+        return self.find(stage, build_key(stage, version, params, upstream), upstream)
 
     def check_files(self, manifest: Manifest) -> Manifest:
         """``manifest`` if every file it lists exists with its recorded size, else an ArtifactError naming one."""
@@ -221,7 +221,7 @@ class ArtifactStore:
         This is the idempotence that makes concurrent runs safe: the flow serialises a stage with a file lock,
         and whoever comes second finds the first one's artifact here instead of computing it again.
         """
-        key = stage_key(stage, version, params, {name: m.key for name, m in upstream.items()})
+        key = build_key(stage, version, params, upstream)
         existing = None if force else self.find(stage, key)
         if existing is not None and existing.made_from(upstream):
             return existing

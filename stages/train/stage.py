@@ -33,7 +33,7 @@ from stages.train.report import epoch_table, phase_summary, phases_section
 from stages.train.spec import TrainSpec, artifact_fingerprint, check_lineage, checkpoints_of_other_builds
 from stages.train.tasks import task_def
 from storage import ArtifactStore, InputError, Manifest, StageWriter
-from storage.manifest import builds_behind, stage_key
+from storage.manifest import build_key, builds_behind
 from storage.partition import PartitionArtifact
 from storage.report import Report, markdown_table, percent
 from storage.train import (
@@ -81,7 +81,7 @@ class _Job:
         check_edge_weight(self.params.edge_weight, partition_artifact.num_edge_features)
         # "3 partitions on 2 nodes" fails here, before any launch
         self.nproc = self.cluster.nproc_per_node(self.num_partitions)
-        self.key = stage_key(NAME, VERSION, self.params.key_params(), {n: m.key for n, m in self.upstream.items()})
+        self.key = build_key(NAME, VERSION, self.params.key_params(), self.upstream)
         self.ckpt_dir = job_dir(self.store, self.key, self.cluster.node_rank if self.cluster.multi_node else None)
 
     def launch(self) -> Path:

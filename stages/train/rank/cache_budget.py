@@ -137,7 +137,8 @@ def device_budget(params: Params, device: torch.device, *, in_features: int, num
                   share: DeviceShare = DeviceShare(),
                   free_bytes: Callable[[torch.device], int] = free_device_bytes) -> tuple[int, str]:
     """What this CUDA rank may still place on its device, and the arithmetic as a phrase: the margin's share of
-    the free memory, less the reserve for the model and the largest batch."""
+    the free memory (split between the ranks on the card), less the reserve for the model and the largest batch,
+    less what the rank places there itself (``share.beside_bytes``)."""
     free = free_bytes(device)
     reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes)
     # ranks sharing the GPU (ranks_sharing_gpu) each take their share of what they see free; one that reads after

@@ -238,7 +238,7 @@ def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                       hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                      group: dist.ProcessGroup | None, share: DeviceShare = DeviceShare()) -> RowSources:
+                      group: dist.ProcessGroup | None, share: DeviceShare) -> RowSources:
     """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
     x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")

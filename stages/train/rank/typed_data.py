@@ -43,7 +43,7 @@ class RowSources:
 
 def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                     hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                    group: dist.ProcessGroup | None = None, share: DeviceShare = DeviceShare()) -> RowSources:
+                    group: dist.ProcessGroup | None, share: DeviceShare) -> RowSources:
     """The row sources of rank ``rank``, exchanging on ``group`` (``RankData.group``; the embeddings' sparse step
     stays on the default group, the trainer's main thread's). A collective (each featured type's cache build, in
     schema order)."""

@@ -17,6 +17,8 @@ SITE = REPO / "benchmarks" / "work" / "gpu-site"
 # them at the versions installed here (the ones our tests ran with): 13 MB, far under the 64 MiB the tree may carry
 DEVICE_LACKS = ("zarr", "numcodecs", "crc32c", "google-crc32c", "donfig", "pydantic", "pydantic-core",
                 "annotated-types", "typing-inspection", "typing-extensions", "pymetis")
+# the modules a step may need that those wheels provide; any other a step lacks (tensorboard) the machine must have
+CARRIED_MODULES = ("zarr", "numcodecs", "pydantic", "pymetis")
 DEVICE_PYTHON = "3.12"
 DEVICE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                     "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -41,6 +43,15 @@ def download_wheels() -> int:
     size = sum(w.stat().st_size for w in WHEELS.glob("*.whl"))
     print(f"gpu-wheels: {len(pins)} wheels, {size / 2**20:.1f} MiB in {WHEELS}")
     return 0
+
+
+def lacking_status(lacking: list[str]) -> str:
+    """A step's status when its python cannot import ``lacking``: what fetches each (the wheels, or a pip install)."""
+    carried = [m for m in lacking if m in CARRIED_MODULES]
+    other = [m for m in lacking if m not in CARRIED_MODULES]
+    fixes = ([f"`make gpu-wheels` where pip works carries {', '.join(carried)}"] if carried else []) + \
+        ([f"`make gpu-wheels` does not carry {', '.join(other)}: pip install it there"] if other else [])
+    return f"skipped: no {', '.join(lacking)} ({'; '.join(fixes)})"
 
 
 def missing(modules: tuple[str, ...], env: dict[str, str]) -> list[str]:

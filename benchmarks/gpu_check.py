@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 
 from _gpu_tables import markdown  # benchmarks/ is on sys.path when run as a script
-from _gpu_wheels import download_wheels, install_wheels, missing
+from _gpu_wheels import download_wheels, install_wheels, lacking_status, missing
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer")
@@ -77,11 +77,13 @@ STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytes
 # the train step's settings timed beside the defaults, on one load (bench_train's variants: every combination)
 # in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
 VARIANTS = ("--cuda-graph", "off,step,auto", "--precision", "float32,tf32", "--rounds", "2")
-# modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...)
-NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
+# modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...);
+# tensorboard: the train stage refuses to start without it (require_trackers), and the CUDA tests and the infer step
+# train through that stage (bench_train starts the ranks itself). The H200s had it; an image without it skips them.
+NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest", "tensorboard"), "gather": (), "sampler": ("pydantic",),
          "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),
          "prefetch": ("zarr", "pydantic", "pymetis"),
-         "infer": ("zarr", "pydantic", "pymetis", "pyarrow")}
+         "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard")}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
           "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,
@@ -359,7 +361,7 @@ def main() -> int:
             print(f"gpu-check: prepared: {json.dumps(summary['prepare'])[:400]}", flush=True)
             preparing = None
         if lacking := missing(NEEDS[step], env):
-            results[step] = {"status": f"skipped: no {', '.join(lacking)} (run `make gpu-wheels` where pip works)"}
+            results[step] = {"status": lacking_status(lacking)}
         elif not commands[step]:
             results[step] = {"status": "skipped: no --baseline TREE.tar given"}
         else:

@@ -314,3 +314,15 @@ def test_the_tables_of_the_sampler_prefetch_and_inference_steps():
     assert "| depth 0 | 21.7 | 22.00 / 21.40 |" in text and "| the producer's half alone | 11.0 |" in text
     assert "| exact | 2400000 | cuda:0 | device | 8.1 | 21.5 | 0.7123 |" in text
     assert "Status: ok." in text, "no total time before the check ends"
+
+
+def test_a_step_lacking_a_module_says_what_fetches_it():
+    """The wheels carry zarr, pydantic and pymetis; tensorboard (the train stage's requirement) they do not: its
+    skip must not send the user to ``make gpu-wheels``. A step's needs name a module the stage itself requires."""
+    check = _gpu_check()
+    assert "tensorboard" in check.NEEDS["infer"] and "tensorboard" in check.NEEDS["tests"]
+    wheels = check.lacking_status(["zarr", "pymetis"])
+    assert wheels.startswith("skipped: no zarr, pymetis (") and "make gpu-wheels` where pip works carries" in wheels
+    other = check.lacking_status(["tensorboard"])
+    assert "does not carry tensorboard: pip install it" in other and "where pip works" not in other
+    assert check.step_failed({"status": other}) is False

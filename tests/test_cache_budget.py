@@ -66,6 +66,15 @@ def test_products_features_fit_one_h100_with_no_flag():
     assert budget.why.startswith("device: 0.9 × 78.0 GiB free")
 
 
+def test_a_graphed_step_reserves_a_second_batch():
+    """Under cuda_graph the captured step's pool holds a batch beside the eager warm-up's blocks: the reserve
+    counts the batch twice; the weights and the fixed part once."""
+    shape = {"in_features": 100, "num_nodes": 2_449_029}
+    eager, batch = reserve_bytes(Params(), **shape), largest_batch_nodes(Params(), 2_449_029) * 4 * (100 + 3 * 256 * 3)
+    assert reserve_bytes(Params(cuda_graph="step"), **shape) == reserve_bytes(Params(cuda_graph="auto"), **shape) \
+        == eager + batch
+
+
 def test_caps_bound_the_device_and_a_cpu_rank_keeps_the_plan():
     def budget(device: torch.device, free: int = 40 * GiB, sharing: int = 1, beside: int = 0,
                **caps: float | int) -> int | None:

@@ -6,6 +6,10 @@ graphed) and ``precision=tf32`` trains to the CPU accuracy (tests/test_gpu_train
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +121,39 @@ def test_the_static_sampler_on_a_gpu_is_the_cpus_without_draws():
         out = StaticSampler(csr, (4, 4), shape).sample(seeds.to(csr.device), torch.tensor(32, device=csr.device))
         got.append((out.n_id.cpu(), out.edge_index.cpu()))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+# each case in a process of its own: an invalidated capture leaves CUDA unusable in the process that made it
+_CAPTURE_CASES = """
+import json, sys, torch
+from stages.train.rank.graphed import CaptureBrokenError, CudaGraphOf
+x, stream, case = torch.ones(8, device="cuda"), torch.cuda.Stream(), sys.argv[1]
+def fn():
+    y = x * 2
+    if case == "host read":
+        return y.sum().item()   # a synchronisation on the capturing stream: CUDA invalidates the capture
+    raise ValueError("a Python error inside the capture")
+try:
+    CudaGraphOf(fn, stream=stream)
+    out = {"raised": None}
+except Exception as error:
+    out = {"raised": type(error).__name__, "message": str(error)}
+if case == "python error":   # ended cleanly: eager draws on the default generator and the allocator work on
+    out["dropout"] = float(torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5).count_nonzero())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("case", ["host read", "python error"])
+def test_an_invalidated_capture_stops_with_the_fix_and_a_clean_one_lets_the_run_go_on(case: str):
+    """The premise of ``CudaGraphOf``'s two outcomes on a real device (tests/test_graphed.py checks the logic on a
+    CPU): a host read inside the capture is ``CaptureBrokenError`` naming ``cuda_graph=off``; a Python error is
+    raised as itself, after which eager dropout (the default generator) runs."""
+    done = subprocess.run([sys.executable, "-c", _CAPTURE_CASES, case], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1], env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if case == "host read":
+        assert out["raised"] == "CaptureBrokenError" and "cuda_graph=off" in out["message"], out
+    else:
+        assert out["raised"] == "ValueError" and 300 < out["dropout"] < 700, out

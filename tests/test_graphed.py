@@ -236,10 +236,10 @@ def test_a_captured_step_serves_later_passes_until_the_learning_rate_or_the_stat
 
 
 def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, monkeypatch):
-    """A capture that raises (an op that cannot be captured) costs nothing but the attempt: the batch and the
-    rest of the run step eagerly, with the eager run's results, and metrics.json says why."""
+    """A capture that raises but ends cleanly (out of memory inside it) costs nothing but the attempt: the batch
+    and the rest of the run step eagerly, with the eager run's results, and metrics.json says why."""
     def refuse(step, stream=None):
-        raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
     monkeypatch.setattr(graphed, "CudaGraphOf", refuse)
     results = []
     for mode in ("eager", "graphed"):
@@ -249,10 +249,77 @@ def test_a_failed_capture_trains_eagerly_and_says_why(one_rank_group, tmp_path, 
             trainer.rng.seed_epoch(epoch)
             trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 5), 5, epoch=epoch)
         results.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
-    assert trainer.not_graphed == ("the capture failed: RuntimeError: operation not permitted when stream is "
-                                   "capturing") and trainer._graph is None
+    assert trainer.not_graphed == ("the capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                   "2.00 GiB") and trainer._graph is None
     for k in results[0]:
         torch.testing.assert_close(results[1][k], results[0][k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_capture_cuda_invalidated_stops_the_rank_instead_of_training_on(one_rank_group, tmp_path, monkeypatch):
+    """An invalidated capture leaves the process's allocator and generators mid-capture (graphed's docstring):
+    the step must not go on eagerly (it would draw dropout from a stuck generator) but stop with the fix."""
+    def broken(step, stream=None):
+        raise graphed.CaptureBrokenError("a CUDA graph capture failed (RuntimeError: x): set cuda_graph=off")
+    monkeypatch.setattr(graphed, "CudaGraphOf", broken)
+    trainer = lone_trainer(tmp_path, "graphed")
+    trainer.not_graphed = None
+    trainer.rng.seed_epoch(0)
+    with pytest.raises(graphed.CaptureBrokenError, match="set cuda_graph=off"):
+        trainer.run_batches(itertools.islice(trainer.loader.train_batches(), 5), 5, epoch=0)
+    assert trainer._graph is None or trainer._graph.failed is None, "no eager fallback was recorded"
+
+
+class _FakeCapture:
+    """``torch.cuda.graph``'s stand-in on a CPU: ``end_error`` is what its end (``capture_end``) raises."""
+
+    end_error: Exception | None = None
+
+    def __init__(self, graph, stream=None, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.end_error is not None:
+            raise self.end_error
+        return False
+
+
+@pytest.mark.parametrize(("inside", "end", "raised"), [
+    (None, None, None),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"), None, torch.OutOfMemoryError),
+    (RuntimeError("CUDA error: operation not permitted when stream is capturing"),
+     RuntimeError("CUDA error: operation failed due to a previous error during capture"), graphed.CaptureBrokenError),
+    (None, RuntimeError("CUDA error: operation failed due to a previous error during capture"),
+     graphed.CaptureBrokenError)])
+def test_a_capture_is_broken_only_when_its_end_fails(monkeypatch, inside, end, raised):
+    """The fallback's premise (pytorch#180395): a capture whose end succeeds restored the allocator and the
+    generators, whatever the captured function raised; one whose end raised did not. The broken case names the
+    captured function's own error (the end's is only "a previous error"), the setting to change, and hands the
+    caller back its stream."""
+    streams = []
+    monkeypatch.setattr(_FakeCapture, "end_error", end)
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "the caller's stream")
+    monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
+
+    def fn():
+        if inside is not None:
+            raise inside
+        return "outputs"
+    if raised is None:
+        assert graphed.CudaGraphOf(fn, stream=None).outputs == "outputs" and streams == []
+        return
+    with pytest.raises(raised) as caught:
+        graphed.CudaGraphOf(fn, stream=None)
+    if raised is graphed.CaptureBrokenError:
+        cause = inside if inside is not None else end
+        assert f"({type(cause).__name__}: {cause})" in str(caught.value) and "set cuda_graph=off" in str(caught.value)
+        assert streams == ["the caller's stream"] and caught.value.__cause__ is end
+    else:
+        assert caught.value is inside and streams == []
 
 
 def test_a_resumed_optimiser_takes_this_runs_fused_and_capturable_flags(one_rank_group, tmp_path):

@@ -58,14 +58,29 @@ def test_a_replayed_sampling_graph_gives_the_eager_static_batches():
 
 
 def test_a_failed_sampling_capture_samples_eagerly_with_the_same_batches():
+    """A capture that ended cleanly (out of memory inside it): the static sampler runs eagerly, same batches."""
     def refuse(fn, generator):
-        raise RuntimeError("operation not permitted when stream is capturing")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     graph, eager = SampleGraph(_sampler(), capture=refuse), SampleGraph(_sampler(), capture=_RerunSampling)
     graph.prepare()
     eager.prepare()
-    assert graph.graph is None and graph.failed.startswith("the capture failed: RuntimeError")
+    assert graph.graph is None and graph.failed.startswith("the capture failed: OutOfMemoryError")
     seeds = torch.randperm(1500)[:64]
     assert torch.equal(graph(seeds).edge_index, eager(seeds).edge_index)
+
+
+def test_an_invalidated_sampling_capture_stops_the_rank_and_leaves_the_generator_alone():
+    """CUDA invalidated the capture: the generator is mid-capture, so its state is not put back (that call would
+    itself fail and hide the cause), and the error reaches the rank, which stops with its one line."""
+    def broken(fn, generator):
+        raise graphed.CaptureBrokenError("a CUDA graph capture failed (RuntimeError: x): set cuda_graph=off")
+    sampler = _sampler()
+    before = sampler.generator.get_state()
+    graph = SampleGraph(sampler, capture=broken)
+    with pytest.raises(graphed.CaptureBrokenError, match="set cuda_graph=off"):
+        graph.prepare()
+    assert not torch.equal(sampler.generator.get_state(), before), "the warm-ups' draws were not undone"
+    assert graph.failed is None and graph.graph is None
 
 
 def test_a_static_sampler_that_fails_its_warm_up_leaves_the_pass_to_the_eager_sampler(one_rank_group, tmp_path,

@@ -90,11 +90,20 @@ def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str
 def reserve_bytes(params: Params, *, in_features: int, num_nodes: int) -> int:
     """What the model, Adam and the largest batch need beside the cache (an estimate, see the constants): 16 bytes
     per weight (the weight, its gradient, Adam's two moments) and, per sampled node, its float32 input row and
-    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
+    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``. With ``cuda_graph`` on,
+    a second such batch (``held_batches``)."""
     width = max(in_features, params.hidden)
     weights = params.num_layers * 2 * (width + 1) * params.hidden   # a self and a neighbour matrix per layer
     per_node = 4 * (in_features + VALUES_PER_NODE_LAYER * params.hidden * params.num_layers)
-    return 16 * weights + largest_batch_nodes(params, num_nodes) * per_node + FIXED_RESERVE_BYTES
+    batches = held_batches(params) * largest_batch_nodes(params, num_nodes)
+    return 16 * weights + batches * per_node + FIXED_RESERVE_BYTES
+
+
+def held_batches(params: Params) -> int:
+    """Batches' worth of memory the step holds: one, or two under ``cuda_graph`` (step or auto, whatever the rank
+    then decides): the captured step's activations stay in the graph's private pool, apart from the blocks the
+    eager warm-up left in the general cache, beside the static input buffer a padded batch is copied into."""
+    return 1 if params.cuda_graph == "off" else 2
 
 
 def ranks_sharing_gpu(params: Params, local_world: int) -> int:

@@ -9,8 +9,11 @@ edges, rows and labels into buffers made at the first batch: three copies, then 
 rank's first pass run eagerly on those buffers (lazy initialisations, e.g. cuBLAS's workspace and Adam's state,
 must happen outside a capture); the next one is captured, and each later batch replays it, in later passes too.
 The trainer captures anew when the learning rate changed (a capture bakes it in) or a checkpoint's load replaced
-Adam's state tensors. A capture that fails (an op that cannot be captured) costs only the attempt: the run goes
-on eagerly, and its report says why.
+Adam's state tensors. A capture that fails while CUDA still ends it cleanly (out of memory, a Python error in the
+step) costs only the attempt: the run goes on eagerly, and its report says why. One that CUDA invalidated (an op
+that cannot be captured: a host read, a synchronisation) stops the rank with one line naming ``cuda_graph=off``:
+PyTorch (2.11, what the GPU machines run) does not undo such a capture, so the process's allocator would go on
+routing into the dead graph's pool and the random generators would refuse eager draws (``CaptureBrokenError``).
 
 What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
 may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
@@ -36,8 +39,9 @@ from torch_geometric.data import Data
 from stages.runtime.sampling.static_shape import StaticShape
 from stages.train.rank.static_batch import pad_batch, pad_labels
 from stages.train.rank.streams import STEP_CAPTURE, STEP_WARMUP, on_role_stream, role_stream
+from storage.errors import GnnpipeError
 
-__all__ = ["CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]
+__all__ = ["CaptureBrokenError", "CudaGraphOf", "GraphedStep", "StepGraph", "why_not_graphed"]
 
 Outputs = tuple[Tensor, Tensor]   # the padded seeds' logits and the batch's mean loss, detached
 WARMUP_STEPS = 2                  # eager steps before the first capture of a rank (PyTorch's CUDA graph notes)
@@ -47,6 +51,12 @@ class StepGraph(Protocol):
     """A captured step: ``replay()`` runs it on the buffers' current contents and returns its outputs."""
 
     def replay(self) -> Outputs: ...
+
+
+class CaptureBrokenError(GnnpipeError):
+    """CUDA rejected a capture at its end (``cudaStreamEndCapture``): PyTorch then skips ending the allocator's pool
+    routing and the generators' capture state (fixed upstream after 2.11: pytorch#180395, #190308), so nothing
+    after it in this process can be trusted to run. One line naming the setting that avoids it."""
 
 
 class CudaGraphOf:
@@ -63,14 +73,20 @@ class CudaGraphOf:
         # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
         # the capture; under the default global mode any such call in another thread fails the capture
         current = torch.cuda.current_stream()
+        failed: Exception | None = None   # fn's own error, raised once the capture has ended (cleanly or not)
         try:
             with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-                self.outputs = fn()
-        except BaseException:
-            # a failed capture can raise in its end before the context gives the stream back: the caller, which
-            # goes on eagerly, must not be left on the capture's stream
+                try:
+                    self.outputs = fn()
+                except Exception as error:  # noqa: BLE001 - held until the capture's end says whether it is clean
+                    failed = error
+        except Exception as end_error:   # the end raised before the context gave the stream back
             torch.cuda.set_stream(current)
-            raise
+            cause = first_line(failed if failed is not None else end_error)
+            raise CaptureBrokenError(f"a CUDA graph capture failed ({cause}), which leaves CUDA unusable in this "
+                                     f"process: set cuda_graph=off and rerun") from end_error
+        if failed is not None:   # ended cleanly (the allocator and generators restored): only this attempt is lost
+            raise failed
 
     def replay(self) -> Any:
         self.graph.replay()
@@ -119,7 +135,9 @@ class GraphedStep:
                 return self._eager()
             try:
                 self.graph = self.capture(self._step)
-            except Exception as error:   # noqa: BLE001 - any capture failure: the step runs eagerly instead
+            except CaptureBrokenError:   # nothing eager can follow it in this process
+                raise
+            except Exception as error:   # noqa: BLE001 - a capture that ended cleanly: the step runs eagerly
                 # a capture runs nothing (the gradients it set to None are set again by the next step), so the
                 # batch is stepped eagerly, and so are the pass's others; the trainer reports why
                 self.failed = f"the capture failed: {first_line(error)}"

@@ -10,7 +10,8 @@ The graph is captured before the rank's first graphed pass, in the training thre
 runs on a batch of no seeds (lazy initialisations must happen outside a capture). So the prefetch thread only
 ever replays it, and no two captures run at once. The warm-up and the capture draw from the sampler's generator,
 whose state is put back afterwards: a pass's batches draw what an eager static sampler's would, on any device.
-A capture that fails leaves the static sampler running eagerly (still no host read), and the report says why.
+A capture that fails but ends cleanly leaves the static sampler running eagerly (still no host read), and the
+report says why; one that CUDA invalidated stops the rank (``graphed.CaptureBrokenError``).
 
 The rank's evaluation passes sample through the same graph (their batches are seeds of one split too, checked
 once by the loader), the model computing eagerly on the padded batch and its real seeds' outputs kept
@@ -36,7 +37,7 @@ from torch_geometric.data import Data
 from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.static_sampler import StaticBatch, StaticSampler, why_not_static
 from stages.runtime.sampling.static_shape import StaticShape
-from stages.train.rank.graphed import WARMUP_STEPS, CudaGraphOf, first_line
+from stages.train.rank.graphed import WARMUP_STEPS, CaptureBrokenError, CudaGraphOf, first_line
 from stages.train.rank.streams import SAMPLING_CAPTURE, SAMPLING_WARMUP, on_role_stream, role_stream
 
 __all__ = ["SampleGraph", "why_not_graphed_sampling"]
@@ -81,7 +82,10 @@ class SampleGraph:
         else:
             try:
                 self.graph = self.capture(lambda: self.sampler.sample(self.seed_buf, self.num_seeds), generator)
-            except Exception as error:   # noqa: BLE001 - any capture failure: the static sampler runs eagerly
+            except CaptureBrokenError:   # the generator is left mid-capture: no state of it can be put back
+                generator = None
+                raise
+            except Exception as error:   # noqa: BLE001 - a capture that ended cleanly: the static sampler runs eagerly
                 self.failed = f"the capture failed: {first_line(error)}"
                 print(f"cuda_graph: sampling: {self.failed}; sampling eagerly on static shapes", flush=True)
         finally:

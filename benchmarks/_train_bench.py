@@ -12,11 +12,29 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from _graph_args import download_params
 
 RUNTIME = "runtime"   # the cache policy that is the train stage's own cache, as the ranks build it
+
+
+def run_rank_worker(body: Callable[[], None]) -> NoReturn:
+    """A benchmark rank's ``body``, ended by ``os._exit`` whatever happens, as the train worker ends: an exception
+    (a CUDA graph capture CUDA rejected, say) is printed and exits 1, since tearing down torch.distributed at
+    interpreter exit was seen to deadlock (``stages.train.rank.worker``)."""
+    import os
+    import traceback
+
+    code = 0
+    try:
+        body()
+    except BaseException:  # noqa: BLE001 - every way out of a rank goes through os._exit
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def upstream_values(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",

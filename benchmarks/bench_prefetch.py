@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 # benchmarks/ is on sys.path when run as a script
-from _train_bench import build_upstream, dist_result, run_ranks, upstream_values
+from _train_bench import build_upstream, dist_result, run_rank_worker, run_ranks, upstream_values
 
 from storage.summaries import DownloadSummary
 
@@ -160,8 +160,7 @@ def main() -> None:
     args = ap.parse_args()
     args.threads_per_rank = args.threads_per_rank or max(1, (os.cpu_count() or 2) // args.ranks)
     if args.rank_worker:
-        rank_main(args)
-        return
+        run_rank_worker(lambda: rank_main(args))
     manifests = build_upstream(stage_values(args))
     graph = DownloadSummary.from_json(manifests["download"].summary)
     result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from _graph_args import add_graph_args  # benchmarks/ is on sys.path when run as a script
-from _train_bench import RUNTIME, build_upstream, dist_result, run_ranks, upstream_values
+from _train_bench import RUNTIME, build_upstream, dist_result, run_rank_worker, run_ranks, upstream_values
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -246,8 +246,7 @@ def main() -> None:
     ap = parser()
     args = ap.parse_args()
     if args.rank_worker:
-        rank_main(args)
-        return
+        run_rank_worker(lambda: rank_main(args))
     policies = args.policies.split(",")
     if unknown := [p for p in policies if p not in (RUNTIME, *CACHE_POLICIES)]:
         ap.error(f"unknown policy {unknown[0]!r}: choose from {RUNTIME}, {', '.join(CACHE_POLICIES)}")

@@ -78,9 +78,9 @@ STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytes
 # in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
 VARIANTS = ("--cuda-graph", "off,step,auto", "--precision", "float32,tf32", "--rounds", "2")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...);
-# tensorboard: the train stage refuses to start without it (require_trackers), and the CUDA tests and the infer step
-# train through that stage (bench_train starts the ranks itself). The H200s had it; an image without it skips them.
-NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest", "tensorboard"), "gather": (), "sampler": ("pydantic",),
+# tensorboard: the train stage refuses to start without it (require_trackers), and the infer step trains through
+# that stage (bench_train starts the ranks itself); the CUDA tests that do skip alone (tests/_gpu_marks.py).
+NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
          "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),
          "prefetch": ("zarr", "pydantic", "pymetis"),
          "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard")}

@@ -320,9 +320,21 @@ def test_a_step_lacking_a_module_says_what_fetches_it():
     """The wheels carry zarr, pydantic and pymetis; tensorboard (the train stage's requirement) they do not: its
     skip must not send the user to ``make gpu-wheels``. A step's needs name a module the stage itself requires."""
     check = _gpu_check()
-    assert "tensorboard" in check.NEEDS["infer"] and "tensorboard" in check.NEEDS["tests"]
+    assert "tensorboard" in check.NEEDS["infer"] and "tensorboard" not in check.NEEDS["tests"], "those tests skip alone"
     wheels = check.lacking_status(["zarr", "pymetis"])
     assert wheels.startswith("skipped: no zarr, pymetis (") and "make gpu-wheels` where pip works carries" in wheels
     other = check.lacking_status(["tensorboard"])
     assert "does not carry tensorboard: pip install it" in other and "where pip works" not in other
     assert check.step_failed({"status": other}) is False
+
+
+@pytest.mark.parametrize(("body", "code"), [("pass", 0), ("raise RuntimeError('the capture failed')", 1)])
+def test_a_benchmark_rank_ends_through_os_exit_whatever_happens(body: str, code: int):
+    """bench_train's and bench_prefetch's ranks: an exception is printed and exits 1, never the interpreter's own
+    teardown of torch.distributed (seen to deadlock); nothing after the worker runs."""
+    script = (f"from _train_bench import run_rank_worker\ndef body():\n    {body}\n"
+              "run_rank_worker(body)\nprint('after the worker')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO / "benchmarks", capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == code and "after the worker" not in done.stdout
+    assert ("RuntimeError: the capture failed" in done.stderr) == (code == 1)

@@ -12,6 +12,7 @@ import torch
 
 from stages.infer.params import Params
 from stages.train.models.model import build_model
+from tests._gpu_marks import needs_tensorboard
 from tests._infer_cases import check_against_reference, random_graph, run_case, run_one_process
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -38,6 +39,7 @@ def test_the_layer_steps_on_the_gpu_infer_what_the_cpu_does(kind: str, budget: i
         torch.testing.assert_close(hidden[layer], cpu_hidden[layer], rtol=1e-5, atol=1e-5)
 
 
+@needs_tensorboard
 def test_the_stage_on_one_gpu_infers_every_node_as_the_whole_graph_does(tmp_path: Any):
     case = run_case(str(tmp_path / "art"), 1, {"device": "cuda"})
     check_against_reference(case, layers=[0])

@@ -13,9 +13,11 @@ from stages.train import stage as train
 from storage import ArtifactStore
 from storage.train import METRICS
 from storage.train_summary import TrainSummary
+from tests._gpu_marks import needs_tensorboard
 from tests._train_pipeline import GRAPH, build_upstream, train_params, train_upstream
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              needs_tensorboard]
 
 
 @pytest.mark.parametrize(("cache_policy", "cap", "graph"), [("hotness", None, "auto"), ("hotness", 0.2, "uva"),

@@ -304,6 +304,7 @@ def test_a_capture_is_broken_only_when_its_end_fails(monkeypatch, inside, end, r
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: "the caller's stream")
     monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
     def fn():
         if inside is not None:
@@ -320,6 +321,19 @@ def test_a_capture_is_broken_only_when_its_end_fails(monkeypatch, inside, end, r
         assert streams == ["the caller's stream"] and caught.value.__cause__ is end
     else:
         assert caught.value is inside and streams == []
+
+
+def test_an_earlier_asynchronous_error_is_raised_as_itself_not_as_a_capture_failure(monkeypatch):
+    """A device-side assert of an eager step before the capture surfaces at the first synchronisation: that is a
+    kernel's error, not the capture's, and must not be told to set cuda_graph=off (nor leave the stream changed)."""
+    def earlier_error():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+    monkeypatch.setattr(torch.cuda, "synchronize", earlier_error)
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    with pytest.raises(RuntimeError, match="device-side assert") as caught:
+        graphed.CudaGraphOf(lambda: "outputs", stream=None)
+    assert not isinstance(caught.value, graphed.CaptureBrokenError)
 
 
 def test_a_resumed_optimiser_takes_this_runs_fused_and_capturable_flags(one_rank_group, tmp_path):

@@ -12,8 +12,9 @@ The trainer captures anew when the learning rate changed (a capture bakes it in)
 Adam's state tensors. A capture that fails while CUDA still ends it cleanly (out of memory, a Python error in the
 step) costs only the attempt: the run goes on eagerly, and its report says why. One that CUDA invalidated (an op
 that cannot be captured: a host read, a synchronisation) stops the rank with one line naming ``cuda_graph=off``:
-PyTorch (2.11, what the GPU machines run) does not undo such a capture, so the process's allocator would go on
-routing into the dead graph's pool and the random generators would refuse eager draws (``CaptureBrokenError``).
+PyTorch (2.11, what the GPU machines run) does not undo such a capture: the allocator keeps it registered as
+underway (so it defers freeing every block used on two streams, a prefetched batch each, for good) and the random
+generators stay mid-capture, refusing eager draws (``CaptureBrokenError``).
 
 What may be graphed (``why_not_graphed``): a lone CUDA rank (no DDP all-reduce in the step), a task whose labels
 may be padded (``Task.pads_labels``: node classification with cross-entropy, whose ``ignore_index`` keeps the fake
@@ -72,6 +73,9 @@ class CudaGraphOf:
             self.graph.register_generator_state(generator)
         # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
         # the capture; under the default global mode any such call in another thread fails the capture
+        # an earlier step's asynchronous error (a device-side assert) surfaces here as itself, not in the capture's
+        # entry (which synchronises first) where it would read as a capture failure with the wrong advice
+        torch.cuda.synchronize()
         current = torch.cuda.current_stream()
         failed: Exception | None = None   # fn's own error, raised once the capture has ended (cleanly or not)
         try:

@@ -71,14 +71,14 @@ class CudaGraphOf:
         self.graph = torch.cuda.CUDAGraph()
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
-        # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
-        # the capture; under the default global mode any such call in another thread fails the capture
         # an earlier step's asynchronous error (a device-side assert) surfaces here as itself, not in the capture's
         # entry (which synchronises first) where it would read as a capture failure with the wrong advice
         torch.cuda.synchronize()
         current = torch.cuda.current_stream()
         failed: Exception | None = None   # fn's own error, raised once the capture has ended (cleanly or not)
         try:
+            # thread_local: the prefetch producer keeps sampling (allocating, reading sizes) on its own stream during
+            # the capture; under the default global mode any such call in another thread fails the capture
             with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
                 try:
                     self.outputs = fn()

@@ -66,13 +66,38 @@ def test_products_features_fit_one_h100_with_no_flag():
     assert budget.why.startswith("device: 0.9 × 78.0 GiB free")
 
 
-def test_a_graphed_step_reserves_a_second_batch():
-    """Under cuda_graph the captured step's pool holds a batch beside the eager warm-up's blocks: the reserve
-    counts the batch twice; the weights and the fixed part once."""
+def test_a_graphed_step_reserves_a_second_batch_only_where_a_step_may_be_graphed():
+    """A captured step's pool holds a batch beside the eager warm-up's blocks: the reserve counts the batch twice
+    (the weights and the fixed part once), and only for a rank that ``why_not_graphed_setup`` lets be graphed; a
+    rank that cannot be (several ranks, a typed graph, cuda_graph=off) keeps that batch for its cache."""
+    from types import SimpleNamespace
+
+    from stages.train.rank.cache_budget import device_budget
+    from stages.train.rank.rank_data import may_be_graphed
+    from storage.schema import EdgeType, GraphSchema, NodeType
+
     shape = {"in_features": 100, "num_nodes": 2_449_029}
     eager, batch = reserve_bytes(Params(), **shape), largest_batch_nodes(Params(), 2_449_029) * 4 * (100 + 3 * 256 * 3)
-    assert reserve_bytes(Params(cuda_graph="step"), **shape) == reserve_bytes(Params(cuda_graph="auto"), **shape) \
-        == eager + batch
+    assert reserve_bytes(Params(), **shape, batches=2) == eager + batch and batch > 9e9, "products: ~9 GB"
+    free = {"free_bytes": lambda d: 78 * GiB}
+    one, graphed = device_budget(Params(), GPU, **shape, **free), \
+        device_budget(Params(), GPU, **shape, share=DeviceShare(graphed=True), **free)
+    assert one[0] - graphed[0] == batch and "twice: a CUDA graph's pool" in graphed[1] and "twice" not in one[1]
+
+    plain = SimpleNamespace(schema=GraphSchema.homogeneous(100, 8, 3), num_edge_features=0)
+    assert may_be_graphed(Params(cuda_graph="auto"), plain, GPU, 1)
+    assert may_be_graphed(Params(cuda_graph="step", precision="tf32"), plain, GPU, 1)
+    typed = GraphSchema((NodeType("paper", 10, 8, 3), NodeType("author", 5)),
+                        (EdgeType("author", "writes", "paper"), EdgeType("paper", "cites", "paper")))
+    refused = [(Params(), plain, GPU, 1), (Params(cuda_graph="auto"), plain, CPU, 1),
+               (Params(cuda_graph="auto"), plain, GPU, 2),
+               (Params(cuda_graph="auto", precision="bfloat16"), plain, GPU, 1),
+               (Params(cuda_graph="auto", fanouts=(5, -1)), plain, GPU, 1),
+               (Params(cuda_graph="auto", model="gat"), SimpleNamespace(schema=plain.schema, num_edge_features=4),
+                GPU, 1),
+               (Params(cuda_graph="auto"), SimpleNamespace(schema=typed, num_edge_features=0), GPU, 1)]
+    for params, partition, device, world in refused:
+        assert not may_be_graphed(params, partition, device, world), (params, device, world)
 
 
 def test_caps_bound_the_device_and_a_cpu_rank_keeps_the_plan():

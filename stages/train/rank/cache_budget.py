@@ -45,11 +45,13 @@ CACHE_INDEX_BYTES_PER_ROW = 8
 @dataclass(frozen=True)
 class DeviceShare:
     """What else holds this rank's GPU beside its CSR, cache, model and batch: ``ranks`` sharing the card
-    (``ranks_sharing_gpu``) and ``beside_bytes`` the rank places there itself (``rank_data.beside_cache_bytes``:
-    learnt embeddings with their optimiser state, edge feature rows, link positives)."""
+    (``ranks_sharing_gpu``), ``beside_bytes`` the rank places there itself (``rank_data.beside_cache_bytes``:
+    learnt embeddings with their optimiser state, edge feature rows, link positives) and ``graphed``, whether its
+    step may be a captured CUDA graph, which holds a second batch (``held_batches``)."""
 
     ranks: int = 1
     beside_bytes: int = 0
+    graphed: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,23 +89,23 @@ def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str
     return max(featured.get(name, params.hidden) for name in node_types)
 
 
-def reserve_bytes(params: Params, *, in_features: int, num_nodes: int) -> int:
-    """What the model, Adam and the largest batch need beside the cache (an estimate, see the constants): 16 bytes
-    per weight (the weight, its gradient, Adam's two moments) and, per sampled node, its float32 input row and
-    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``. With ``cuda_graph`` on,
-    a second such batch (``held_batches``)."""
+def reserve_bytes(params: Params, *, in_features: int, num_nodes: int, batches: int = 1) -> int:
+    """What the model, Adam and ``batches`` of the largest batch need beside the cache (an estimate, see the
+    constants): 16 bytes per weight (the weight, its gradient, Adam's two moments) and, per sampled node, its
+    float32 input row and ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
     width = max(in_features, params.hidden)
     weights = params.num_layers * 2 * (width + 1) * params.hidden   # a self and a neighbour matrix per layer
     per_node = 4 * (in_features + VALUES_PER_NODE_LAYER * params.hidden * params.num_layers)
-    batches = held_batches(params) * largest_batch_nodes(params, num_nodes)
-    return 16 * weights + batches * per_node + FIXED_RESERVE_BYTES
+    return 16 * weights + batches * largest_batch_nodes(params, num_nodes) * per_node + FIXED_RESERVE_BYTES
 
 
-def held_batches(params: Params) -> int:
-    """Batches' worth of memory the step holds: one, or two under ``cuda_graph`` (step or auto, whatever the rank
-    then decides): the captured step's activations stay in the graph's private pool, apart from the blocks the
-    eager warm-up left in the general cache, beside the static input buffer a padded batch is copied into."""
-    return 1 if params.cuda_graph == "off" else 2
+def held_batches(share: DeviceShare) -> int:
+    """Batches' worth of memory the step holds: one, or two where it may be a captured graph (``share.graphed``:
+    the settings and the graph allow it, whatever the model then decides): the captured step's activations stay
+    in the graph's private pool, apart from the blocks the eager warm-up left in the general cache, beside the
+    static input buffer a padded batch is copied into. A products batch is ~9 GB of the estimate at hidden 256,
+    which a rank that cannot be graphed (several ranks, a typed graph) keeps for its cache."""
+    return 2 if share.graphed else 1
 
 
 def ranks_sharing_gpu(params: Params, local_world: int) -> int:
@@ -149,15 +151,16 @@ def device_budget(params: Params, device: torch.device, *, in_features: int, num
     the free memory (split between the ranks on the card), less the reserve for the model and the largest batch,
     less what the rank places there itself (``share.beside_bytes``)."""
     free = free_bytes(device)
-    reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes)
+    reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes, batches=held_batches(share))
     # ranks sharing the GPU (ranks_sharing_gpu) each take their share of what they see free; one that reads after
     # another built its cache sees less and takes less: never more than the card holds
     shared = f" / {share.ranks} ranks" if share.ranks > 1 else ""
+    twice = " (twice: a CUDA graph's pool)" if share.graphed else ""
     beside = (f" − {share.beside_bytes / 2**30:.1f} GiB of embeddings, edge rows and link edges"
               if share.beside_bytes else "")
     return (max(0, int(FREE_MARGIN * free / share.ranks) - reserve - share.beside_bytes),
             f"{FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model and "
-            f"the largest batch{beside}")
+            f"the largest batch{twice}{beside}")
 
 
 @dataclass(frozen=True)

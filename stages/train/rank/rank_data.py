@@ -25,6 +25,7 @@ from torch import Tensor
 from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures, HostGatherError
 from stages.runtime.feature_store import InMemoryFeatureStore, open_part_store
+from stages.runtime.sampling.fanouts import graph_fanouts
 from stages.runtime.typed_rows import TypedRows
 from stages.runtime.uva import UvaUnavailableError
 from stages.train.models.encoder import encoder_edge_dim
@@ -38,6 +39,7 @@ from stages.train.rank.cache_budget import (
     ranks_sharing_gpu,
 )
 from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
+from stages.train.rank.graphed import why_not_graphed_setup
 from stages.train.rank.typed_data import RowSources, embeddings_in_dataset_order, open_typed_rows
 from stages.train.spec import TrainSpec, check_lineage, check_world_size
 from storage import ArtifactStore, InputError
@@ -163,7 +165,8 @@ class RankData:
                              {name: features.num_features_of(name) for name in features.featured_types})
         link = LinkEdges.open(partition, rank, torch.device("cpu"))   # on the host first: its bytes join the budget
         share = DeviceShare(ranks_sharing_gpu(params, local_world),
-                            beside_cache_bytes(params, partition, features, rank, csr, link))
+                            beside_cache_bytes(params, partition, features, rank, csr, link),
+                            graphed=may_be_graphed(params, partition, device, world))
         csr, placed = place_csr(csr, params, device, in_features=widest, num_nodes=int(bounds[-1]), share=share)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
@@ -181,6 +184,16 @@ class RankData:
                    cache_policy=rows.cache_policy, setup=setup, in_channels=rows.in_channels,
                    schema=partition.schema, link=None if link is None else link.to(device), edge_bounds=edge_bounds,
                    edges=edges, group=group, partition=partition)
+
+
+def may_be_graphed(params: Params, partition: PartitionArtifact, device: torch.device, world: int) -> bool:
+    """Whether the rank's step may be a captured CUDA graph as far as the settings and the graph tell before the
+    model is built (``graphed.why_not_graphed_setup``): its cache budget then reserves the graph's second batch."""
+    typed = not partition.schema.is_homogeneous
+    edge_dim = encoder_edge_dim(params, typed=typed, num_edge_features=partition.num_edge_features)
+    fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)
+    return why_not_graphed_setup(params.cuda_graph, device=device, world=world, precision=params.precision,
+                                 fanouts=fanouts, typed=typed, edge_features=edge_dim > 0) is None
 
 
 def beside_cache_bytes(params: Params, partition: PartitionArtifact, features: FeaturesArtifact, rank: int,

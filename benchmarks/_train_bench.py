@@ -19,22 +19,23 @@ from _graph_args import download_params
 RUNTIME = "runtime"   # the cache policy that is the train stage's own cache, as the ranks build it
 
 
-def run_rank_worker(body: Callable[[], None]) -> NoReturn:
-    """A benchmark rank's ``body``, ended by ``os._exit`` whatever happens, as the train worker ends: an exception
-    (a CUDA graph capture CUDA rejected, say) is printed and exits 1, since tearing down torch.distributed at
-    interpreter exit was seen to deadlock (``stages.train.rank.worker``)."""
+def run_rank_worker(spec_path: str, body: Callable[[], None]) -> NoReturn:
+    """A benchmark rank's ``body`` run as the train worker runs its own (``stages.runtime.rank_process.run_rank``):
+    a user's error (a CUDA graph capture CUDA rejected, say) is one ``error:`` line and the launcher's error file
+    (exit 2), any other exception a traceback (exit 1); then ``os._exit`` whatever happens, since tearing down
+    torch.distributed at interpreter exit was seen to deadlock (``stages.train.rank.worker``)."""
     import os
-    import traceback
 
-    code = 0
+    from stages.runtime.rank_process import rank_env, run_rank
+    from stages.train.rank.guard import PeerStoppedError
+
+    code = 1
     try:
-        body()
-    except BaseException:  # noqa: BLE001 - every way out of a rank goes through os._exit
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        code = run_rank(spec_path, rank_env(), body, refused=lambda err: None, quiet=(PeerStoppedError,))
+    finally:   # even where run_rank itself failed (its log prefix, say): never the interpreter's teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def upstream_values(args: argparse.Namespace, parts: int, *, feature_dtype: str = "auto",

@@ -160,7 +160,7 @@ def main() -> None:
     args = ap.parse_args()
     args.threads_per_rank = args.threads_per_rank or max(1, (os.cpu_count() or 2) // args.ranks)
     if args.rank_worker:
-        run_rank_worker(lambda: rank_main(args))
+        run_rank_worker(args.spec, lambda: rank_main(args))
     manifests = build_upstream(stage_values(args))
     graph = DownloadSummary.from_json(manifests["download"].summary)
     result = {"nodes": graph.num_nodes, "edges": graph.num_edges, "fanouts": args.fanouts,

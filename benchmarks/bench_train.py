@@ -246,7 +246,7 @@ def main() -> None:
     ap = parser()
     args = ap.parse_args()
     if args.rank_worker:
-        run_rank_worker(lambda: rank_main(args))
+        run_rank_worker(args.spec, lambda: rank_main(args))
     policies = args.policies.split(",")
     if unknown := [p for p in policies if p not in (RUNTIME, *CACHE_POLICIES)]:
         ap.error(f"unknown policy {unknown[0]!r}: choose from {RUNTIME}, {', '.join(CACHE_POLICIES)}")

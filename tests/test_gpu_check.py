@@ -328,13 +328,28 @@ def test_a_step_lacking_a_module_says_what_fetches_it():
     assert check.step_failed({"status": other}) is False
 
 
-@pytest.mark.parametrize(("body", "code"), [("pass", 0), ("raise RuntimeError('the capture failed')", 1)])
-def test_a_benchmark_rank_ends_through_os_exit_whatever_happens(body: str, code: int):
-    """bench_train's and bench_prefetch's ranks: an exception is printed and exits 1, never the interpreter's own
-    teardown of torch.distributed (seen to deadlock); nothing after the worker runs."""
-    script = (f"from _train_bench import run_rank_worker\ndef body():\n    {body}\n"
-              "run_rank_worker(body)\nprint('after the worker')\n")
+@pytest.mark.parametrize(("body", "code", "said"), [
+    ("pass", 0, None),
+    ("raise RuntimeError('the launch failed')", 1, "Traceback"),
+    ("raise CaptureBrokenError('the capture failed: set cuda_graph=off and rerun')", 2,
+     "[rank 0] error: the capture failed: set cuda_graph=off and rerun")])
+def test_a_benchmark_rank_fails_as_a_train_rank_and_ends_through_os_exit(body: str, code: int, said: str | None,
+                                                                         tmp_path):
+    """bench_train's and bench_prefetch's ranks end as the train worker's do: a user's error is one ``error:`` line
+    (exit 2), any other a traceback (exit 1), each recorded in the launcher's error file; never the interpreter's
+    own teardown of torch.distributed (seen to deadlock): nothing after the worker runs."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"result_dir": str(tmp_path), "checkpoint_dir": str(tmp_path)}))
+    script = ("from _train_bench import run_rank_worker\n"
+              "from stages.train.rank.graphed import CaptureBrokenError\n"
+              f"def body():\n    {body}\nrun_rank_worker({str(spec)!r}, body)\nprint('after the worker')\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO / "benchmarks", capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == code and "after the worker" not in done.stdout
-    assert ("RuntimeError: the capture failed" in done.stderr) == (code == 1)
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == code and "after the worker" not in done.stdout, done.stderr
+    errors = list(tmp_path.glob("error-*.json"))
+    if said is None:
+        assert not errors and done.stderr == ""
+        return
+    assert said in done.stderr
+    record = json.loads(errors[0].read_text())
+    assert record["user_error"] == (code == 2) and "the " in record["message"]

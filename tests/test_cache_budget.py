@@ -5,6 +5,8 @@ side is read through an injected ``free_bytes`` here; tests/test_gpu_train.py ru
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -28,22 +30,53 @@ from stages.train.rank.cache_policy import bytes_within, cache_gids, full_rankin
 from storage import ArtifactStore
 from storage.hotness import HotnessArtifact
 from storage.partition import PartitionArtifact
+from storage.schema import EdgeType, GraphSchema, NodeType
 from tests._train_pipeline import build_upstream
 
 GPU, CPU = torch.device("cuda", 0), torch.device("cpu")   # a device object needs no device
 GiB = 2**30
 
 
+def one_type(num_nodes: int) -> SimpleNamespace:
+    """What ``largest_batch_nodes`` reads of a partition of a one-type graph (link's split on its one edge type)."""
+    return SimpleNamespace(schema=GraphSchema.homogeneous(num_nodes, 8, 3), link_edge_type="node___edge___node")
+
+
+BATCH = 1024 * (1 + 15 + 15 * 10 + 15 * 10 * 5)   # the default recipe's batch bound on a graph of over 937 984 nodes
+
+
 def test_the_largest_batch_is_bounded_by_the_fanouts_and_the_graph():
     p = Params(batch_size=4, fanouts=(2, 3))
-    assert largest_batch_nodes(p, 1000) == 4 + 8 + 24
-    assert largest_batch_nodes(p, 20) == 20
-    assert largest_batch_nodes(Params(batch_size=4, fanouts=(2, -1)), 1000) == 1000   # -1: every neighbour
+    assert largest_batch_nodes(p, one_type(1000)) == 4 + 8 + 24
+    assert largest_batch_nodes(p, one_type(20)) == 20
+    assert largest_batch_nodes(Params(batch_size=4, fanouts=(2, -1)), one_type(1000)) == 1000   # -1: every neighbour
     # link prediction samples around a positive's two ends and its negatives: (2 + k) B in training, 2B + the
     # shared eval_negatives in evaluation, whichever is more
     link = Params(task="link", batch_size=4, fanouts=(2, 3), num_negatives=3, eval_negatives=5)
-    assert largest_batch_nodes(link, 10**6) == 20 * (1 + 2 + 6)
-    assert largest_batch_nodes(link.model_copy(update={"eval_negatives": 50}), 10**6) == 58 * (1 + 2 + 6)
+    assert largest_batch_nodes(link, one_type(10**6)) == 20 * (1 + 2 + 6)
+    assert largest_batch_nodes(link.model_copy(update={"eval_negatives": 50}), one_type(10**6)) == 58 * (1 + 2 + 6)
+
+
+def test_a_typed_batch_grows_by_each_edge_type_into_a_node():
+    """A typed graph's hop draws its fanout on every edge type into a frontier node, so the bound follows the
+    types: papers (the labelled seeds) draw cited papers and their authors; authors draw their papers; each type's
+    new nodes are capped by its unseen ones. Left to a margin, [2, 3] from 4 seeds bounded 36 nodes, not 95."""
+    schema = GraphSchema((NodeType("paper", 10_000, 8, 3), NodeType("author", 50), NodeType("venue", 3)),
+                         (EdgeType("paper", "cites", "paper"), EdgeType("author", "writes", "paper"),
+                          EdgeType("paper", "rev_writes", "author"), EdgeType("venue", "hosts", "paper")))
+    typed = SimpleNamespace(schema=schema, link_edge_type="author___writes___paper")
+    p = Params(batch_size=4, fanouts=(2, 3))
+    # hop 1 from 4 papers: 8 papers (cites), 8 authors (writes), 3 venues (8 drawn, 3 exist); hop 2: the 8 new
+    # papers draw 24 papers, 24 authors and no venue (none unseen), the 8 authors 24 papers, the venues nothing
+    assert largest_batch_nodes(p, typed) == 4 + (8 + 8 + 3) + (24 + 24 + 24) == 95
+    # no hop from the venues: no edge type ends at one. An edge type's own fanout (0: not sampled) replaces it
+    assert largest_batch_nodes(p.model_copy(update={"edge_fanouts": {"hosts": [0, 0]}}), typed) == 4 + 16 + 72
+    # task=link: seeds may be authors or papers (the split's two ends; negatives are papers): both counted
+    link = Params(task="link", batch_size=1, fanouts=(2,), num_negatives=2, eval_negatives=2)
+    from_papers, from_authors = 4 + 8 + 8 + 3, 4 + 8
+    assert largest_batch_nodes(link, typed) == from_papers + from_authors
+    assert largest_batch_nodes(Params(batch_size=4, fanouts=(2, -1)), typed) == 4 + 19 + 9_988 + 42, \
+        "-1: every node of each type drawn from, less its seen ones"
 
 
 def test_the_widest_input_row_counts_a_learnt_types_hidden_width():
@@ -56,11 +89,11 @@ def test_the_widest_input_row_counts_a_learnt_types_hidden_width():
 def test_products_features_fit_one_h100_with_no_flag():
     """ogbn-products on one H100 (79.2 GiB, ~78 free once the CSR is there): its 0.96 GB of float32 rows fit."""
     products = Params()   # SAGE 3 x 256, [15, 10, 5], batch 1024: the issue's recipe
-    nodes = largest_batch_nodes(products, 2_449_029)
+    nodes = largest_batch_nodes(products, one_type(2_449_029))
     assert nodes == 1024 * (1 + 15 + 15 * 10 + 15 * 10 * 5)
-    reserve = reserve_bytes(products, in_features=100, num_nodes=2_449_029)
+    reserve = reserve_bytes(products, in_features=100, batch_nodes=nodes)
     assert reserve == 16 * 3 * 2 * 257 * 256 + nodes * 4 * (100 + 3 * 256 * 3) + FIXED_RESERVE_BYTES
-    budget = cache_budget(products, GPU, own_feature_bytes=979_611_600, in_features=100, num_nodes=2_449_029,
+    budget = cache_budget(products, GPU, own_feature_bytes=979_611_600, in_features=100, batch_nodes=nodes,
                           free_bytes=lambda device: 78 * GiB)
     assert budget.bytes == int(FREE_MARGIN * 78 * GiB) - reserve and budget.bytes > 979_611_600
     assert budget.why.startswith("device: 0.9 × 78.0 GiB free")
@@ -70,14 +103,11 @@ def test_a_graphed_step_reserves_a_second_batch_only_where_a_step_may_be_graphed
     """A captured step's pool holds a batch beside the eager warm-up's blocks: the reserve counts the batch twice
     (the weights and the fixed part once), and only for a rank that ``why_not_graphed_setup`` lets be graphed; a
     rank that cannot be (several ranks, a typed graph, cuda_graph=off) keeps that batch for its cache."""
-    from types import SimpleNamespace
-
     from stages.train.rank.cache_budget import device_budget
     from stages.train.rank.rank_data import may_be_graphed
-    from storage.schema import EdgeType, GraphSchema, NodeType
 
-    shape = {"in_features": 100, "num_nodes": 2_449_029}
-    eager, batch = reserve_bytes(Params(), **shape), largest_batch_nodes(Params(), 2_449_029) * 4 * (100 + 3 * 256 * 3)
+    shape = {"in_features": 100, "batch_nodes": largest_batch_nodes(Params(), one_type(2_449_029))}
+    eager, batch = reserve_bytes(Params(), **shape), shape["batch_nodes"] * 4 * (100 + 3 * 256 * 3)
     assert reserve_bytes(Params(), **shape, batches=2) == eager + batch and batch > 9e9, "products: ~9 GB"
     free = {"free_bytes": lambda d: 78 * GiB}
     one, graphed = device_budget(Params(), GPU, **shape, **free), \
@@ -103,19 +133,19 @@ def test_a_graphed_step_reserves_a_second_batch_only_where_a_step_may_be_graphed
 def test_caps_bound_the_device_and_a_cpu_rank_keeps_the_plan():
     def budget(device: torch.device, free: int = 40 * GiB, sharing: int = 1, beside: int = 0,
                **caps: float | int) -> int | None:
-        return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=100, num_nodes=10**6,
+        return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=100, batch_nodes=BATCH,
                             share=DeviceShare(sharing, beside), free_bytes=lambda d: free).bytes
 
     assert budget(CPU) is None, "CPU ranks: the hotness plan's size, as before"
     assert budget(CPU, device_cache_ratio=0.25) == int(0.25 * 10 * GiB)
     assert budget(CPU, device_cache_ratio=0.25, device_cache_bytes=1000) == 1000, "the smaller cap"
     cpu = cache_budget(Params(device_cache_bytes=1000), CPU, own_feature_bytes=10 * GiB, in_features=100,
-                       num_nodes=10**6)
+                       batch_nodes=BATCH)
     assert not cpu.fills and cpu.why == "the hotness plan's size, at most device_cache_bytes 1,000 (CPU rank)"
     assert cache_budget(Params(device_cache_bytes=1000), GPU, own_feature_bytes=10 * GiB, in_features=100,
-                        num_nodes=10**6, free_bytes=lambda d: 40 * GiB).fills
+                        batch_nodes=BATCH, free_bytes=lambda d: 40 * GiB).fills
     assert budget(GPU, device_cache_ratio=0.25) == int(0.25 * 10 * GiB), "a cap below what the device leaves"
-    reserve = reserve_bytes(Params(), in_features=100, num_nodes=10**6)
+    reserve = reserve_bytes(Params(), in_features=100, batch_nodes=BATCH)
     fill = int(FREE_MARGIN * 40 * GiB) - reserve
     assert budget(GPU) == budget(GPU, device_cache_bytes=10**15) == fill, "a cap above it leaves the device's figure"
     assert budget(GPU, device_cache_bytes=fill - 1) == fill - 1 and budget(GPU, device_cache_bytes=fill + 1) == fill
@@ -129,13 +159,11 @@ def test_caps_bound_the_device_and_a_cpu_rank_keeps_the_plan():
 def test_a_fill_counts_the_cache_index_and_what_else_the_rank_places_on_its_device():
     """A GPU fill pays 8 bytes of index a cached row (a cap counts rows alone); ``beside_cache_bytes`` counts the
     learnt embeddings with SparseAdam's two moments, the edges' feature rows and the link positives."""
-    from types import SimpleNamespace
-
     from stages.train.rank.rank_data import LinkEdges, beside_cache_bytes
     from storage.schema import RangeTable
 
     def of(device: torch.device, **caps: int) -> CacheBudget:
-        return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=16, num_nodes=10**6,
+        return cache_budget(Params(**caps), device, own_feature_bytes=10 * GiB, in_features=16, batch_nodes=BATCH,
                             free_bytes=lambda d: 40 * GiB)
 
     fill = of(GPU)
@@ -225,7 +253,7 @@ def test_the_csr_goes_to_the_device_when_it_fits_its_budget_else_to_pinned_memor
     """Issue [4/5] item 7: placed before the cache, against the same budget; a CPU rank keeps it in RAM and a
     choice by name is kept. (tests/test_gpu_paths.py samples a pinned CSR on a GPU.)"""
     params = Params(hidden=256, fanouts=(15, 10, 5), batch_size=1024)
-    shape = {"in_features": 100, "num_nodes": 2_400_000}
+    shape = {"in_features": 100, "batch_nodes": largest_batch_nodes(params, one_type(2_400_000))}
     reserve = reserve_bytes(params, **shape)
     free = 80 * GiB
     fill = int(FREE_MARGIN * free) - reserve
@@ -255,8 +283,8 @@ def test_a_pinned_csr_asked_for_without_a_gpu_fails_in_one_line():
     csr = LocalCSR.from_numpy(np.array([0, 1, 2]), np.array([1, 0]))
     assert csr.nbytes == 3 * 8 + 2 * 8
     with pytest.raises(InputError, match="^graph_placement=uva: a CSR sampled in place needs a CUDA device"):
-        place_csr(csr, Params(graph_placement="uva"), GPU, in_features=4, num_nodes=2)
-    same, placed = place_csr(csr, Params(), CPU, in_features=4, num_nodes=2)
+        place_csr(csr, Params(graph_placement="uva"), GPU, in_features=4, batch_nodes=2)
+    same, placed = place_csr(csr, Params(), CPU, in_features=4, batch_nodes=2)
     assert placed.mode == "cpu" and torch.equal(same.indices, csr.indices)
 
 
@@ -276,7 +304,7 @@ def test_an_auto_csr_too_big_for_its_budget_and_without_uva_falls_back_or_fails_
         raise UvaUnavailableError("the driver refused the pointer")
     monkeypatch.setattr(LocalCSR, "pinned_on", no_uva)
     monkeypatch.setattr(LocalCSR, "to_device", lambda self, device: self)
-    _, placed = rank_data.place_csr(csr, Params(), GPU, in_features=4, num_nodes=2)
+    _, placed = rank_data.place_csr(csr, Params(), GPU, in_features=4, batch_nodes=2)
     assert placed.mode == "device" and placed.why.endswith("but UVA is unavailable (the driver refused the pointer)")
 
     def oom(self, device):
@@ -285,7 +313,7 @@ def test_an_auto_csr_too_big_for_its_budget_and_without_uva_falls_back_or_fails_
     with pytest.raises(InputError, match=r"^graph_placement=auto: this rank's 0.00 GiB of CSR exceed its device "
                                          r"budget, UVA is unavailable \(the driver refused the pointer\) and device "
                                          r"memory cannot hold it: partition the graph into more parts"):
-        rank_data.place_csr(csr, Params(), GPU, in_features=4, num_nodes=2)
+        rank_data.place_csr(csr, Params(), GPU, in_features=4, batch_nodes=2)
 
 
 def test_rank_data_hands_one_device_share_to_the_csr_placement_and_the_cache(tmp_path, monkeypatch):

@@ -99,3 +99,31 @@ def graph_fanouts(fanouts: Sequence[int], edge_fanouts: Mapping[str, Sequence[in
     """``hop_fanouts`` for ``schema``'s edge types: a ValueError when a name or length does not fit, which the
     stages check first (``stages.params.check_graph_fanouts``) and report as the user's error."""
     return hop_fanouts(fanouts, edge_fanouts, [e.as_tuple() for e in schema.edge_types])
+
+
+def sampled_nodes_bound(seeds: int, seed_types: Iterable[int], fanouts: Sequence[Fanout],
+                        edge_types: Sequence[tuple[int, int]], type_nodes: Sequence[int]) -> int:
+    """An upper bound on the distinct nodes a batch of ``seeds`` seeds samples, the seeds included. Each hop a
+    frontier node of type d draws the hop's fanout of every edge type (s, d) into it (-1: all, so at most every
+    node of type s), and the next frontier is the new nodes alone (``MultiHopSampler.sample``), so each type's new
+    nodes are capped by its unseen ones. Seeds that may be of any of ``seed_types`` (type ids) count once for each
+    (a batch may mix them). ``edge_types``: (src, dst) type ids in edge type id order; ``fanouts``: per hop, a
+    count for every edge type or one per edge type (``hop_fanouts``); ``type_nodes``: each type's node count.
+
+    On one type this is the seeds times (1 + fanout) per hop, capped at the graph. On a typed graph a hop's fanout
+    applies to each edge type into a node: with 3 such types a hop brings up to 3 times the fanout."""
+    total = 0
+    for seed_type in set(seed_types):
+        seen = [0] * len(type_nodes)
+        seen[seed_type] = min(seeds, type_nodes[seed_type])
+        frontier = list(seen)
+        for fanout in fanouts:
+            per_edge = fanout if isinstance(fanout, tuple) else (fanout,) * len(edge_types)
+            drawn = [0] * len(type_nodes)
+            for (src, dst), count in zip(edge_types, per_edge, strict=True):
+                if count and frontier[dst]:
+                    drawn[src] += type_nodes[src] if count < 0 else count * frontier[dst]
+            frontier = [min(d, n - s) for d, n, s in zip(drawn, type_nodes, seen, strict=True)]
+            seen = [s + f for s, f in zip(seen, frontier, strict=True)]
+        total += sum(seen)
+    return min(total, sum(type_nodes))

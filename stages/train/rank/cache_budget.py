@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.runtime.sampling.fanouts import graph_fanouts, sampled_nodes_bound
 from stages.train.params import Params
 from stages.train.tasks import task_def
+from storage.partition import PartitionArtifact
 
 # the share of free device memory the cache may take before the reserve: the rest absorbs the allocator's rounding
 # and fragmentation, which on a long run can hold several % of what was freed
@@ -72,15 +74,17 @@ class CacheBudget:
         return row_bytes + (self.index_bytes if row_bytes else 0)
 
 
-def largest_batch_nodes(params: Params, num_nodes: int) -> int:
-    """An upper bound on a batch's sampled nodes on one edge type: the seeds times (1 + fanout) per hop (-1: the
-    whole graph), capped at the graph. A typed graph's fanout applies per edge type, which this leaves to the
-    margin: its hops' repeats (products: 650 k distinct nodes of this bound's 938 k) usually absorb it."""
-    nodes = total = task_def(params.task).batch_seeds(params)
-    for fanout in params.fanouts:
-        nodes = num_nodes if fanout < 0 else nodes * fanout
-        total = min(num_nodes, total + nodes)
-    return min(total, num_nodes)
+def largest_batch_nodes(params: Params, partition: PartitionArtifact) -> int:
+    """An upper bound on a batch's sampled nodes (``sampled_nodes_bound``): the task's most seeds a batch
+    (``TaskDef.batch_seeds``), of any type they may have (``TaskDef.seed_types``), sampled with the run's fanouts
+    per edge type (``edge_fanouts``) on the partition's schema. Repeats make it loose, not wrong: products samples
+    650 k distinct nodes a batch of its 938 k."""
+    schema, task = partition.schema, task_def(params.task)
+    ids = {t.name: i for i, t in enumerate(schema.node_types)}
+    return sampled_nodes_bound(task.batch_seeds(params), [ids[name] for name in task.seed_types(partition)],
+                               graph_fanouts(params.fanouts, params.edge_fanouts, schema),
+                               [(ids[e.src], ids[e.dst]) for e in schema.edge_types],
+                               [t.num_nodes for t in schema.node_types])
 
 
 def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str, int]) -> int:
@@ -89,14 +93,15 @@ def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str
     return max(featured.get(name, params.hidden) for name in node_types)
 
 
-def reserve_bytes(params: Params, *, in_features: int, num_nodes: int, batches: int = 1) -> int:
-    """What the model, Adam and ``batches`` of the largest batch need beside the cache (an estimate, see the
-    constants): 16 bytes per weight (the weight, its gradient, Adam's two moments) and, per sampled node, its
-    float32 input row and ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
+def reserve_bytes(params: Params, *, in_features: int, batch_nodes: int, batches: int = 1) -> int:
+    """What the model, Adam and ``batches`` of the largest batch (``batch_nodes`` sampled nodes:
+    ``largest_batch_nodes``) need beside the cache (an estimate, see the constants): 16 bytes per weight (the
+    weight, its gradient, Adam's two moments) and, per sampled node, its float32 input row and
+    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
     width = max(in_features, params.hidden)
     weights = params.num_layers * 2 * (width + 1) * params.hidden   # a self and a neighbour matrix per layer
     per_node = 4 * (in_features + VALUES_PER_NODE_LAYER * params.hidden * params.num_layers)
-    return 16 * weights + batches * largest_batch_nodes(params, num_nodes) * per_node + FIXED_RESERVE_BYTES
+    return 16 * weights + batches * batch_nodes * per_node + FIXED_RESERVE_BYTES
 
 
 def held_batches(share: DeviceShare) -> int:
@@ -120,7 +125,7 @@ def free_device_bytes(device: torch.device) -> int:
     return int(torch.cuda.mem_get_info(device)[0])
 
 
-def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int, in_features: int, num_nodes: int,
+def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int, in_features: int, batch_nodes: int,
                  share: DeviceShare = DeviceShare(),
                  free_bytes: Callable[[torch.device], int] = free_device_bytes) -> CacheBudget:
     """This rank's cache budget on ``device``; ``own_feature_bytes``: its partition's stored rows (what
@@ -137,21 +142,21 @@ def cache_budget(params: Params, device: torch.device, *, own_feature_bytes: int
         if cap is None:
             return CacheBudget(None, "the hotness plan's size (CPU rank)")
         return CacheBudget(cap[0], f"the hotness plan's size, at most {cap[1]} (CPU rank)", fills=False)
-    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, share=share,
+    fill, why = device_budget(params, device, in_features=in_features, batch_nodes=batch_nodes, share=share,
                               free_bytes=free_bytes)
     if cap is not None and cap[0] < fill:
         return CacheBudget(*cap)
     return CacheBudget(fill, f"device: {why}", index_bytes=CACHE_INDEX_BYTES_PER_ROW)
 
 
-def device_budget(params: Params, device: torch.device, *, in_features: int, num_nodes: int,
+def device_budget(params: Params, device: torch.device, *, in_features: int, batch_nodes: int,
                   share: DeviceShare = DeviceShare(),
                   free_bytes: Callable[[torch.device], int] = free_device_bytes) -> tuple[int, str]:
     """What this CUDA rank may still place on its device, and the arithmetic as a phrase: the margin's share of
     the free memory (split between the ranks on the card), less the reserve for the model and the largest batch,
     less what the rank places there itself (``share.beside_bytes``)."""
     free = free_bytes(device)
-    reserve = reserve_bytes(params, in_features=in_features, num_nodes=num_nodes, batches=held_batches(share))
+    reserve = reserve_bytes(params, in_features=in_features, batch_nodes=batch_nodes, batches=held_batches(share))
     # ranks sharing the GPU (ranks_sharing_gpu) each take their share of what they see free; one that reads after
     # another built its cache sees less and takes less: never more than the card holds
     shared = f" / {share.ranks} ranks" if share.ranks > 1 else ""
@@ -172,7 +177,7 @@ class GraphPlacementChoice:
     why: str
 
 
-def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_features: int, num_nodes: int,
+def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_features: int, batch_nodes: int,
                     share: DeviceShare = DeviceShare(),
                     free_bytes: Callable[[torch.device], int] = free_device_bytes) -> GraphPlacementChoice:
     """Where this rank's CSR (``csr_bytes``) lives (issue [4/5] item 7). It is placed before the cache, which then
@@ -183,7 +188,7 @@ def graph_placement(params: Params, device: torch.device, *, csr_bytes: int, in_
         return GraphPlacementChoice("cpu", "a CPU rank samples its CSR in RAM")
     if params.graph_placement != "auto":
         return GraphPlacementChoice(params.graph_placement, "set by graph_placement")
-    fill, why = device_budget(params, device, in_features=in_features, num_nodes=num_nodes, share=share,
+    fill, why = device_budget(params, device, in_features=in_features, batch_nodes=batch_nodes, share=share,
                               free_bytes=free_bytes)
     size = f"{csr_bytes / 2**30:.2f} GiB of CSR"
     if csr_bytes <= fill:

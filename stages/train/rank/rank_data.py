@@ -36,6 +36,7 @@ from stages.train.rank.cache_budget import (
     cache_budget,
     graph_placement,
     input_width,
+    largest_batch_nodes,
     ranks_sharing_gpu,
 )
 from stages.train.rank.cache_policy import cache_gids, resolve_policy, rows_within
@@ -167,7 +168,8 @@ class RankData:
         share = DeviceShare(ranks_sharing_gpu(params, local_world),
                             beside_cache_bytes(params, partition, features, rank, csr, link),
                             graphed=may_be_graphed(params, partition, device, world))
-        csr, placed = place_csr(csr, params, device, in_features=widest, num_nodes=int(bounds[-1]), share=share)
+        csr, placed = place_csr(csr, params, device, in_features=widest,
+                                batch_nodes=largest_batch_nodes(params, partition), share=share)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         try:
@@ -215,11 +217,11 @@ def beside_cache_bytes(params: Params, partition: PartitionArtifact, features: F
     return (0 if link is None else link.nbytes) + edge_rows + learnt * params.hidden * 4 * 3
 
 
-def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_features: int, num_nodes: int,
+def place_csr(csr: LocalCSR, params: Params, device: torch.device, *, in_features: int, batch_nodes: int,
               share: DeviceShare = DeviceShare()) -> tuple[LocalCSR, GraphPlacementChoice]:
     """``csr`` (on the CPU) where ``graph_placement`` puts it: the device's memory, or pinned host memory the device
     samples in place (where UVA is unavailable, an auto choice falls back to device memory, saying so)."""
-    placed = graph_placement(params, device, csr_bytes=csr.nbytes, in_features=in_features, num_nodes=num_nodes,
+    placed = graph_placement(params, device, csr_bytes=csr.nbytes, in_features=in_features, batch_nodes=batch_nodes,
                              share=share)
     if placed.mode != "uva":
         return csr.to_device(device), placed
@@ -260,7 +262,8 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     budget = cache_budget(params, device, own_feature_bytes=x_store.num_rows * x_store.row_bytes,
-                          in_features=x_store.num_features, num_nodes=int(partition.bounds()[-1]), share=share)
+                          in_features=x_store.num_features, batch_nodes=largest_batch_nodes(params, partition),
+                          share=share)
     fit = None if budget.bytes is None else rows_within(budget.bytes // max(budget.slot_bytes(x_store.row_bytes), 1))
     cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank, fit=fit,   # reads the plan
                             fills=budget.fills)

@@ -22,7 +22,7 @@ from stages.runtime.feature_store import fit_in_budget, host_budget, open_featur
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.params import Params
-from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget, input_width
+from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget, input_width, largest_batch_nodes
 from stages.train.rank.cache_policy import Fit, bytes_within, cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
@@ -102,7 +102,7 @@ def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any], pa
     budget = cache_budget(params, device, own_feature_bytes=sum(x_nbytes(x) for x in x_of.values()),
                           in_features=input_width(params, (t.name for t in schema.node_types),
                                                   {name: int(x.shape[1]) for name, x in x_of.items()}),
-                          num_nodes=int(table.bounds[-1]), share=share)
+                          batch_nodes=largest_batch_nodes(params, partition), share=share)
     if budget.bytes is None:
         return budget, None
     slot_bytes = np.array([budget.slot_bytes(int(b)) for b in row_bytes], dtype=np.int64)

@@ -136,6 +136,12 @@ class TaskDef:
         ``stages.train.rank.cache_budget``): ``batch_size`` items of one seed each."""
         return params.batch_size
 
+    def seed_types(self, partition: PartitionArtifact) -> tuple[str, ...]:
+        """The node types a batch's seeds may have (the device budget's batch estimate): the labelled types (every
+        type where none is)."""
+        schema = partition.schema
+        return tuple(t.name for t in schema.labelled or schema.node_types)
+
     def summary_model(self, params: Params) -> dict[str, Any]:
         """What the task adds to ``metrics.json``'s ``model`` record."""
         return {}

@@ -68,6 +68,15 @@ class LinkDef(TaskDef):
     def summary_model(self, params: Params) -> dict[str, Any]:
         return {"decoder": params.decoder}
 
+    def seed_types(self, partition: PartitionArtifact) -> tuple[str, ...]:
+        # a positive's two ends; its negatives are nodes of the destination's type (NegativeDraws.for_link)
+        from storage.schema import EdgeType
+
+        if partition.link_edge_type is None:
+            raise InputError(LINK_NEEDS_SPLIT)
+        edge = EdgeType.from_key(partition.link_edge_type)
+        return tuple(dict.fromkeys((edge.src, edge.dst)))
+
     def check_partition(self, partition: PartitionArtifact) -> None:
         if partition.link_edge_type is None:
             raise InputError(LINK_NEEDS_SPLIT)

@@ -73,3 +73,77 @@ def test_too_few_gpus_is_one_line_naming_the_sharing_setting(gpus, capsys):
     with pytest.raises(InputError, match=r"^device=cuda, but this host has no GPU: set device=cpu \(or auto\)$"):
         pick_device(Params(device="cuda", ranks_per_gpu=2), 0, 2)
     assert "training on the CPU" in capsys.readouterr().out
+
+
+def _post_all(store_of, kinds: list[tuple[str, str]]) -> list[BaseException | None]:
+    """Each (kind, host) posted by its own rank, on threads sharing one store: what each rank raised."""
+    import threading
+
+    from stages.train.rank.worker import same_device_kind
+
+    raised: list[BaseException | None] = [None] * len(kinds)
+
+    def rank_body(rank: int) -> None:
+        try:
+            same_device_kind(store_of(), rank, len(kinds), kinds[rank][0], host=kinds[rank][1], setting="auto")
+        except BaseException as err:  # noqa: BLE001 - the test reads what each rank raised
+            raised[rank] = err
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(len(kinds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return raised
+
+
+def test_ranks_on_different_kinds_of_device_are_refused_before_the_group_starts():
+    """device=auto on a node short of GPUs puts its ranks on the CPU (gloo) while the others take NCCL: each side
+    then waited for the other in its first collective until peer_timeout_s. Every rank now says the same line."""
+    import datetime
+
+    store = torch.distributed.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=20))
+    raised = _post_all(lambda: store, [("cuda", "gpu-a"), ("cuda", "gpu-a"), ("cpu", "cpu-b"), ("cuda", "gpu-c")])
+    assert all(isinstance(err, InputError) for err in raised), raised
+    assert {str(err) for err in raised} == {
+        "device=auto put this job's ranks on different kinds of device (GPUs on gpu-a, gpu-c; CPU on cpu-b): one "
+        "job trains on one kind; set device=cpu, or run on nodes that each have a GPU per rank"}
+    same = torch.distributed.HashStore()
+    assert _post_all(lambda: same, [("cuda", "a"), ("cuda", "b")]) == [None, None]
+
+
+def test_two_ranks_join_their_group_through_the_agreement(tmp_path):
+    """The worker's join: a rendezvous of its own (the local agent's file store), the agreement, then the group on
+    the same store, whose collectives work; the rank that disagrees fails in one line before any collective."""
+    import os
+    import subprocess
+    import sys
+
+    from stages.jobs.local_agent import INIT_METHOD_ENV
+
+    # os._exit, as the workers end: gloo's teardown at interpreter exit can hang or crash (stages.train.rank.worker)
+    script = ("import os, sys, torch, torch.distributed as dist\n"
+              "from stages.train.params import Params\n"
+              "from stages.train.rank.worker import join_process_group\n"
+              "device = torch.device(sys.argv[1])\n"
+              "try:\n"
+              "    join_process_group(Params(peer_timeout_s=30), device, 1)\n"
+              "except Exception as err:\n"
+              "    print('refused:', err, flush=True); os._exit(2)\n"
+              "t = torch.ones(1); dist.all_reduce(t); dist.barrier(); print('sum', int(t), flush=True); os._exit(0)\n")
+
+    def run(devices: list[str], name: str) -> list[subprocess.CompletedProcess[str]]:
+        procs = [subprocess.Popen([sys.executable, "-c", script, d], text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE,
+                                  env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+                                       INIT_METHOD_ENV: f"file://{tmp_path / name}?rank={r}&world_size=2"})
+                 for r, d in enumerate(devices)]
+        said = [p.communicate(timeout=60) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, said, strict=True)]
+
+    agreed = run(["cpu", "cpu"], "agreed")
+    assert [p.returncode for p in agreed] == [0, 0] and all("sum 2" in p.stdout for p in agreed), agreed
+    mixed = run(["cpu", "cuda"], "mixed")   # a cuda device object needs no GPU: refused before it is used
+    assert [p.returncode for p in mixed] == [2, 2], mixed
+    assert all("refused: device=auto put this job's ranks on different kinds" in p.stdout for p in mixed)

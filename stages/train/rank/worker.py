@@ -65,10 +65,44 @@ def pick_device(params: Params, local_rank: int, local_world: int) -> torch.devi
 
 def rank_backend(params: Params, device: torch.device, local_world: int) -> str:
     """NCCL for one rank per GPU, gloo on a CPU and for ranks sharing a GPU (it moves CUDA tensors; NCCL refuses).
-    Every rank of a job must pick the same. ``local_world`` is the same on every node (``Cluster`` refuses uneven
-    ranks per node), but ``device=auto`` on nodes with different GPU counts would put some on the CPU (gloo) and
-    others on GPUs (NCCL): across nodes, set ``device`` explicitly."""
+    Every rank of a job must pick the same: ``local_world`` is the same on every node (``Cluster`` refuses uneven
+    ranks per node), and ranks on different kinds of device (``device=auto`` on nodes with different GPU counts)
+    are refused before the group starts (``join_process_group``)."""
     return "nccl" if device.type == "cuda" and ranks_sharing_gpu(params, local_world) == 1 else "gloo"
+
+
+def join_process_group(params: Params, device: torch.device, local_world: int) -> None:
+    """``init_process_group`` on ``rank_backend``, once every rank has said where it trains (``same_device_kind``
+    on the rendezvous's own store): NCCL ranks and gloo ranks would each wait for the other in their first
+    collective until ``peer_timeout_s``, a hang with no cause named."""
+    timeout = timedelta(seconds=params.peer_timeout_s)
+    store, rank, world = next(dist.rendezvous(init_method() or "env://", timeout=timeout))
+    store.set_timeout(timeout)
+    # a restarted job (torchrun --max-restarts) may share the agent's store with its earlier attempt's keys
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    same_device_kind(dist.PrefixStore(f"gnnpipe_device/{attempt}", store), rank, world, device.type,
+                     host=os.uname().nodename, setting=params.device)
+    # the prefix init_process_group gives a store it makes itself: the group's keys are those it always had
+    dist.init_process_group(rank_backend(params, device, local_world), store=dist.PrefixStore("default_pg", store),
+                            rank=rank, world_size=world, timeout=timeout)
+
+
+def same_device_kind(store: dist.Store, rank: int, world: int, kind: str, *, host: str, setting: str) -> None:
+    """Every rank posts its device's kind (``cuda``, ``cpu``) and host to ``store`` and reads the others': an
+    InputError (the same line on every rank) when they differ, which ``device=auto`` does on nodes with different
+    GPU counts."""
+    store.set(str(rank), f"{kind} {host}")
+    keys = [str(r) for r in range(world)]
+    store.wait(keys)
+    hosts_of: dict[str, set[str]] = {}
+    for said in store.multi_get(keys):   # one round trip, where a get a rank was world of them on every rank
+        other_kind, other_host = said.decode().split(" ", 1)
+        hosts_of.setdefault(other_kind, set()).add(other_host)
+    if len(hosts_of) > 1:
+        where = "; ".join(f"{'GPUs' if k == 'cuda' else k.upper()} on {', '.join(sorted(h))}"
+                          for k, h in sorted(hosts_of.items(), reverse=True))
+        raise InputError(f"device={setting} put this job's ranks on different kinds of device ({where}): one job "
+                         f"trains on one kind; set device=cpu, or run on nodes that each have a GPU per rank")
 
 
 def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: int) -> None:
@@ -76,8 +110,7 @@ def train(spec: TrainSpec, rank: int, world: int, local_rank: int, local_world: 
     params = Params(**spec.params)
     device = pick_device(params, local_rank, local_world)
     torch.set_num_threads(rank_threads(params.threads_per_rank, local_world))
-    dist.init_process_group(rank_backend(params, device, local_world), init_method=init_method(),
-                            timeout=timedelta(seconds=params.peer_timeout_s))
+    join_process_group(params, device, local_world)
     check_same_inputs(spec, rank, world)
     data = RankData.open(spec, rank, world, local_world, device,
                          group=producer_group(params.prefetch_depth(device.type, world)))

@@ -72,6 +72,7 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
     from stages.jobs.errors import JobError
     from stages.jobs.launcher import launch
     from stages.train.spec import TrainSpec
+    from storage.errors import GnnpipeError
     from storage.train import torchrun_log_dir
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +87,9 @@ def run_ranks(script: str, args: argparse.Namespace, manifests: dict[str, Any], 
         try:
             launch(spec_path, ranks, result_dir=tmp, log=lambda line: print(line, file=sys.stderr),
                    timeout_s=args.timeout_s, env={"OMP_NUM_THREADS": str(args.threads_per_rank)}, command=cmd)
-        except (JobError, KeyboardInterrupt) as error:   # KeyboardInterrupt: gpu_check's SIGINT at a step's limit
+        # GnnpipeError: a rank's one-line user error (a capture CUDA rejected: run_rank_worker), as launch repeats it;
+        # KeyboardInterrupt: gpu_check's SIGINT at a step's limit
+        except (JobError, GnnpipeError, KeyboardInterrupt) as error:
             if written.exists():
                 said = str(error).splitlines()[0] if str(error) else "stopped (SIGINT)"
                 raise RanksFailedError(said, json.loads(written.read_text())) from error

@@ -198,6 +198,7 @@ def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Pa
     from stages.jobs import launcher
     from stages.jobs.errors import TrainingError
     from stages.train.params import Params
+    from storage import InputError
 
     def launch(spec_path, ranks, *, result_dir, **_):
         if wrote:
@@ -214,6 +215,15 @@ def test_ranks_that_fail_after_writing_their_figures_hand_them_over(tmp_path: Pa
     wrote = False
     with pytest.raises(TrainingError):   # nothing written: the failure as it was
         run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests, Params(), 1, [])
+
+    def refused(spec_path, ranks, *, result_dir, **_):   # a rank's user error, as launch repeats it: one line
+        Path(result_dir, "bench.json").write_text(json.dumps({"policies": {"runtime": {"s_per_batch": 0.1}}}))
+        raise InputError("rank 0: cuda_graph=step: the capture failed: set cuda_graph=off and rerun")
+    monkeypatch.setattr(launcher, "launch", refused)
+    with pytest.raises(RanksFailedError) as failed:   # the figures the earlier variants wrote are kept
+        run_ranks(str(REPO / "benchmarks" / "bench_train.py"), args, manifests, Params(), 1, [])
+    assert failed.value.written == {"policies": {"runtime": {"s_per_batch": 0.1}}}
+    assert str(failed.value).endswith("set cuda_graph=off and rerun")
 
     def stopped(spec_path, ranks, *, result_dir, **_):   # gpu_check's SIGINT at the step's limit, in a profile
         Path(result_dir, "bench.json").write_text(json.dumps({"policies": {"runtime": {"s_per_batch": 0.1}}}))

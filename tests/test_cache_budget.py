@@ -334,10 +334,11 @@ def test_rank_data_hands_one_device_share_to_the_csr_placement_and_the_cache(tmp
                      params=params.model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
                      result_dir=str(tmp_path / "result"))
     shares: dict[str, DeviceShare] = {}
+    batch_nodes: dict[str, int] = {}
 
     def recording(name, real):
         def wrapped(*args, **kwargs):
-            shares[name] = kwargs["share"]
+            shares[name], batch_nodes[name] = kwargs["share"], kwargs["batch_nodes"]
             return real(*args, **kwargs)
         return wrapped
     monkeypatch.setattr(rank_data, "graph_placement", recording("csr", rank_data.graph_placement))
@@ -347,3 +348,35 @@ def test_rank_data_hands_one_device_share_to_the_csr_placement_and_the_cache(tmp
     learnt = sum(int(data.setup["types"][t]["rows"]) for t in ("author", "field_of_study", "institution"))
     assert learnt > 0 and partition.num_edge_features == 0 and data.link is None
     assert shares["csr"] == shares["cache"] == DeviceShare(1, learnt * 32 * 4 * 3), "one rank: nobody to share with"
+    # the typed bound (test_a_typed_batch_grows_by_each_edge_type_into_a_node), the same for both
+    assert batch_nodes["csr"] == batch_nodes["cache"] == largest_batch_nodes(params, partition) > 0
+    # where the settings let the step be graphed (a lone CUDA rank; faked here), both reserve its second batch
+    monkeypatch.setattr(rank_data, "why_not_graphed_setup", lambda *a, **k: None)
+    rank_data.RankData.open(spec, 0, 1, 1, CPU)
+    assert shares["csr"].graphed and shares["cache"].graphed
+
+
+def test_rank_data_sizes_a_homogeneous_cache_by_the_same_batch_bound(tmp_path, monkeypatch):
+    """The one-type path (``_homogeneous_rows``) hands its cache budget the bound the CSR's placement got."""
+    from stages.train.rank import rank_data
+    from stages.train.spec import TrainSpec
+    from tests._train_pipeline import train_params
+
+    store = ArtifactStore(tmp_path / "art")
+    upstream = build_upstream(store, 1)
+    params = train_params(batch_size=4, fanouts=[2, 3])
+    spec = TrainSpec(artifacts=store.root, key="k", partition_key=upstream["partition"].key,
+                     features_key=upstream["features"].key, hotness_key=upstream["hotness"].key,
+                     params=params.model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
+                     result_dir=str(tmp_path / "result"))
+    got: dict[str, int] = {}
+
+    def recording(name, real):
+        def wrapped(*args, **kwargs):
+            got[name] = kwargs["batch_nodes"]
+            return real(*args, **kwargs)
+        return wrapped
+    monkeypatch.setattr(rank_data, "graph_placement", recording("csr", rank_data.graph_placement))
+    monkeypatch.setattr(rank_data, "cache_budget", recording("cache", rank_data.cache_budget))
+    rank_data.RankData.open(spec, 0, 1, 1, CPU)
+    assert got == {"csr": 4 * (1 + 2 + 6), "cache": 4 * (1 + 2 + 6)}

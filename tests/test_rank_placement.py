@@ -139,7 +139,11 @@ def test_two_ranks_join_their_group_through_the_agreement(tmp_path):
                                   env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
                                        INIT_METHOD_ENV: f"file://{tmp_path / name}?rank={r}&world_size=2"})
                  for r, d in enumerate(devices)]
-        said = [p.communicate(timeout=60) for p in procs]
+        try:
+            said = [p.communicate(timeout=60) for p in procs]
+        finally:   # a rank left waiting (its peer died first) must not outlive the test
+            for p in procs:
+                p.kill()
         return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, said, strict=True)]
 
     agreed = run(["cpu", "cpu"], "agreed")

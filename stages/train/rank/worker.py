@@ -15,6 +15,7 @@ launcher, one line for a user error); the process ends with ``os._exit`` (see ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -78,10 +79,10 @@ def join_process_group(params: Params, device: torch.device, local_world: int) -
     timeout = timedelta(seconds=params.peer_timeout_s)
     store, rank, world = next(dist.rendezvous(init_method() or "env://", timeout=timeout))
     store.set_timeout(timeout)
-    # a restarted job (torchrun --max-restarts) may share the agent's store with its earlier attempt's keys
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    same_device_kind(dist.PrefixStore(f"gnnpipe_device/{attempt}", store), rank, world, device.type,
-                     host=os.uname().nodename, setting=params.device)
+    # one attempt per store: the launchers run torchrun with --max-restarts=0 (a restarted attempt could read its
+    # predecessor's keys, and each node's agent counts its own restarts: no job-wide attempt number to key them on)
+    same_device_kind(dist.PrefixStore("gnnpipe_device", store), rank, world, device.type, host=os.uname().nodename,
+                     setting=params.device)
     # the prefix init_process_group gives a store it makes itself: the group's keys are those it always had
     dist.init_process_group(rank_backend(params, device, local_world), store=dist.PrefixStore("default_pg", store),
                             rank=rank, world_size=world, timeout=timeout)
@@ -99,6 +100,11 @@ def same_device_kind(store: dist.Store, rank: int, world: int, kind: str, *, hos
         other_kind, other_host = said.decode().split(" ", 1)
         hosts_of.setdefault(other_kind, set()).add(other_host)
     if len(hosts_of) > 1:
+        # every rank reads before any leaves: under plain env:// rank 0 hosts the store, and its exit would turn
+        # the others' reads into connection errors (a rank that died meanwhile only costs the store's timeout)
+        store.set(f"read/{rank}", "")
+        with contextlib.suppress(dist.DistError):
+            store.wait([f"read/{r}" for r in range(world)])
         where = "; ".join(f"{'GPUs' if k == 'cuda' else k.upper()} on {', '.join(sorted(h))}"
                           for k, h in sorted(hosts_of.items(), reverse=True))
         raise InputError(f"device={setting} put this job's ranks on different kinds of device ({where}): one job "

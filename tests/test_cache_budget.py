@@ -113,6 +113,9 @@ def test_a_graphed_step_reserves_a_second_batch_only_where_a_step_may_be_graphed
     one, graphed = device_budget(Params(), GPU, **shape, **free), \
         device_budget(Params(), GPU, **shape, share=DeviceShare(graphed=True), **free)
     assert one[0] - graphed[0] == batch and "twice: a CUDA graph's pool" in graphed[1] and "twice" not in one[1]
+    # a batch prepared ahead (prefetch, 1 by default on a lone GPU rank) holds its float32 rows and its edges
+    ahead = device_budget(Params(), GPU, **shape, share=DeviceShare(prefetched=1), **free)
+    assert one[0] - ahead[0] == shape["batch_nodes"] * (4 * 100 + 16) and ahead[1].endswith("and 1 prefetched")
 
     plain = SimpleNamespace(schema=GraphSchema.homogeneous(100, 8, 3), num_edge_features=0)
     assert may_be_graphed(Params(cuda_graph="auto"), plain, GPU, 1)
@@ -357,26 +360,27 @@ def test_rank_data_hands_one_device_share_to_the_csr_placement_and_the_cache(tmp
 
 
 def test_rank_data_sizes_a_homogeneous_cache_by_the_same_batch_bound(tmp_path, monkeypatch):
-    """The one-type path (``_homogeneous_rows``) hands its cache budget the bound the CSR's placement got."""
+    """The one-type path (``_homogeneous_rows``) hands its cache budget the bound and the prefetched batches the
+    CSR's placement got."""
     from stages.train.rank import rank_data
     from stages.train.spec import TrainSpec
     from tests._train_pipeline import train_params
 
     store = ArtifactStore(tmp_path / "art")
     upstream = build_upstream(store, 1)
-    params = train_params(batch_size=4, fanouts=[2, 3])
+    params = train_params(batch_size=4, fanouts=[2, 3], prefetch=2)
     spec = TrainSpec(artifacts=store.root, key="k", partition_key=upstream["partition"].key,
                      features_key=upstream["features"].key, hotness_key=upstream["hotness"].key,
                      params=params.model_dump(mode="json"), checkpoint_dir=str(tmp_path / "ckpt"),
                      result_dir=str(tmp_path / "result"))
-    got: dict[str, int] = {}
+    got: dict[str, tuple[int, int]] = {}
 
     def recording(name, real):
         def wrapped(*args, **kwargs):
-            got[name] = kwargs["batch_nodes"]
+            got[name] = kwargs["batch_nodes"], kwargs["share"].prefetched
             return real(*args, **kwargs)
         return wrapped
     monkeypatch.setattr(rank_data, "graph_placement", recording("csr", rank_data.graph_placement))
     monkeypatch.setattr(rank_data, "cache_budget", recording("cache", rank_data.cache_budget))
     rank_data.RankData.open(spec, 0, 1, 1, CPU)
-    assert got == {"csr": 4 * (1 + 2 + 6), "cache": 4 * (1 + 2 + 6)}
+    assert got == {"csr": (4 * (1 + 2 + 6), 2), "cache": (4 * (1 + 2 + 6), 2)}, "prefetch=2: two batches ahead"

@@ -42,18 +42,24 @@ VALUES_PER_NODE_LAYER = 3
 # the cache's own index beside each cached row: its int64 gid (FeatureCache.gid_sorted); for 16 int8 columns that
 # is half again the row's bytes, so a fill counts it
 CACHE_INDEX_BYTES_PER_ROW = 8
+# a prefetched batch's sampled edges beside its float32 input rows: two int64 an edge, about one edge a node of the
+# bound where the graph does not cap it (each hop draws an edge a node: products at most 938 k edges, its bound 938 k
+# nodes); where it does, the margin and the fixed reserve take the rest
+EDGE_INDEX_BYTES_PER_NODE = 16
 
 
 @dataclass(frozen=True)
 class DeviceShare:
     """What else holds this rank's GPU beside its CSR, cache, model and batch: ``ranks`` sharing the card
     (``ranks_sharing_gpu``), ``beside_bytes`` the rank places there itself (``rank_data.beside_cache_bytes``:
-    learnt embeddings with their optimiser state, edge feature rows, link positives) and ``graphed``, whether its
-    step may be a captured CUDA graph, which holds a second batch (``held_batches``)."""
+    learnt embeddings with their optimiser state, edge feature rows, link positives), ``graphed``, whether its
+    step may be a captured CUDA graph, which holds a second batch (``held_batches``), and ``prefetched``, the
+    batches its producer prepares ahead (``Params.prefetch_depth``), each holding its input rows and edges."""
 
     ranks: int = 1
     beside_bytes: int = 0
     graphed: bool = False
+    prefetched: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,15 +99,19 @@ def input_width(params: Params, node_types: Iterable[str], featured: Mapping[str
     return max(featured.get(name, params.hidden) for name in node_types)
 
 
-def reserve_bytes(params: Params, *, in_features: int, batch_nodes: int, batches: int = 1) -> int:
-    """What the model, Adam and ``batches`` of the largest batch (``batch_nodes`` sampled nodes:
-    ``largest_batch_nodes``) need beside the cache (an estimate, see the constants): 16 bytes per weight (the
-    weight, its gradient, Adam's two moments) and, per sampled node, its float32 input row and
-    ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; plus ``FIXED_RESERVE_BYTES``."""
+def reserve_bytes(params: Params, *, in_features: int, batch_nodes: int, batches: int = 1,
+                  prefetched: int = 0) -> int:
+    """What the model, Adam, ``batches`` of the largest batch (``batch_nodes`` sampled nodes:
+    ``largest_batch_nodes``) and ``prefetched`` batches prepared ahead need beside the cache (an estimate, see the
+    constants): 16 bytes per weight (the weight, its gradient, Adam's two moments); per sampled node of a batch in
+    training, its float32 input row and ``VALUES_PER_NODE_LAYER`` hidden-wide values per layer; per node of a
+    prefetched batch, its input row and ``EDGE_INDEX_BYTES_PER_NODE``; plus ``FIXED_RESERVE_BYTES``."""
     width = max(in_features, params.hidden)
     weights = params.num_layers * 2 * (width + 1) * params.hidden   # a self and a neighbour matrix per layer
     per_node = 4 * (in_features + VALUES_PER_NODE_LAYER * params.hidden * params.num_layers)
-    return 16 * weights + batches * batch_nodes * per_node + FIXED_RESERVE_BYTES
+    per_prefetched_node = 4 * in_features + EDGE_INDEX_BYTES_PER_NODE
+    return (16 * weights + batch_nodes * (batches * per_node + prefetched * per_prefetched_node)
+            + FIXED_RESERVE_BYTES)
 
 
 def held_batches(share: DeviceShare) -> int:
@@ -156,16 +166,18 @@ def device_budget(params: Params, device: torch.device, *, in_features: int, bat
     the free memory (split between the ranks on the card), less the reserve for the model and the largest batch,
     less what the rank places there itself (``share.beside_bytes``)."""
     free = free_bytes(device)
-    reserve = reserve_bytes(params, in_features=in_features, batch_nodes=batch_nodes, batches=held_batches(share))
+    reserve = reserve_bytes(params, in_features=in_features, batch_nodes=batch_nodes, batches=held_batches(share),
+                            prefetched=share.prefetched)
     # ranks sharing the GPU (ranks_sharing_gpu) each take their share of what they see free; one that reads after
     # another built its cache sees less and takes less: never more than the card holds
     shared = f" / {share.ranks} ranks" if share.ranks > 1 else ""
-    twice = " (twice: a CUDA graph's pool)" if share.graphed else ""
+    held = (" (twice: a CUDA graph's pool)" if share.graphed else "") + \
+        (f" and {share.prefetched} prefetched" if share.prefetched else "")
     beside = (f" − {share.beside_bytes / 2**30:.1f} GiB of embeddings, edge rows and link edges"
               if share.beside_bytes else "")
     return (max(0, int(FREE_MARGIN * free / share.ranks) - reserve - share.beside_bytes),
             f"{FREE_MARGIN:g} × {free / 2**30:.1f} GiB free{shared} − {reserve / 2**30:.1f} GiB for the model and "
-            f"the largest batch{twice}{beside}")
+            f"the largest batch{held}{beside}")
 
 
 @dataclass(frozen=True)

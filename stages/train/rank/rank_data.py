@@ -167,7 +167,8 @@ class RankData:
         link = LinkEdges.open(partition, rank, torch.device("cpu"))   # on the host first: its bytes join the budget
         share = DeviceShare(ranks_sharing_gpu(params, local_world),
                             beside_cache_bytes(params, partition, features, rank, csr, link),
-                            graphed=may_be_graphed(params, partition, device, world))
+                            graphed=may_be_graphed(params, partition, device, world),
+                            prefetched=params.prefetch_depth(device.type, world))
         csr, placed = place_csr(csr, params, device, in_features=widest,
                                 batch_nodes=largest_batch_nodes(params, partition), share=share)
         part = features.part(rank, load_x=False)

@@ -185,6 +185,11 @@ def test_which_steps_may_be_graphed():
     for change, why in cases:
         assert why in (graphed.why_not_graphed("auto", **{**ok, **change}) or ""), change
     assert graphed.why_not_graphed("off", **ok) == "cuda_graph=off"
+    # several reasons: the report names the first, the rank's, then the task's, then the batch's, then the model's
+    assert graphed.why_not_graphed("auto", **{**ok, "task": link, "loss": "bce", "typed": True,
+                                             "precision": "bfloat16"}).startswith("link prediction with loss bce")
+    assert graphed.why_not_graphed_setup("auto", **{k: ok[k] for k in ("device", "world", "precision", "fanouts",
+                                                                       "typed", "edge_features")}) is None
 
 
 def test_the_report_says_whether_the_step_is_graphed(one_rank_group, tmp_path):

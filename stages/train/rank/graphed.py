@@ -210,26 +210,30 @@ def why_not_graphed(setting: str, *, device: torch.device, world: int, task: Any
     """None when a rank's training step can be a CUDA graph under ``cuda_graph=setting``, else why not (the
     report's words; module docstring). ``task``: the rank's ``Task``; ``loss``: its loss's name."""
     reasons = [
+        *_rank_reasons(setting, device, world),
         (not getattr(task, "pads_labels", False), f"{task.name} with loss {loss} (the fake seeds' labels must count "
                                                   f"in no loss: cross_entropy's ignore_index)"),
+        *_batch_reasons(precision, typed, edge_features, fanouts),
         (not graphable_model(model), "a model other than the built-in SAGE with ReLU and no norm"),
     ]
-    return why_not_graphed_setup(setting, device=device, world=world, precision=precision, fanouts=fanouts,
-                                 typed=typed, edge_features=edge_features) or \
-        next((why for hit, why in reasons if hit), None)
+    return next((why for hit, why in reasons if hit), None)
 
 
 def why_not_graphed_setup(setting: str, *, device: torch.device, world: int, precision: str,
                           fanouts: Sequence[Any], typed: bool, edge_features: bool) -> str | None:
     """``why_not_graphed``'s reasons that are known before the rank's task and model are built: what the device
     budget reads (``cache_budget.DeviceShare.graphed``) to reserve a graph's second batch only where one may be."""
-    reasons = [
-        (setting == "off", "cuda_graph=off"),
-        (device.type != "cuda", "a CPU rank"),
-        (world > 1, "several ranks (DDP's all-reduces are in the step)"),
-        (precision not in ("float32", "tf32"), f"precision={precision}"),
-        (typed, "a typed graph"),
-        (edge_features, "edge features"),
-        (any(not isinstance(f, int) or f <= 0 for f in fanouts), "fanout -1 or per edge type (no static bound)"),
-    ]
+    reasons = [*_rank_reasons(setting, device, world), *_batch_reasons(precision, typed, edge_features, fanouts)]
     return next((why for hit, why in reasons if hit), None)
+
+
+def _rank_reasons(setting: str, device: torch.device, world: int) -> list[tuple[bool, str]]:
+    return [(setting == "off", "cuda_graph=off"), (device.type != "cuda", "a CPU rank"),
+            (world > 1, "several ranks (DDP's all-reduces are in the step)")]
+
+
+def _batch_reasons(precision: str, typed: bool, edge_features: bool,
+                   fanouts: Sequence[Any]) -> list[tuple[bool, str]]:
+    return [(precision not in ("float32", "tf32"), f"precision={precision}"), (typed, "a typed graph"),
+            (edge_features, "edge features"),
+            (any(not isinstance(f, int) or f <= 0 for f in fanouts), "fanout -1 or per edge type (no static bound)")]

@@ -55,9 +55,9 @@ class StepGraph(Protocol):
 
 
 class CaptureBrokenError(GnnpipeError):
-    """CUDA rejected a capture at its end (``cudaStreamEndCapture``): PyTorch then skips ending the allocator's pool
-    routing and the generators' capture state (fixed upstream after 2.11: pytorch#180395, #190308), so nothing
-    after it in this process can be trusted to run. One line naming the setting that avoids it."""
+    """CUDA rejected a capture at its end (``cudaStreamEndCapture``): PyTorch then leaves the capture registered with
+    the allocator as underway and the generators mid-capture (fixed upstream after 2.11: pytorch#180395, #190308),
+    so nothing after it in this process can be trusted to run. One line naming the setting that avoids it."""
 
 
 class CudaGraphOf:

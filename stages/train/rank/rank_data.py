@@ -169,13 +169,14 @@ class RankData:
                             beside_cache_bytes(params, partition, features, rank, csr, link),
                             graphed=may_be_graphed(params, partition, device, world),
                             prefetched=params.prefetch_depth(device.type, world))
-        csr, placed = place_csr(csr, params, device, in_features=widest,
-                                batch_nodes=largest_batch_nodes(params, partition), share=share)
+        batch_nodes = largest_batch_nodes(params, partition)   # the CSR's placement and the cache reserve it alike
+        csr, placed = place_csr(csr, params, device, in_features=widest, batch_nodes=batch_nodes, share=share)
         part = features.part(rank, load_x=False)
         open_rows = _homogeneous_rows if partition.schema.is_homogeneous else open_typed_rows
         try:
             rows = open_rows(params, partition=partition, features=features, hotness=hotness, rank=rank,
-                             local_world=local_world, device=device, group=group, share=share)
+                             local_world=local_world, device=device, group=group, share=share,
+                             batch_nodes=batch_nodes)
         except HostGatherError as err:   # the runtime's ValueError for a user's setting: one line (storage/errors.py)
             raise InputError(str(err)) from None
         setup = {"rank": rank, "graph": placed.mode, "graph_placement": placed.why, **rows.setup,
@@ -254,7 +255,7 @@ def weighted_csr(csr: LocalCSR, weight: Tensor, column: int) -> LocalCSR:
 
 def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                       hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                      group: dist.ProcessGroup | None, share: DeviceShare) -> RowSources:
+                      group: dist.ProcessGroup | None, share: DeviceShare, batch_nodes: int) -> RowSources:
     """One feature store, its exchange (on ``group``) and its device cache. A collective (the cache build)."""
     x_store = open_part_store(features, rank, memory_budget_bytes=params.host_memory_budget_bytes,
                                  ranks_on_host=local_world, pin=device.type == "cuda")
@@ -263,8 +264,7 @@ def _homogeneous_rows(params: Params, *, partition: PartitionArtifact, features:
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     budget = cache_budget(params, device, own_feature_bytes=x_store.num_rows * x_store.row_bytes,
-                          in_features=x_store.num_features, batch_nodes=largest_batch_nodes(params, partition),
-                          share=share)
+                          in_features=x_store.num_features, batch_nodes=batch_nodes, share=share)
     fit = None if budget.bytes is None else rows_within(budget.bytes // max(budget.slot_bytes(x_store.row_bytes), 1))
     cached_gid = cache_gids(policy, partition=partition, hotness=hotness, rank=rank, fit=fit,   # reads the plan
                             fills=budget.fills)

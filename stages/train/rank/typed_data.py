@@ -22,7 +22,7 @@ from stages.runtime.feature_store import fit_in_budget, host_budget, open_featur
 from stages.runtime.sharded_embedding import ShardedEmbedding
 from stages.runtime.typed_rows import RowSource, TypedRows, TypeIndex
 from stages.train.params import Params
-from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget, input_width, largest_batch_nodes
+from stages.train.rank.cache_budget import CacheBudget, DeviceShare, cache_budget, input_width
 from stages.train.rank.cache_policy import Fit, bytes_within, cache_gids, resolve_policy
 from storage.features import FeaturesArtifact
 from storage.hotness import HotnessArtifact
@@ -43,17 +43,18 @@ class RowSources:
 
 def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: FeaturesArtifact,
                     hotness: HotnessArtifact, rank: int, local_world: int, device: torch.device,
-                    group: dist.ProcessGroup | None, share: DeviceShare) -> RowSources:
+                    group: dist.ProcessGroup | None, share: DeviceShare, batch_nodes: int) -> RowSources:
     """The row sources of rank ``rank``, exchanging on ``group`` (``RankData.group``; the embeddings' sparse step
     stays on the default group, the trainer's main thread's). A collective (each featured type's cache build, in
-    schema order)."""
+    schema order). ``batch_nodes``: the largest batch's bound the device budget reserves for
+    (``cache_budget.largest_batch_nodes``)."""
     schema = partition.schema
     table = partition.range_table()
     index = TypeIndex(table, device)
     start = time.perf_counter()
     policy = resolve_policy(params.cache_policy, device.type)
     x_of = {name: features.x(rank, name) for name in features.featured_types}
-    budget, fit = _typed_budget(params, device, x_of, partition, share)
+    budget, fit = _typed_budget(params, device, x_of, partition, share, batch_nodes)
     cached_gid = torch.from_numpy(cache_gids(policy, partition=partition, hotness=hotness, rank=rank,
                                              fit=fit, fills=budget.fills)).to(device)
     cached_type, cached_tgid = index.locate(cached_gid)
@@ -93,7 +94,7 @@ def open_typed_rows(params: Params, *, partition: PartitionArtifact, features: F
 
 
 def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any], partition: PartitionArtifact,
-                  share: DeviceShare) -> tuple[CacheBudget, Fit | None]:
+                  share: DeviceShare, batch_nodes: int) -> tuple[CacheBudget, Fit | None]:
     """The rank's cache budget over its featured types' rows (``cache_budget``), and the fit that walks the ranking
     by each gid's own row width (0 for a type whose rows are learnt: no cache holds them)."""
     schema, table = partition.schema, partition.range_table()
@@ -102,7 +103,7 @@ def _typed_budget(params: Params, device: torch.device, x_of: dict[str, Any], pa
     budget = cache_budget(params, device, own_feature_bytes=sum(x_nbytes(x) for x in x_of.values()),
                           in_features=input_width(params, (t.name for t in schema.node_types),
                                                   {name: int(x.shape[1]) for name, x in x_of.items()}),
-                          batch_nodes=largest_batch_nodes(params, partition), share=share)
+                          batch_nodes=batch_nodes, share=share)
     if budget.bytes is None:
         return budget, None
     slot_bytes = np.array([budget.slot_bytes(int(b)) for b in row_bytes], dtype=np.int64)

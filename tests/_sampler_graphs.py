@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from stages.runtime.csr import LocalCSR
+from stages.runtime.sampling.sampler import NeighborSampler
 
 NUM_NODES = 1500
 BOUNDS = [0, 700, NUM_NODES]     # two contiguous partitions of uneven size
@@ -112,3 +113,15 @@ def class_graph(n: int = 600, classes: int = 3, seed: int = 0):
     indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
     x = (np.eye(classes)[y] * 0.6 + rng.normal(size=(n, classes))).astype(np.float32)
     return LocalCSR.from_numpy(indptr, src), torch.from_numpy(x), torch.from_numpy(y)
+
+
+def assert_same_batches(csr_a: LocalCSR, csr_b: LocalCSR, device: torch.device) -> None:
+    """The same seeds (every 37th node of the graph, from three offsets) and generator seed sample the same
+    batches from ``csr_a`` and ``csr_b`` on ``device``."""
+    batches = []
+    for csr in (csr_a, csr_b):
+        smp = NeighborSampler(csr, [15, 10, 5], generator=torch.Generator(device=device).manual_seed(3))
+        batches.append([smp.sample(torch.arange(k, csr.num_nodes, 37, device=device)) for k in range(3)])
+    for in_a, in_b in zip(*batches):
+        assert torch.equal(in_a.n_id, in_b.n_id) and torch.equal(in_a.edge_index, in_b.edge_index)
+

@@ -12,7 +12,7 @@ from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.sampler import NeighborSampler
 from stages.runtime.sampling.uniform import sample_edges_with_counts
 from tests._edge_worker import edge_truth
-from tests._sampler_graphs import power_law_graph
+from tests._sampler_graphs import assert_same_batches, power_law_graph
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -51,12 +51,7 @@ def test_a_csr_in_pinned_host_memory_samples_as_the_one_in_device_memory(indices
     pinned = host.pinned_on(torch.device("cuda"))
     assert torch.cuda.memory_allocated() == before and pinned.device.type == "cuda"
     assert pinned.indices.dtype == host.indices.dtype and torch.equal(pinned.indptr.cpu(), host.indptr)
-    batches = []
-    for csr in (host.to_device("cuda"), pinned):
-        smp = NeighborSampler(csr, [15, 10, 5], generator=torch.Generator(device="cuda").manual_seed(3))
-        batches.append([smp.sample(torch.arange(k, 4000, 37, device="cuda")) for k in range(3)])
-    for in_hbm, in_place in zip(*batches):
-        assert torch.equal(in_hbm.n_id, in_place.n_id) and torch.equal(in_hbm.edge_index, in_place.edge_index)
+    assert_same_batches(host.to_device("cuda"), pinned, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("replace", [True, False])

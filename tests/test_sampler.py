@@ -13,7 +13,14 @@ from stages.runtime.csr import LocalCSR
 from stages.runtime.sampling.relabel import make_node_map, unique_first_occurrence
 from stages.runtime.sampling.sampler import NeighborSampler, iter_seed_batches
 from stages.runtime.sampling.uniform import sample_neighbors
-from tests._sampler_graphs import NUM_NODES, check_batch, edge_keys, expected_counts, power_law_graph
+from tests._sampler_graphs import (
+    NUM_NODES,
+    assert_same_batches,
+    check_batch,
+    edge_keys,
+    expected_counts,
+    power_law_graph,
+)
 
 HUB_GID = 3
 
@@ -173,6 +180,14 @@ def test_node_maps_agree_and_sampling_is_deterministic(csr):
         a = NeighborSampler(csr, [10, 5], replace=replace, generator=_gen(3)).sample(seed_gid)
         b = NeighborSampler(csr, [10, 5], replace=replace, generator=_gen(3)).sample(seed_gid)
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+
+
+def test_int32_and_int64_indices_sample_the_same_batches(graph):
+    """The CSR's index width is storage only: the batches are the same (the CPU run of the helper that the
+    pinned-vs-device CUDA test uses, so its seeds are checked here too)."""
+    indptr, indices = graph
+    assert_same_batches(LocalCSR.from_numpy(indptr, indices.astype(np.int64)),
+                        LocalCSR.from_numpy(indptr, indices.astype(np.int32)), torch.device("cpu"))
 
 
 def _k_hop(graph, seed_gid: np.ndarray, hops: int) -> tuple[set[int], set[tuple[int, int]]]:

@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from stages.choices import CACHE_POLICIES, CudaGraph, Device, HostGather, Precision  # noqa: E402 - the repo is on sys.path
+from stages.train.params import Params as TrainParams  # noqa: E402
 from storage.summaries import DownloadSummary, FeaturesSummary  # noqa: E402
 
 VARIED = ("cuda_graph", "precision")   # the step's settings a run may list several of
@@ -217,9 +218,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device-cache-ratio", type=float, default=None, help=f"cap on the {RUNTIME} cache (rows)")
     ap.add_argument("--prefetch", type=int, default=None, help="batches prepared ahead (default: the stage's auto)")
     # the step's settings: each a comma list; every combination is timed, on one load of the rank data (variants)
-    ap.add_argument("--precision", type=choice_list(get_args(Precision)), default=["float32"],
+    # their defaults: the train stage's
+    ap.add_argument("--precision", type=choice_list(get_args(Precision)),
+                    default=[TrainParams.model_fields["precision"].default],
                     help="the model's products (tf32: float32 with TensorFloat32 GEMMs on a GPU)")
-    ap.add_argument("--cuda-graph", type=choice_list(get_args(CudaGraph)), default=["off"],
+    ap.add_argument("--cuda-graph", type=choice_list(get_args(CudaGraph)),
+                    default=[TrainParams.model_fields["cuda_graph"].default],
                     help="step: each training step replayed as one captured CUDA graph (stages.train.rank.graphed); "
                          "auto: its sampling too (graphed_sampling); e.g. off,step,auto")
     ap.add_argument("--max-batches", type=int, default=20, help="timed batches; the epoch time is extrapolated")

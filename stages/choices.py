@@ -31,8 +31,9 @@ TaskName = Literal["node", "link"]
 DecoderName = Literal["dot", "mlp"]
 LrSchedule = Literal["none", "cosine", "step"]
 # the model's matrix products (stages/train/models/model.py): float32; tf32, float32 products in TensorFloat32 on
-# GPUs (matmul_precision); bfloat16, autocast (seed_logits)
-Precision = Literal["float32", "tf32", "bfloat16"]
+# GPUs (matmul_precision); bfloat16, autocast (seed_logits); auto, tf32 on a CUDA rank and float32 on a CPU one
+# (Params.rank_precision)
+Precision = Literal["auto", "float32", "tf32", "bfloat16"]
 # auto: hotness on a GPU rank, hotness-remote on a CPU rank (stages/train/rank/cache_policy.py says why)
 CachePolicyName = Literal["auto", "hotness", "hotness-remote", "degree", "none"]
 Device = Literal["auto", "cpu", "cuda"]

@@ -129,7 +129,9 @@ def test_two_ranks_time_every_setting_in_step():
                               cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     dist = json.loads(done.stdout.strip().splitlines()[-1])["dist"]
-    assert dist["world_size"] == 2 and list(dist["variants"]) == ["step/float32"]
+    # named as asked: precision=auto (the default) resolves on each rank (float32 on these CPU ranks)
+    assert dist["world_size"] == 2 and list(dist["variants"]) == ["step/auto"]
+    assert dist["variants"]["step/auto"]["precision"] == "float32"
     assert dist["policies"]["none"]["remote_rows_per_epoch"] > 0, "rows crossed between the ranks"
 
 

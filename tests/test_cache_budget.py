@@ -118,11 +118,11 @@ def test_a_graphed_step_reserves_a_second_batch_only_where_a_step_may_be_graphed
     assert one[0] - ahead[0] == shape["batch_nodes"] * (4 * 100 + 16) and ahead[1].endswith("and 1 prefetched")
 
     plain = SimpleNamespace(schema=GraphSchema.homogeneous(100, 8, 3), num_edge_features=0)
-    assert may_be_graphed(Params(cuda_graph="auto"), plain, GPU, 1)
-    assert may_be_graphed(Params(cuda_graph="step", precision="tf32"), plain, GPU, 1)
+    assert may_be_graphed(Params(), plain, GPU, 1), "the defaults: cuda_graph=auto, precision=auto (tf32 there)"
+    assert may_be_graphed(Params(cuda_graph="step", precision="float32"), plain, GPU, 1)
     typed = GraphSchema((NodeType("paper", 10, 8, 3), NodeType("author", 5)),
                         (EdgeType("author", "writes", "paper"), EdgeType("paper", "cites", "paper")))
-    refused = [(Params(), plain, GPU, 1), (Params(cuda_graph="auto"), plain, CPU, 1),
+    refused = [(Params(cuda_graph="off"), plain, GPU, 1), (Params(cuda_graph="auto"), plain, CPU, 1),
                (Params(cuda_graph="auto"), plain, GPU, 2),
                (Params(cuda_graph="auto", precision="bfloat16"), plain, GPU, 1),
                (Params(cuda_graph="auto", fanouts=(5, -1)), plain, GPU, 1),

@@ -74,8 +74,8 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
 @needs_tensorboard
 def test_one_gpu_trains_to_the_cpu_accuracy_with_a_graphed_step(tmp_path):
     """A cosine schedule changes the learning rate every epoch: each pass captures anew. In tf32 (TensorFloat32
-    GEMMs), the candidate default beside cuda_graph=auto once a GPU has timed them (issue [4/5] item 3): the
-    accuracy must hold."""
+    GEMMs), which precision=auto picks on a GPU beside the default cuda_graph=auto (the fastest pair an H200
+    timed, issue [4/5] item 3): the accuracy must hold."""
     store = ArtifactStore(tmp_path / "art")
     manifests = build_upstream(store, 1)
     params = train_params(device="cuda", cuda_graph="auto", lr_schedule="cosine", precision="tf32")

@@ -125,7 +125,8 @@ def test_a_graphed_pass_trains_as_the_eager_one(one_rank_group, tmp_path, monkey
     results = []
     for mode in ("eager", "graphed"):
         trainer = lone_trainer(tmp_path, mode, prefetch=prefetch)
-        assert trainer.not_graphed == "cuda_graph=off" and trainer.capture_batches == 0
+        # the default, cuda_graph=auto, names the CPU as the reason
+        assert trainer.not_graphed == "a CPU rank" and trainer.capture_batches == 0
         if mode == "graphed":
             trainer.not_graphed = None   # as on a CUDA rank with cuda_graph=auto
         trainer.rng.seed_epoch(0)
@@ -153,10 +154,24 @@ def test_a_tf32_trainer_sets_the_process_gemms_and_a_float32_one_sets_them_back(
     try:
         lone_trainer(tmp_path, "tf32", precision="tf32")
         assert torch.get_float32_matmul_precision() == "high"
-        lone_trainer(tmp_path, "float32")
+        lone_trainer(tmp_path, "float32", precision="float32")
         assert torch.get_float32_matmul_precision() == "highest"
+        lone_trainer(tmp_path, "tf32-again", precision="tf32")
+        # the default, auto, is float32 on a CPU rank (tf32 on a CUDA one): the trainer holds the resolved value,
+        # which the task, the model's wrapper, the graph's reasons and the report read
+        default = lone_trainer(tmp_path, "auto")
+        assert default.params.precision == "float32" and torch.get_float32_matmul_precision() == "highest"
     finally:   # the process's setting, for the tests after this one
         torch.set_float32_matmul_precision("highest")
+
+
+def test_precision_auto_is_tf32_on_a_cuda_rank_and_float32_elsewhere():
+    from stages.train.params import Params
+
+    assert Params().precision == "auto"
+    assert (Params().rank_precision("cuda"), Params().rank_precision("cpu")) == ("tf32", "float32")
+    for given in ("float32", "tf32", "bfloat16"):   # a stated precision is kept on every device
+        assert {Params(precision=given).rank_precision(d) for d in ("cuda", "cpu")} == {given}
 
 
 def test_which_steps_may_be_graphed():

@@ -91,13 +91,16 @@ class Params(StageParams):
     patience: int | None = Field(None, ge=1, description="early stopping: stop after this many epochs without a "
                                                          "better validation accuracy; null: train every epoch")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout between layers")
-    precision: Precision = Field("float32", description="the model's matrix products: tf32 computes float32 ones "
-                                                        "in TensorFloat32 on GPUs (10-bit mantissas, float32 "
-                                                        "accumulation; Ampere and later; no faster on a CPU); "
-                                                        "bfloat16 autocasts them "
-                                                        "(faster on CPUs with AVX512-BF16 or AMX and on GPUs, same "
-                                                        "accuracy on the default graph); weights stay float32, "
-                                                        "and the infer stage computes in float32 whatever this is")
+    # auto: tf32 measured 17 % faster a products batch on an H200 under cuda_graph=auto (5.8 against 7.0 ms) and
+    # trains to the CPU accuracy (tests/test_gpu_graphed.py); on this project's CPU it was 4-8 % slower
+    precision: Precision = Field("auto", description="the model's matrix products: auto is tf32 on a CUDA rank "
+                                                     "and float32 on a CPU one; tf32 computes float32 ones in "
+                                                     "TensorFloat32 on GPUs (10-bit mantissas, float32 "
+                                                     "accumulation; Ampere and later; no faster on a CPU); "
+                                                     "bfloat16 autocasts them (faster on CPUs with AVX512-BF16 or "
+                                                     "AMX and on GPUs, same accuracy on the default graph); "
+                                                     "weights stay float32, and the infer stage computes in "
+                                                     "float32 whatever this is")
     edge_features: bool = Field(True, description="use the graph's edge features when it has them and the model "
                                                    "takes them (gat, or a plug-in factory with an edge_dim "
                                                    "parameter); false: ignore them")
@@ -155,9 +158,10 @@ class Params(StageParams):
                                                                   "when it fits the budget of free device memory "
                                                                   "less the model's and the largest batch's "
                                                                   "reserve, else uva")
-    # off until a GPU has timed it beside the eager step (benchmarks/RESULTS.md, [4/5]); the report names each
-    # rank's choice, or why its step (stages.train.rank.graphed) or sampling (graphed_sampling) cannot be a graph
-    cuda_graph: CudaGraph = runtime("off", description="CUDA ranks: step replays each training step as one "
+    # auto: a products batch on an H200 took 7.0 ms against 8.5 eager (float32), 5.8 against 8.8 in tf32
+    # (benchmarks/RESULTS.md, session 31); the report names each rank's choice, or why its step
+    # (stages.train.rank.graphed) or sampling (graphed_sampling) cannot be a graph
+    cuda_graph: CudaGraph = runtime("auto", description="CUDA ranks: step replays each training step as one "
                                                        "captured CUDA graph on batches padded to a static shape, "
                                                        "where the step allows it (a lone rank, task=node, "
                                                        "cross_entropy, the built-in sage, float32 or tf32, positive "
@@ -171,6 +175,13 @@ class Params(StageParams):
         """The model's depth: each layer aggregates one sampled hop, so it is the number of fanouts (a parameter of
         its own could only ever take this value)."""
         return len(self.fanouts)
+
+    @field_validator("cuda_graph", mode="before")
+    @classmethod
+    def _off_is_off(cls, value: Any) -> Any:
+        # YAML 1.1 (config files and --set alike) reads a bare `off` as false: cuda_graph=off is what the error
+        # lines of a broken capture tell users to set
+        return "off" if value is False else value
 
     @field_validator("model")
     @classmethod
@@ -192,6 +203,12 @@ class Params(StageParams):
         if self.prefetch is not None:
             return self.prefetch
         return 1 if device_type == "cuda" and world_size == 1 else 0
+
+    def rank_precision(self, device_type: str) -> str:
+        """``precision``, or where it is auto, tf32 on a CUDA rank and float32 on any other (see the field)."""
+        if self.precision != "auto":
+            return self.precision
+        return "tf32" if device_type == "cuda" else "float32"
 
     @property
     def resolved_loss(self) -> str:

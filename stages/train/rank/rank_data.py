@@ -196,7 +196,8 @@ def may_be_graphed(params: Params, partition: PartitionArtifact, device: torch.d
     typed = not partition.schema.is_homogeneous
     edge_dim = encoder_edge_dim(params, typed=typed, num_edge_features=partition.num_edge_features)
     fanouts = graph_fanouts(params.fanouts, params.edge_fanouts, partition.schema)
-    return why_not_graphed_setup(params.cuda_graph, device=device, world=world, precision=params.precision,
+    return why_not_graphed_setup(params.cuda_graph, device=device, world=world,
+                                 precision=params.rank_precision(device.type),
                                  fanouts=fanouts, typed=typed, edge_features=edge_dim > 0) is None
 
 

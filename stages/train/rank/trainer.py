@@ -57,6 +57,9 @@ class Trainer:
         """``local_rank``: which rank of its node (local rank 0 keeps the node's checkpoints); ``local_world``: the
         ranks per node (default: all on one); ``batch_hook``: an optional per-epoch hook (the tests' fault
         injection, ``stages.train.rank.faults``)."""
+        # precision=auto resolved for this rank's device once: the task, the model, the graph's reasons and the
+        # report all read the resolved one
+        params = params.model_copy(update={"precision": params.rank_precision(data.device.type)})
         self.spec, self.params, self.data = spec, params, data
         self.rank, self.world, self.device = data.rank, data.world, data.device
         self.local_rank, self.batch_hook = local_rank, batch_hook

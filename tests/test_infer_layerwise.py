@@ -14,7 +14,7 @@ import torch
 from flows.config import ORDER, make_config, stage_keys
 from stages.infer import stage as infer
 from stages.infer.chunks import chunk_edges_of, plan_chunks
-from stages.infer.halo import Halo
+from stages.infer.halo import Halo, device_chunk_edges
 from stages.infer.layerwise import Inference
 from stages.infer.params import Params
 from stages.jobs.launcher import RankFailure, failure_message, launch
@@ -107,9 +107,14 @@ def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrice
                                      device_budget=budget) for budget in (None, 1 << 30, 0)}
     (host, host_hidden, engine) = runs[None]
     assert [s.placement for s in engine.stats] == ["host"] * 3
+    host_chunks = [s.chunks for s in engine.stats]
+    # exact: chunks of 300 edges (sampled: of whole SAMPLE_BLOCK blocks, one here)
+    assert fanouts is not None or min(host_chunks) > 1
     for budget, placement in ((1 << 30, "device"), (0, "chunks")):
         out, hidden, engine = runs[budget]
         assert [s.placement for s in engine.stats] == [placement] * 3
+        # a layer whose matrix sits on the device takes what the budget leaves, in as few chunks: here one
+        assert [s.chunks for s in engine.stats] == ([1] * 3 if placement == "device" else host_chunks)
         torch.testing.assert_close(out, host, rtol=1e-6, atol=1e-6)
         for layer in (0, 1):
             torch.testing.assert_close(hidden[layer], host_hidden[layer], rtol=1e-6, atol=1e-6)
@@ -131,6 +136,11 @@ def test_a_layer_matrix_goes_to_the_device_only_when_it_fits_beside_the_outputs_
     assert engine._placement(model, 0, matrix, halo) == "device"
     engine.device_budget = needed - 1
     assert engine._placement(model, 0, matrix, halo) == "chunks"
+    # a device-placed layer's chunks: what the budget leaves beside the matrix and outputs, never under chunk_edges
+    per_edge = (8 + 16) * 3 * 4 + 48
+    assert device_chunk_edges(matrix, halo, 16, 300, needed) == 300
+    assert device_chunk_edges(matrix, halo, 16, 300, needed + 1000 * per_edge + per_edge - 1) == 1300
+    assert device_chunk_edges(matrix, halo, 16, 300, 0) == 300
 
 
 @pytest.mark.parametrize("gather, fanouts", [(False, None), (True, None), (False, (3, 2)), (True, (3, 2))])

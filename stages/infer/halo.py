@@ -106,12 +106,29 @@ def placement(matrix: Tensor, halo: Halo, width_out: int, chunk_edges: int, budg
     """``device`` (the whole matrix copied to the device once, the outputs gathered there and copied back once)
     when the matrix, the layer's outputs and a chunk's temporaries fit ``budget`` bytes, else ``chunks`` (each
     chunk's rows gathered on the host and copied over: ``chunk_rows``)."""
-    item = matrix.element_size()
-    # a chunk: its aggregated and output rows (3 values a column: the product, the linear map, a temporary) and its
-    # CSR (~48 B an edge: BatchGraph's row pointers, columns, values, the sort)
-    temporaries = chunk_edges * ((matrix.shape[1] + width_out) * 3 * item + 48)
-    needed = matrix.numel() * item + halo.n * width_out * item + temporaries
+    needed = _resident_bytes(matrix, halo, width_out) + chunk_edges * _chunk_bytes_per_edge(matrix, width_out)
     return "device" if needed <= budget else "chunks"
+
+
+def device_chunk_edges(matrix: Tensor, halo: Halo, width_out: int, chunk_edges: int, budget: int) -> int:
+    """A ``device``-placed layer's chunk bound: the largest whose temporaries fit what ``budget`` leaves beside
+    the matrix and the outputs, never below ``chunk_edges``. Each chunk costs launches and host synchronisations
+    whatever its size: on an H200, products' 3 layers in 455 chunks of 2^18 each took 6.8 s, where their
+    products and GEMMs need well under one (benchmarks/RESULTS.md, session 31)."""
+    spare = budget - _resident_bytes(matrix, halo, width_out)
+    return max(chunk_edges, spare // _chunk_bytes_per_edge(matrix, width_out))
+
+
+def _resident_bytes(matrix: Tensor, halo: Halo, width_out: int) -> int:
+    """A device-placed layer's matrix and outputs."""
+    return matrix.numel() * matrix.element_size() + halo.n * width_out * matrix.element_size()
+
+
+def _chunk_bytes_per_edge(matrix: Tensor, width_out: int) -> int:
+    # a chunk: its aggregated and output rows (3 values a column: the product, the linear map, a temporary) and its
+    # CSR (~48 B an edge: BatchGraph's row pointers, columns, values, the sort); rows counted per edge, as a chunk
+    # of E edges may hold E targets
+    return (matrix.shape[1] + width_out) * 3 * matrix.element_size() + 48
 
 
 def chunk_rows(matrix: Tensor, src_pos: Tensor, a: int, b: int, deg: Tensor | None, device: torch.device

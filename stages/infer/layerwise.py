@@ -64,7 +64,7 @@ from stages.infer.chunks import (
     node_indptr,
     plan_chunks,
 )
-from stages.infer.halo import Halo, chunk_rows, extended_degrees, layer0_matrix, placement
+from stages.infer.halo import Halo, chunk_rows, device_chunk_edges, extended_degrees, layer0_matrix, placement
 from stages.infer.layer_steps import has_layer_steps, layer_step, layer_width
 from stages.infer.matrices import MatrixSpace
 from stages.runtime.csr import LocalCSR
@@ -241,7 +241,7 @@ class Inference:
         # the host, where the chunks placement gathers the rows they name
         on = self.device if stats.placement == "device" else _CPU
         columns = Halo(halo.lo, halo.n, halo.gid.to(on))
-        for a, b in self.chunks:
+        for a, b in self._layer_chunks(model, layer, matrix, halo, stats.placement):
             (row_pos, nbr_gid, edge_type), edge_attr = self._chunk_edges(layer, a, b, on)
             src_pos, chunk_deg, dst_start = columns.columns(nbr_gid), deg, a
             if whole is None:
@@ -250,9 +250,10 @@ class Inference:
             else:
                 src_rows = whole
             edge_index = torch.stack([src_pos, row_pos.to(torch.long)]).to(self.device)
+            # chunk_edges_of's edges come grouped by target: BatchGraph skips its check, a host synchronisation
             graph = BatchGraph(edge_index, src_rows.shape[0], b - a, chunk_deg, dst_start=dst_start,
                                edge_type=self._on_device(edge_type), num_edge_types=self.csr.num_edge_types,
-                               edge_attr=self._on_device(edge_attr))
+                               edge_attr=self._on_device(edge_attr), by_target=True)
             block = Block(num_src=src_rows.shape[0], num_dst=b - a, num_edges=int(src_pos.numel()), graph=graph)
             h = layer_step(model, layer, src_rows, block, last)
             if out is None:
@@ -269,6 +270,17 @@ class Inference:
             assert staged is not None
             out[:halo.n].copy_(staged)   # one copy back a layer; the halo rows come from the peers
         return out
+
+    def _layer_chunks(self, model: Any, layer: int, matrix: Tensor, halo: Halo, where: str
+                      ) -> list[tuple[int, int]]:
+        """The rank's chunks for one layer from the matrices: a ``device``-placed layer's as large as the device
+        budget allows (``halo.device_chunk_edges``; no collective on this path, so ranks may differ), else the
+        planned ones of ``chunk_edges``."""
+        if where != "device":
+            return self.chunks
+        assert self.device_budget is not None
+        bound = device_chunk_edges(matrix, halo, layer_width(model, layer), self.chunk_edges, self.device_budget)
+        return plan_chunks(node_indptr(self.csr), bound, 1 if self.fanouts is None else SAMPLE_BLOCK)
 
     @property
     def _gathered(self) -> str:

@@ -76,6 +76,10 @@ def infer_once(store: Any, manifests: dict[str, Any], fanouts: list[int] | None,
             "_prob": prob,
             "job_wall_s": s.wall_s, "rank_wall_s": max(r["wall_s"] for r in s.ranks),
             "layer_s": [r["layer_s"] for r in s.ranks],
+            # the rest of a rank's time, and of the job's: opening its inputs, writing its outputs; the ranks'
+            # job (their start and exit included) and the export in orig-id order
+            "open_s": [r.get("open_s") for r in s.ranks], "write_s": [r.get("write_s") for r in s.ranks],
+            "ranks_job_s": s.scalars.get("infer/ranks_job_s"), "export_s": s.scalars.get("infer/export_s"),
             "peak_rss_GiB": [round(r["peak_rss_mib"] / 1024, 2) for r in s.ranks],
             "remote_GiB": round(sum(r["remote_mib"] for r in s.ranks) / 1024, 3),
             "acc": s.accuracy, "chunk_edges": args.chunk_edges}

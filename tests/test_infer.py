@@ -58,6 +58,10 @@ def test_exact_inference_on_two_partitions_equals_the_whole_graph_sage(sage2: Ca
     assert s["mode"] == "exact" and s["path"] == "layer-wise (layer matrices and halo)" and s["num_partitions"] == 2
     assert all(r["chunks"] > 1 and r["remote_mib"] > 0 and r["peak_rss_mib"] > 0 for r in s["ranks"])
     assert all(r["device"] == "cpu" and r["placement"] == "host,host" for r in s["ranks"])   # 2 layers, in place
+    # where a rank's time goes besides its layers: opening its inputs, writing its outputs; then the export's
+    assert all(0 < r["open_s"] < r["wall_s"] and 0 < r["write_s"] < r["wall_s"] for r in s["ranks"])
+    assert s["scalars"]["infer/export_s"] > 0 and s["scalars"]["infer/ranks_job_s"] > max(r["wall_s"]
+                                                                                          for r in s["ranks"])
     assert sage2.manifest.reproducible and sage2.manifest.upstream_builds == {}   # a CPU model, a CPU inference
 
 

@@ -9,6 +9,7 @@ task's (``stages.infer.tasks``): a node classifier's classes, or a link model's 
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -98,7 +99,9 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
     check_world_size(world, int(bounds.shape[0]) - 1)
     lo = int(bounds[rank])
     task = infer_task(trained)
+    write_s = 0.0   # the outputs' writes (hidden layers, then the task's): where a rank's time goes besides its layers
     with measure() as cost:
+        opened = time.perf_counter()
         # indices as stored (int32 below 2^31 nodes); start_egid: the batches' e_id
         csr = LocalCSR.from_part(partition.csr(rank, native=True), start_egid=int(partition.edge_bounds()[rank]))
         part = features.part(rank, load_x=False)
@@ -116,17 +119,24 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
                            params.seed, node_type_of=node_type_of(partition), edge_attr=edge_attr, space=space,
                            device=device, device_budget=device_budget(device, local_world))
         group = open_part_outputs(spec.out_url, rank)
+        open_s = time.perf_counter() - opened
 
         def write_hidden(layer: int, rows: torch.Tensor) -> None:
+            nonlocal write_s
+            start = time.perf_counter()
             write_part_embedding(group, layer, rows.numpy())
+            write_s += time.perf_counter() - start
 
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
             out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
+            start = time.perf_counter()
             figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)
+            write_s += time.perf_counter() - start
     record = {"rank": rank, "device": str(device), "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
               "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
               "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
               "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],
+              "open_s": round(open_s, 3), "write_s": round(write_s, 3),
               "peak_rss_bytes": cost["peak_rss_bytes"], "start_rss_bytes": cost["start_rss_bytes"],
               "peak_rss_source": cost["peak_rss_source"], "matrices": space.figures()}
     return {**record, **figures}

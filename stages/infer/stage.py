@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -112,17 +113,22 @@ def run(store: ArtifactStore, params: Params, upstream: Mapping[str, Manifest], 
         nonlocal built
         task = infer_task(trained)
         with measure() as cost:
+            ranks_s = time.perf_counter()
             ranks = _launch(store, params, upstream, writer, log)
+            ranks_s = time.perf_counter() - ranks_s   # the ranks' job: their start, their work, their exit
             common = _common_metrics(ranks, trained, params, num_layers)
             metrics = task.metrics(common, ranks, trained)
             parts = PartitionArtifact(store, partition)
             book = parts.book()
             metrics["node_types"] = _node_types(parts)
+            export_s = time.perf_counter()
             export = _export(store, params, writer, upstream, metrics, parts, book, task=task, progress=progress)
             task.after_export(store, trained, parts, book, writer.file_url(NODES), metrics)
+            export_s = time.perf_counter() - export_s
         metrics.update(export)
         metrics["job"] = {"wall_s": cost["wall_s"], "stage_peak_rss_bytes": cost["peak_rss_bytes"]}
-        metrics["scalars"]["infer/job_wall_s"] = cost["wall_s"]
+        metrics["scalars"].update({"infer/job_wall_s": cost["wall_s"], "infer/ranks_job_s": round(ranks_s, 3),
+                                   "infer/export_s": round(export_s, 3)})
         write_metrics(writer, metrics)
         write_infer_events(writer, metrics["scalars"])
         rank_rows = _summary_ranks(metrics)
@@ -224,6 +230,8 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
              "placement": ",".join(layer.get("placement", "host") for layer in r["layers"]),
              "nodes": r["nodes"], "edges": r["edges"], "chunks": r["chunks"],
              "feature_store": r["feature_store"], "wall_s": r["wall_s"],
+             # builds before they were recorded: unknown
+             "open_s": r.get("open_s"), "write_s": r.get("write_s"),
              "peak_rss_mib": round(r["peak_rss_bytes"] / 2**20, 1),
              "remote_mib": round(sum(layer["remote_bytes"] for layer in r["layers"]) / 2**20, 2),
              "layer_s": [layer["seconds"] for layer in r["layers"]],
@@ -231,8 +239,8 @@ def _summary_ranks(m: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _ranks_table(s: InferSummary) -> list[dict[str, Any]]:
-    cols = ("rank", "device", "placement", "nodes", "edges", "chunks", "feature_store", "layer_s", "remote_mib",
-            "mapped_mib", "wall_s", "peak_rss_mib")
+    cols = ("rank", "device", "placement", "nodes", "edges", "chunks", "feature_store", "open_s", "layer_s",
+            "write_s", "remote_mib", "mapped_mib", "wall_s", "peak_rss_mib")
     return [{c: r.get(c) for c in cols} for r in s.ranks]   # the manifest's JSON sorts keys: put them in order
 
 

@@ -371,3 +371,26 @@ def test_a_resumed_optimiser_takes_this_runs_fused_and_capturable_flags(one_rank
     resumed.rng.seed_epoch(1)
     assert resumed.run_batches(itertools.islice(resumed.loader.train_batches(), 2), 2, epoch=1).batches == 2
 
+
+
+def test_the_step_products_benchmark_times_the_unpadded_and_padded_batch(tmp_path):
+    """``bench_step_spmm.py``, the next GPU's look at the graphed step's CSR products (benchmarks/RESULTS.md,
+    session 31), runs on the CPU: both batches eager, the replays named as skipped, the padded batch at the static
+    shape's size."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_step_spmm.py"), "--nodes", "3000",
+                           "--avg-degree", "8", "--graph", str(tmp_path / "g.npz"), "--batch-size", "64",
+                           "--hidden", "16", "--features", "8", "--steps", "2", "--device", "cpu"],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["padded_edges"] == StaticShape.bound(64, (15, 10, 5), 3000).num_edges > got["edges"]
+    assert got["padded_nodes"] > got["nodes"]
+    for name in ("unpadded", "padded"):
+        assert got["cases"][f"{name}/eager"]["ms_per_step"] > 0
+        assert got["cases"][f"{name}/replayed"].startswith("skipped")

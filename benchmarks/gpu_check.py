@@ -76,7 +76,7 @@ GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream 
 STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytest: its summary and junit XML)
 # the train step's settings timed beside the defaults, on one load (bench_train's variants: every combination)
 # in 2 rounds, forward then backward: a drift of the machine weighs on each alike (bench_train --rounds)
-VARIANTS = ("--cuda-graph", "off,step,auto", "--precision", "float32,tf32", "--rounds", "2")
+VARIANTS = ("--cuda-graph", "auto,step,off", "--precision", "tf32,float32", "--rounds", "2")
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...);
 # tensorboard: the train stage refuses to start without it (require_trackers), and the infer step trains through
 # that stage (bench_train starts the ranks itself); the CUDA tests that do skip alone (tests/_gpu_marks.py).
@@ -213,7 +213,8 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
     sampler_graph = ["--graph", str(work / f"sampler-{args.scale}.npz")]
     prepare = [(f"prepare-{dtype}", [*cmd, "--prepare-only"]) for (_, cmd), dtype in zip(train, args.dtypes.split(","))]
     prepare.append(("prepare-sampler", [py, f"{bench}/bench_sampler.py", *graph, *sampler_graph, "--prepare-only"]))
-    # --compare: the step's settings (item 3) on the same load, each profiled; the first of each list is the default
+    # --compare: the step's settings (item 3) on the same load, each profiled; the first of each list is what the
+    # defaults resolve to on a GPU (cuda_graph=auto, precision=auto: tf32)
     train[0] = (train[0][0], [*plain, *(VARIANTS if args.compare else ()), "--profile", "10"])
     cap = ["--device-cache-ratio", "0.2"]
     train.append((f"train-{first}-cap0.2", [*plain[:-1], ",".join(("runtime", "hotness", "degree", "none")), *cap]))

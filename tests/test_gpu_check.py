@@ -175,8 +175,8 @@ def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     assert commands["baseline"] == [], "no older tree given"
     # --compare: the first dtype's run times the step's other settings on the same load (item 3), each profiled
     compared = dict(check.step_commands(_args(tmp_path, compare=True), tmp_path)["train"])["train-float32"]
-    assert compared == [*train["train-float32"][:-2], "--cuda-graph", "off,step,auto", "--precision",
-                        "float32,tf32", "--rounds", "2", "--profile", "10"]
+    assert compared == [*train["train-float32"][:-2], "--cuda-graph", "auto,step,off", "--precision",
+                        "tf32,float32", "--rounds", "2", "--profile", "10"]
     sampler = dict(commands["sampler"])["sampler"]
     graph = sampler[sampler.index("--graph") + 1]
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]

@@ -114,8 +114,10 @@ def rank_main(args: argparse.Namespace) -> None:
 def dist_run(args: argparse.Namespace, manifests: dict) -> dict:
     from stages.train.params import Params
 
+    # the eager step in float32, as these depths were always timed: its train_epoch runs no graphed step
     params = Params(hidden=args.hidden, fanouts=tuple(args.fanouts), batch_size=args.batch_size, epochs=1,
-                    threads_per_rank=args.threads_per_rank, device=args.device)
+                    threads_per_rank=args.threads_per_rank, device=args.device, cuda_graph="off",
+                    precision="float32")
     return run_ranks(__file__, args, manifests, params, args.ranks,
                      ["--max-batches", str(args.max_batches), "--warmup", str(args.warmup), "--rounds",
                       str(args.rounds), "--depths", args.depths, "--off-cpu-ms", str(args.off_cpu_ms)])

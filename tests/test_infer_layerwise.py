@@ -113,8 +113,10 @@ def test_the_device_placements_of_the_layer_matrices_infer_what_the_host_matrice
     for budget, placement in ((1 << 30, "device"), (0, "chunks")):
         out, hidden, engine = runs[budget]
         assert [s.placement for s in engine.stats] == [placement] * 3
-        # a layer whose matrix sits on the device takes what the budget leaves, in as few chunks: here one
-        assert [s.chunks for s in engine.stats] == ([1] * 3 if placement == "device" else host_chunks)
+        # a layer whose matrix sits on the device and whose edges are a slice of the CSR there (exact) takes what
+        # the budget leaves, in as few chunks: here one; sampled edges are drawn on the host, in chunk_edges' chunks
+        on_device = placement == "device" and fanouts is None
+        assert [s.chunks for s in engine.stats] == ([1] * 3 if on_device else host_chunks)
         torch.testing.assert_close(out, host, rtol=1e-6, atol=1e-6)
         for layer in (0, 1):
             torch.testing.assert_close(hidden[layer], host_hidden[layer], rtol=1e-6, atol=1e-6)
@@ -139,7 +141,8 @@ def test_a_layer_matrix_goes_to_the_device_only_when_it_fits_beside_the_outputs_
     # a device-placed layer's chunks: what the budget leaves beside the matrix and outputs, never under chunk_edges
     per_edge = (8 + 16) * 3 * 4 + 48
     assert device_chunk_edges(matrix, halo, 16, 300, needed) == 300
-    assert device_chunk_edges(matrix, halo, 16, 300, needed + 1000 * per_edge + per_edge - 1) == 1300
+    # half the spare: the other half for what the estimate leaves out
+    assert device_chunk_edges(matrix, halo, 16, 300, needed + 2000 * per_edge + 2 * per_edge - 1) == 1150
     assert device_chunk_edges(matrix, halo, 16, 300, 0) == 300
 
 

@@ -113,6 +113,7 @@ def test_two_ranks_learn_far_above_chance_and_an_mlp(reference, two):
     assert {r["host_gather_why"] for r in m["ranks"]} == {"a CPU rank reads its host rows in place"}
     assert [r["graph"] for r in m["ranks"]] == ["cpu", "cpu"]   # graph_placement=auto: a CPU rank's CSR in RAM
     assert m["phase_clock"] == "wall_clock" and m["prefetch"] == 0   # prefetch auto: 0 on CPU ranks
+    assert m["precision"] == "float32" and m["cuda_graph"] == "off: a CPU rank"   # the defaults, resolved here
     for e in epochs:   # each rank's pass split into phases (tests/test_phases.py): every step of the path shows
         split = e["phases_s"]
         assert set(split) == set(PHASES) and all(len(v) == 2 for v in split.values())

@@ -111,12 +111,13 @@ def placement(matrix: Tensor, halo: Halo, width_out: int, chunk_edges: int, budg
 
 
 def device_chunk_edges(matrix: Tensor, halo: Halo, width_out: int, chunk_edges: int, budget: int) -> int:
-    """A ``device``-placed layer's chunk bound: the largest whose temporaries fit what ``budget`` leaves beside
-    the matrix and the outputs, never below ``chunk_edges``. Each chunk costs launches and host synchronisations
-    whatever its size: on an H200, products' 3 layers in 455 chunks of 2^18 each took 6.8 s, where their
-    products and GEMMs need well under one (benchmarks/RESULTS.md, session 31)."""
+    """A ``device``-placed layer's chunk bound: the largest whose estimated temporaries fit half of what
+    ``budget`` leaves beside the matrix and the outputs (the other half: what the estimate leaves out, the
+    previous chunk's tensors still alive while the next one's are made), never below ``chunk_edges``. Each chunk
+    costs launches and host synchronisations whatever its size: on an H200, products' 3 layers in 455 chunks of
+    2^18 each took 6.8 s, where their products and GEMMs need well under one (benchmarks/RESULTS.md, session 31)."""
     spare = budget - _resident_bytes(matrix, halo, width_out)
-    return max(chunk_edges, spare // _chunk_bytes_per_edge(matrix, width_out))
+    return max(chunk_edges, spare // 2 // _chunk_bytes_per_edge(matrix, width_out))
 
 
 def _resident_bytes(matrix: Tensor, halo: Halo, width_out: int) -> int:

@@ -274,13 +274,16 @@ class Inference:
     def _layer_chunks(self, model: Any, layer: int, matrix: Tensor, halo: Halo, where: str
                       ) -> list[tuple[int, int]]:
         """The rank's chunks for one layer from the matrices: a ``device``-placed layer's as large as the device
-        budget allows (``halo.device_chunk_edges``; no collective on this path, so ranks may differ), else the
-        planned ones of ``chunk_edges``."""
-        if where != "device":
+        budget allows (``halo.device_chunk_edges``; no collective on this path, so ranks may differ) where its
+        edges are a slice of the CSR computed on the device (exact, one edge type, no edge features:
+        ``chunk_edges_of``); else the planned ones of ``chunk_edges``, which also bounds the host's temporaries of
+        edges drawn there."""
+        on_device = self.fanouts is None and self.csr.num_edge_types == 1 and self.edge_attr is None
+        if where != "device" or not on_device:
             return self.chunks
         assert self.device_budget is not None
         bound = device_chunk_edges(matrix, halo, layer_width(model, layer), self.chunk_edges, self.device_budget)
-        return plan_chunks(node_indptr(self.csr), bound, 1 if self.fanouts is None else SAMPLE_BLOCK)
+        return plan_chunks(node_indptr(self.csr), bound)
 
     @property
     def _gathered(self) -> str:

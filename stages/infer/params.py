@@ -40,8 +40,9 @@ class Params(ExecutorParams):
                                                           "layer for its nodes in chunks of at most this many; "
                                                           "it bounds a chunk's temporaries and the rows per halo "
                                                           "piece (SAGE, GCN) or the gathered neighbour rows "
-                                                          "(other models); a GPU layer whose matrix is in device "
-                                                          "memory takes chunks as large as that memory allows")
+                                                          "(other models); exact inference on one edge type "
+                                                          "takes chunks as large as device memory allows in a GPU "
+                                                          "layer whose matrix is there")
     timeout_s: float = runtime(6 * 3600.0, gt=0, description="whole inference job; then every rank is stopped")
     peer_timeout_s: float = runtime(300.0, gt=0, description="a peer silent this long inside a collective fails "
                                                              "the job")

@@ -127,8 +127,15 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
             write_part_embedding(group, layer, rows.numpy())
             write_s += time.perf_counter() - start
 
+        def open_rows() -> Any:   # called once by the engine, which then holds x alone: its opening is open_s's
+            nonlocal open_s
+            start = time.perf_counter()
+            rows = run.open_rows()
+            open_s += time.perf_counter() - start
+            return rows
+
         with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
-            out = engine.run(run.open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
+            out = engine.run(open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
             start = time.perf_counter()
             figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)
             write_s += time.perf_counter() - start

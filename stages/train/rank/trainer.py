@@ -372,6 +372,7 @@ class Trainer:
                           "parameters": sum(p.numel() for p in self.model.parameters())},
                 "cache_policy": self.data.cache_policy, "device": str(self.device), "backend": dist.get_backend(),
                 "phase_clock": clock_kind(self.device), "prefetch": self.prefetch,
+                "precision": params.precision,   # as this rank resolved it (auto: tf32 on a GPU, else float32)
                 "cuda_graph": self.graph_report(),
                 "graphed_sampling": self.sampling_report(),
                 "ranks_per_gpu": ranks_sharing_gpu(params, self.local_world) if self.device.type == "cuda" else None}

@@ -269,6 +269,17 @@ class Preparing:
         return self.results
 
 
+def split_cores(env: dict[str, str], cpus: int) -> dict[str, str]:
+    """``env`` for one of the two sides that share the machine while the CUDA tests run (the tests, the
+    preparation): half its cores each, as OpenMP threads, unless the user set ``OMP_NUM_THREADS``. On the H200
+    (16 cores) the hotness stage beside the tests, each side taking every core, took 143 s, where the int8
+    build's hotness and features after them took 45 s together (benchmarks/RESULTS.md, session 31): the first
+    timed step then waited 62 s for the preparation."""
+    if "OMP_NUM_THREADS" in env:
+        return env
+    return dict(env, OMP_NUM_THREADS=str(max(1, cpus // 2)))
+
+
 def prepare_while_testing(steps: list[str], runs: list[tuple[str, list[str]]], out: Path, env: dict[str, str],
                           timeout_s: float) -> Preparing | None:
     """Build what the timed steps read (the stages up to hotness, the sampler's graph: ~2 minutes of CPU at
@@ -281,7 +292,7 @@ def prepare_while_testing(steps: list[str], runs: list[tuple[str, list[str]]], o
         chosen += [r for r in runs if r[0] != "prepare-sampler"]
     if "sampler" in steps and not missing(NEEDS["sampler"], env):
         chosen += [r for r in runs if r[0] == "prepare-sampler"]
-    return Preparing(chosen, out, env, timeout_s) if chosen else None
+    return Preparing(chosen, out, split_cores(env, os.cpu_count() or 2), timeout_s) if chosen else None
 
 
 def run_runs(step: str, runs: list[tuple[str, list[str]]], out: Path, env: dict[str, str],
@@ -366,7 +377,10 @@ def main() -> int:
         elif not commands[step]:
             results[step] = {"status": "skipped: no --baseline TREE.tar given"}
         else:
-            results[step] = run_runs(step, commands[step], out, env, args)
+            # the tests beside the preparation: half the cores each (split_cores)
+            shared = step == "tests" and preparing is not None
+            results[step] = run_runs(step, commands[step], out, split_cores(env, os.cpu_count() or 2) if shared
+                                     else env, args)
         print(f"gpu-check: {step}: {json.dumps(results[step])[:400]}", flush=True)
         summary["steps"] = results
         record(out, summary)

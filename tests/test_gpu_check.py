@@ -264,9 +264,11 @@ def test_a_baseline_that_is_not_a_tar_file_is_refused(tmp_path: Path):
 def test_the_preparation_runs_beside_the_tests_only(tmp_path: Path, monkeypatch):
     check = _gpu_check()
     ran: list[str] = []
+    threads: set[str | None] = set()
 
     def run_step(name, cmd, out, env, timeout_s):
         ran.append(name)
+        threads.add(env.get("OMP_NUM_THREADS"))
         return {"status": "ok"}
     monkeypatch.setattr(check, "run_step", run_step)
     runs = [("prepare-float32", ["a"]), ("prepare-sampler", ["b"])]
@@ -278,6 +280,33 @@ def test_the_preparation_runs_beside_the_tests_only(tmp_path: Path, monkeypatch)
     ran.clear()
     preparing = check.prepare_while_testing(["tests", "infer", "sampler"], runs, tmp_path, env, 10)
     assert list(preparing.join()) == ["prepare-float32", "prepare-sampler"] == ran
+    # beside the tests it takes half the cores (the tests the other half: split_cores), unless the user chose
+    assert threads == {str(max(1, (os.cpu_count() or 2) // 2))}
+    assert check.split_cores({}, 16) == {"OMP_NUM_THREADS": "8"} and check.split_cores({}, 1)["OMP_NUM_THREADS"] == "1"
+    assert check.split_cores({"OMP_NUM_THREADS": "3"}, 16) == {"OMP_NUM_THREADS": "3"}
+
+
+def test_the_tests_share_the_cores_with_the_preparation_only(tmp_path: Path, monkeypatch):
+    """The check's own wiring (``main``): the CUDA tests get half the cores while the preparation runs beside them,
+    and the timed steps after it the whole machine."""
+    check = _gpu_check()
+    threads: dict[str, str | None] = {}
+
+    def run_step(name, cmd, out, env, timeout_s, cwd=REPO):
+        threads[name] = env.get("OMP_NUM_THREADS")
+        return {"status": "ok"}
+    monkeypatch.setattr(check, "run_step", run_step)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    half = str(max(1, (os.cpu_count() or 2) // 2))
+    for steps, tests_threads in (("tests,train", half), ("tests", None)):
+        threads.clear()
+        monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--steps", steps,
+                                          "--scale", "small", "--allow-cpu", "--dtypes", "float32",
+                                          "--work", str(tmp_path / "work")])
+        assert check.main() == 0
+        assert threads["tests"] == tests_threads, steps
+        assert all(threads[name] is None for name in threads if name.startswith("train")), threads
+        assert all(threads[name] == half for name in threads if name.startswith("prepare")), threads
 
 
 def test_the_sampler_benchmark_prepares_its_graph_only(tmp_path: Path):

@@ -13,6 +13,9 @@ products' and all kernels' ms a step (``torch.profiler``)::
     .venv/bin/python benchmarks/bench_step_spmm.py --nodes 20000 --avg-degree 10 --device cpu   # the command
 
 The graph is bench_sampler's (``--graph`` caches it; ``make gpu-check`` prepares the products one).
+``--aggregate cusparse,index_add`` times each case with the step's CSR products as they are (cuSPARSE) and with
+a gather and ``index_add_`` in their place (this script's own stand-in, one candidate should cuSPARSE be the cause);
+``--precision tf32`` runs the GEMMs as the train stage's default does on a GPU.
 """
 
 from __future__ import annotations
@@ -30,6 +33,17 @@ import torch  # noqa: E402
 from bench_sampler import load_graph  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 CSR_KERNEL = "csrmm"   # cuSPARSE's CSR x dense kernels (csrmm_alg2_kernel on the H200)
+
+
+def index_add_mm(a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``a @ h`` for a CSR ``a`` by a gather of the entries' rows and ``index_add_`` into their rows: the
+    sizes come from the tensors' shapes, so no value is read back (capturable)."""
+    crow, col, val = a.crow_indices(), a.col_indices(), a.values()
+    row = torch.repeat_interleave(torch.arange(a.shape[0], device=h.device), torch.diff(crow),
+                                  output_size=col.numel())
+    h = h.to(val.dtype)
+    out = torch.zeros((a.shape[0], h.shape[1]), dtype=h.dtype, device=h.device)
+    return out.index_add_(0, row, h.index_select(0, col) * val.unsqueeze(1))
 
 
 def batches(args: argparse.Namespace, device: torch.device) -> tuple[Any, Any, Any]:
@@ -104,6 +118,33 @@ def measure(run: Any, device: torch.device, steps: int) -> dict[str, float]:
     return out
 
 
+def time_cases(aggregate: str, model: Any, cases: Any, device: torch.device, steps: int,
+               result: dict[str, Any]) -> None:
+    """Each ``(name, batch, rows)`` of ``cases`` timed eager and replayed with the step's products as
+    ``aggregate`` says (``AGGREGATES``), into ``result``; first, the largest difference of its logits from the
+    step's own products on the first batch (``<aggregate>_max_abs_diff``)."""
+    from stages.train.models import blocks
+    from stages.train.models.model import seed_logits
+
+    kept = blocks._sparse_mm
+    _, batch, x = cases[0]
+    with torch.no_grad():
+        reference = seed_logits(model, x, batch)
+    blocks._sparse_mm = AGGREGATES[aggregate] or kept   # the step's products, as they are or the stand-in
+    try:
+        with torch.no_grad():
+            result[f"{aggregate}_max_abs_diff"] = float((seed_logits(model, x, batch) - reference).abs().max())
+        for name, b, rows in cases:
+            case = f"{name}/{aggregate}" if aggregate != "cusparse" else name
+            step = step_of(model, b, rows)
+            result["cases"][f"{case}/eager"] = measure(step, device, steps)
+            result["cases"][f"{case}/replayed"] = (measure(captured(step, device), device, steps)
+                                                   if device.type == "cuda" else
+                                                   "skipped: a CPU cannot capture a CUDA graph")
+    finally:
+        blocks._sparse_mm = kept
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2_400_000)
@@ -119,7 +160,13 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=47)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--aggregate", default="cusparse", help="comma list of cusparse, index_add")
+    ap.add_argument("--precision", choices=["float32", "tf32"], default="float32", help="the GEMMs' (tf32: "
+                    "TensorFloat32 on a GPU, the train stage's default there)")
     args = ap.parse_args()
+    if unknown := set(args.aggregate.split(",")) - AGGREGATES.keys():
+        ap.error(f"--aggregate: unknown {sorted(unknown)}; choose from {', '.join(AGGREGATES)}")
+    torch.set_float32_matmul_precision("high" if args.precision == "tf32" else "highest")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: this host has no GPU (torch sees none); use --device cpu")
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
@@ -129,14 +176,14 @@ def main() -> None:
     result: dict[str, Any] = {"device": str(device), "nodes": int(batch.n_id.numel()),
                               "edges": int(batch.edge_index.shape[1]), "padded_nodes": int(padded.num_nodes),
                               "padded_edges": int(padded.edge_index.shape[1]), "cases": {}}
-    for name, b, rows in (("unpadded", batch, x), ("padded", padded, x_pad)):
-        step = step_of(model, b, rows)
-        result["cases"][f"{name}/eager"] = measure(step, device, args.steps)
-        if device.type == "cuda":
-            result["cases"][f"{name}/replayed"] = measure(captured(step, device), device, args.steps)
-        else:
-            result["cases"][f"{name}/replayed"] = "skipped: a CPU cannot capture a CUDA graph"
+    result["precision"] = args.precision
+    for aggregate in args.aggregate.split(","):
+        time_cases(aggregate, model, (("unpadded", batch, x), ("padded", padded, x_pad)), device, args.steps, result)
     print(json.dumps(result), flush=True)
+
+
+# the step's CSR products: None, as they are (blocks._sparse_mm: cuSPARSE on a GPU); or this script's stand-in
+AGGREGATES = {"cusparse": None, "index_add": index_add_mm}
 
 
 if __name__ == "__main__":

@@ -385,12 +385,15 @@ def test_the_step_products_benchmark_times_the_unpadded_and_padded_batch(tmp_pat
     repo = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_step_spmm.py"), "--nodes", "3000",
                            "--avg-degree", "8", "--graph", str(tmp_path / "g.npz"), "--batch-size", "64",
-                           "--hidden", "16", "--features", "8", "--steps", "2", "--device", "cpu"],
+                           "--hidden", "16", "--features", "8", "--steps", "2", "--device", "cpu",
+                           "--aggregate", "cusparse,index_add"],
                           cwd=repo, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["padded_edges"] == StaticShape.bound(64, (15, 10, 5), 3000).num_edges > got["edges"]
     assert got["padded_nodes"] > got["nodes"]
-    for name in ("unpadded", "padded"):
+    for name in ("unpadded", "padded", "unpadded/index_add", "padded/index_add"):
         assert got["cases"][f"{name}/eager"]["ms_per_step"] > 0
         assert got["cases"][f"{name}/replayed"].startswith("skipped")
+    # the stand-in aggregation computes the step's products
+    assert got["cusparse_max_abs_diff"] == 0 and got["index_add_max_abs_diff"] < 1e-5

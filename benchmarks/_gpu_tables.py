@@ -163,7 +163,13 @@ def _infer(runs: dict[str, Any]) -> str:
     if not f or "rank_wall_s" not in f:
         return ""
     acc = f.get("acc")
+
+    def slowest(name: str) -> Any:   # a per-rank figure (older trees' benchmarks: absent)
+        return max(f[name], default=None) if f.get(name) else ""
     row = (f["mode"], f["nodes"], ", ".join(map(str, f["device"])), ", ".join(map(str, f.get("placement", []))),
-           f["rank_wall_s"], f["job_wall_s"], round(acc["test"], 4) if isinstance(acc, dict) else acc)
+           f["rank_wall_s"], slowest("open_s"), sum(max(f["layer_s"], key=sum)) if f.get("layer_s") else "",
+           slowest("write_s"), f["job_wall_s"], f.get("export_s", ""),
+           round(acc["test"], 4) if isinstance(acc, dict) else acc)
     return "### Inference, every node\n\n" + _table(
-        ("mode", "nodes", "device", "placement", "rank wall s", "job wall s", "test acc"), [row])
+        ("mode", "nodes", "device", "placement", "rank wall s", "open s", "layers s", "write s", "job wall s",
+         "export s", "test acc"), [row])

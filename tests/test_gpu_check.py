@@ -331,6 +331,7 @@ def test_the_tables_of_the_sampler_prefetch_and_inference_steps():
                          "s_per_batch_rounds": {"0": [0.022, 0.0214], "1": [0.0181, 0.0179], "prepare": [0.011, 0.011]},
                          "speedup": {"1": 1.206}}}
     infer = {"mode": "exact", "nodes": 2_400_000, "device": ["cuda:0"], "placement": ["device"], "rank_wall_s": 8.1,
+             "open_s": [0.9], "layer_s": [[3.0, 2.5, 1.0]], "write_s": [2.1], "export_s": 12.0,
              "job_wall_s": 21.5, "acc": {"test": 0.71234, "valid": 0.8}}
     steps = {"sampler": [{"status": "ok", "seconds": 20.0, "log": "sampler.log", "figures": sampler},
                          {"status": "ok", "seconds": 25.0, "log": "sampler-uva.log",
@@ -341,7 +342,8 @@ def test_the_tables_of_the_sampler_prefetch_and_inference_steps():
     assert "| sampler | device | 154.0 | 5.6 | 862000 |" in text and "| sampler-uva | uva | 91.0 | 5.6 |" in text
     assert "speed-up over depth 0: depth 1: 1.206x" in text
     assert "| depth 0 | 21.7 | 22.00 / 21.40 |" in text and "| the producer's half alone | 11.0 |" in text
-    assert "| exact | 2400000 | cuda:0 | device | 8.1 | 21.5 | 0.7123 |" in text
+    # the rank's time split: open, its layers (the slowest rank's sum), write; then the job and its export
+    assert "| exact | 2400000 | cuda:0 | device | 8.1 | 0.9 | 6.5 | 2.1 | 21.5 | 12.0 | 0.7123 |" in text
     assert "Status: ok." in text, "no total time before the check ends"
 
 

@@ -366,3 +366,38 @@ def test_inference_ranks_share_the_gpus_the_host_has(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(InputError, match="this host has no GPU"):
         infer_device("cuda", 0, 1)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])   # the layer matrices' path, the per-chunk gather's
+def test_a_hidden_layer_written_in_the_background_is_waited_for_before_its_rows_are_released(kind: str):
+    """``on_hidden`` may begin a write and return its wait (the rank writes beside the next layer): the engine
+    calls it before it releases those rows and before ``run`` returns, and a failed write's error comes out."""
+    indptr, indices, _ = random_graph()
+    x = torch.randn(indptr.shape[0] - 1, 8)
+    model = build_model(kind, in_channels=8, hidden=16, out_channels=3, num_layers=3, dropout=0.0).eval()
+    n = x.shape[0]
+    events: list[tuple[str, int]] = []
+    engine = Inference(model, 3, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), None, 300)
+    release = engine.space.release
+    engine.space.release = lambda t: (events.append(("release", int(t.shape[-1]))), release(t))[1]
+
+    def on_hidden(layer: int, rows: torch.Tensor) -> Any:
+        events.append(("hidden", layer))
+        return lambda: events.append(("waited", layer))
+    features = DistFeatures(InMemoryFeatureStore(x), [0, n])
+    with torch.inference_mode():
+        engine.run(lambda: features, [0, 1], on_hidden)
+    # each hidden layer (16 columns) is waited for before the matrix that holds it is released, and all by the end
+    for layer in (0, 1):
+        handed, waited = events.index(("hidden", layer)), events.index(("waited", layer))
+        released = next((i for i in range(handed, len(events)) if events[i][0] == "release"), len(events))
+        assert handed < waited < released, events
+    assert [e for e in events if e[0] == "waited"] == [("waited", 0), ("waited", 1)]
+
+    def failing(layer: int, rows: torch.Tensor) -> Any:
+        def wait() -> None:
+            raise OSError("disk full")
+        return wait
+    engine = Inference(model, 3, LocalCSR.from_numpy(indptr, indices), np.array([0, n]), None, 300)
+    with torch.inference_mode(), pytest.raises(OSError, match="disk full"):
+        engine.run(lambda: features, [0, 1], failing)

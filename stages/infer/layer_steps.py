@@ -1,8 +1,11 @@
 """One layer of a model in eval mode, as layer-wise inference runs it (``stages.infer.layerwise``): the step, what
-the built-ins apply between layers, a layer's width, and whether a model can be run so at all."""
+the built-ins apply between layers, a layer's width, and whether a model can be run so at all; a layer's figures
+(``LayerStats``) and what the engine hands each hidden layer to (``LayerDone``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,3 +47,20 @@ def has_layer_steps(model: torch.nn.Module) -> bool:
     if not is_block_model(model):
         return False
     return hasattr(model, "infer_step") or all(hasattr(model, a) for a in ("block_step", "convs", "norms", "act"))
+
+
+# (hidden layer, its rows of this rank's nodes) -> None, or a callable that waits for a write begun in the
+# background (the engine keeps the rows until then: the write overlaps the next layer)
+LayerDone = Callable[[int, Tensor], Callable[[], Any] | None]
+
+
+@dataclass
+class LayerStats:
+    layer: int
+    seconds: float = 0.0
+    chunks: int = 0
+    edges: int = 0            # in-edges aggregated (sampled ones with fanouts)
+    source_rows: int = 0      # rows fetched for the chunks' blocks (targets included)
+    remote_rows: int = 0      # of which other ranks' rows
+    remote_bytes: int = 0
+    placement: str = "host"   # where the layer's steps read their rows (``Inference._placement``)

@@ -65,7 +65,7 @@ from stages.infer.chunks import (
     plan_chunks,
 )
 from stages.infer.halo import Halo, chunk_rows, device_chunk_edges, extended_degrees, layer0_matrix, placement
-from stages.infer.layer_steps import has_layer_steps, layer_step, layer_width
+from stages.infer.layer_steps import LayerDone, LayerStats, has_layer_steps, layer_step, layer_width
 from stages.infer.matrices import MatrixSpace
 from stages.runtime.csr import LocalCSR
 from stages.runtime.dist_features import DistFeatures
@@ -83,21 +83,6 @@ from stages.train.rank.loader import with_degrees
 # 1 GiB and pushed a rank to 11.8 GiB (benchmarks/RESULTS.md "[2/5] Growth")
 HALO_PIECE_BYTES = 64 << 20
 _CPU = torch.device("cpu")
-
-LayerDone = Callable[[int, Tensor], None]   # (hidden layer, its rows of this rank's nodes) -> None
-
-
-@dataclass
-class LayerStats:
-    layer: int
-    seconds: float = 0.0
-    chunks: int = 0
-    edges: int = 0            # in-edges aggregated (sampled ones with fanouts)
-    source_rows: int = 0      # rows fetched for the chunks' blocks (targets included)
-    remote_rows: int = 0      # of which other ranks' rows
-    remote_bytes: int = 0
-    placement: str = "host"   # where the layer's steps read their rows (``Inference._placement``)
-
 
 @dataclass
 class Inference:
@@ -133,6 +118,7 @@ class Inference:
         if self.fanouts is not None and len(self.fanouts) != self.num_layers:
             raise ValueError(f"{len(self.fanouts)} fanouts for a {self.num_layers}-layer model")
         self.observed_layers: list[int] = []   # the hidden layers handed to on_hidden
+        self._writing: list[Callable[[], Any]] = []   # on_hidden's writes still under way
         self.chunks = plan_chunks(node_indptr(self.csr), self.chunk_edges, 1 if self.fanouts is None else SAMPLE_BLOCK)
         self.num_chunks = equal_chunk_count(len(self.chunks))
         self.layerwise = has_layer_steps(self.model)
@@ -172,17 +158,27 @@ class Inference:
     def run(self, open_features: Callable[[], DistFeatures], keep: Sequence[int], on_hidden: LayerDone) -> Tensor:
         """The logits of every own node [n_p, C]. ``open_features()``: the feature rows of any gid (the rank's
         feature path; called once, so that the layer-wise paths release it after layer 0); ``on_hidden(l, rows)``
-        receives each hidden layer in ``keep`` when it is complete (to be written)."""
-        if self.from_matrices:
-            return self._run_from_matrices(open_features, keep, on_hidden)
-        if self.layerwise:
-            return self._run_layerwise(open_features(), keep, on_hidden)
-        return self._run_whole(open_features(), keep, on_hidden)
+        receives each hidden layer in ``keep`` when it is complete (to be written; ``LayerDone``); every write it
+        began is done when this returns."""
+        try:
+            if self.from_matrices:
+                return self._run_from_matrices(open_features, keep, on_hidden)
+            if self.layerwise:
+                return self._run_layerwise(open_features(), keep, on_hidden)
+            return self._run_whole(open_features(), keep, on_hidden)
+        finally:
+            self._written()
 
     def _hidden_done(self, layer: int, rows: Tensor, keep: Sequence[int], on_hidden: LayerDone) -> None:
         if layer < self.num_layers - 1 and layer in keep:
-            on_hidden(layer, rows)
+            if (writing := on_hidden(layer, rows)) is not None:
+                self._writing.append(writing)
             self.observed_layers.append(layer)
+
+    def _written(self) -> None:
+        """Wait for on_hidden's writes (raising a write's error): before the rows they read are released."""
+        while self._writing:
+            self._writing.pop(0)()
 
     # ---- the layer-wise path from whole layer matrices (stages.infer.halo) ----------------------------------------
     def _run_from_matrices(self, open_features: Callable[[], DistFeatures], keep: Sequence[int],
@@ -209,6 +205,7 @@ class Inference:
                                                self._piece_rows(matrix.shape[1] * matrix.element_size()))
             stats.remote_rows, stats.source_rows = halo.size, halo.rows
             out = self._matrix_layer(model, layer, matrix, halo, deg, stats)
+            self._written()
             self.space.release(matrix)
             matrix = out
             stats.seconds = round(time.perf_counter() - start, 3)
@@ -300,6 +297,7 @@ class Inference:
         h = torch.empty(0)
         for layer in range(self.num_layers):
             previous, h = h, self._layer(model, layer, source)
+            self._written()
             self.space.release(previous)   # after the layer that read it: the two are held at once
             self._hidden_done(layer, h, keep, on_hidden)
             if layer < self.num_layers - 1:
@@ -397,7 +395,8 @@ class Inference:
         stats.seconds = round(time.perf_counter() - start, 3)
         self.stats.append(stats)
         for layer in sorted(hidden):
-            on_hidden(layer, hidden[layer])
+            if (writing := on_hidden(layer, hidden[layer])) is not None:
+                self._writing.append(writing)   # run waits for it
         self.observed_layers = sorted(hidden)
         assert logits is not None
         return logits

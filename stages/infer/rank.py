@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -121,11 +122,16 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
         group = open_part_outputs(spec.out_url, rank)
         open_s = time.perf_counter() - opened
 
-        def write_hidden(layer: int, rows: torch.Tensor) -> None:
+        def write(layer: int, rows: torch.Tensor) -> None:
             nonlocal write_s
             start = time.perf_counter()
             write_part_embedding(group, layer, rows.numpy())
             write_s += time.perf_counter() - start
+
+        def write_hidden(layer: int, rows: torch.Tensor) -> Callable[[], Any]:
+            # in the background, beside the next layer, which reads these rows too; the engine waits before it
+            # releases them (zarr encodes on one thread: products' 2.4 M x 256 rows are 2.5 GB to write)
+            return writer.submit(write, layer, rows).result
 
         def open_rows() -> Any:   # called once by the engine, which then holds x alone: its opening is open_s's
             nonlocal open_s
@@ -134,7 +140,8 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
             open_s += time.perf_counter() - start
             return rows
 
-        with torch.inference_mode():   # the input rows are opened in the engine: nothing here keeps x alive
+        with torch.inference_mode(), ThreadPoolExecutor(1, thread_name_prefix="infer-write") as writer:
+            # the input rows are opened in the engine: nothing here keeps x alive
             out = engine.run(open_rows, hidden_layers_to_keep(num_layers, params.embeddings), write_hidden)
             start = time.perf_counter()
             figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)

@@ -303,3 +303,31 @@ def test_job_killed_by_a_signal_is_reported_as_such(tmp_path: Path):
     with pytest.raises(TrainingError, match="torchrun received SIGKILL from outside"):
         launch("unused", 1, result_dir=str(tmp_path), log=lambda line: None, timeout_s=60,
                command=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+
+
+def test_a_rank_writes_each_line_whole_so_ranks_sharing_a_pipe_do_not_interleave():
+    """``print`` writes its text and its newline apart; the ranks of a node share one pipe, so the prefixer holds
+    a line until it ends (or is flushed) and writes it in one piece. A CI run lost a rank's ``pid`` line to two
+    ranks' pieces interleaved."""
+    from stages.runtime.rank_process import LinePrefixer
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+            self.flushes = 0
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            self.flushes += 1
+    out = Recorder()
+    stream = LinePrefixer(out, "[rank 1] ")   # type: ignore[arg-type]
+    print("pid 7, world size 2", file=stream)
+    assert out.writes == ["[rank 1] pid 7, world size 2\n"]
+    stream.write("two\nlines\nand a part")
+    assert out.writes[1:] == ["[rank 1] two\n[rank 1] lines\n"]
+    stream.flush()   # a part goes out when flushed (a progress bar), and the line's end follows unprefixed
+    stream.write(" ended\n")
+    assert out.writes[2:] == ["[rank 1] and a part", " ended\n"] and out.flushes == 1

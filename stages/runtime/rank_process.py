@@ -50,12 +50,30 @@ class JobSpec:
 
 
 class LinePrefixer:
-    """A text stream that starts every line with ``prefix`` (prints, logging, warnings and tracebacks alike)."""
+    """A text stream that starts every line with ``prefix`` (prints, logging, warnings and tracebacks alike).
+
+    A line goes out in one write once it is complete (or at ``flush``): the ranks of a node share one pipe, and
+    ``print`` writes its text and its newline separately, so two ranks' lines written piece by piece could
+    interleave ("[rank 0] pid 1[rank 1] pid 2" then two newlines), which lost a rank's pid line in a CI run and
+    would hide a rank's ``error:`` line from the launcher. Writes up to PIPE_BUF (4 KiB) are atomic."""
 
     def __init__(self, stream: TextIO, prefix: str) -> None:
         self.stream, self.prefix, self._at_line_start = stream, prefix, True
+        self._partial = ""   # the current line's text, not written yet
 
     def write(self, text: str) -> int:
+        done, newline, self._partial = (self._partial + text).rpartition("\n")
+        if newline:
+            self._emit(done + newline)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:   # a line without its end yet (a prompt, a progress bar): out as it is
+            text, self._partial = self._partial, ""
+            self._emit(text)
+        self.stream.flush()
+
+    def _emit(self, text: str) -> None:
         pieces = []
         for piece in text.splitlines(keepends=True):
             if self._at_line_start:
@@ -63,7 +81,6 @@ class LinePrefixer:
             pieces.append(piece)
             self._at_line_start = piece.endswith("\n")
         self.stream.write("".join(pieces))
-        return len(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)

@@ -47,6 +47,17 @@ def test_stable_order_with_a_known_bound_or_without():
     assert stable_order(key[:0]).numel() == 0
 
 
+def test_a_run_first_made_under_inference_mode_serves_autograd_after_it(monkeypatch):
+    """The infer stage asks first under ``torch.inference_mode``; a training step in the same process later saves a
+    view of the same run for backward (an inference tensor there raises)."""
+    monkeypatch.setattr(segments, "_IOTA", {})
+    with torch.inference_mode():
+        steps_of(0, 4, "cpu")
+    w = torch.ones(8, 2, requires_grad=True)
+    w.index_select(0, steps_of(1, 3, "cpu")).sum().backward()
+    assert w.grad is not None and w.grad[1:3].eq(1).all() and not steps_of(0, 1, "cpu").is_inference()
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.long])
 def test_steps_are_aranges_viewed_from_one_kept_run(dtype):
     first = steps_of(0, 10, "cpu", dtype)

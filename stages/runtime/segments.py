@@ -90,7 +90,10 @@ def steps_of(start: int, stop: int, device: torch.device | str, dtype: torch.dty
     iota = _IOTA.get(key)
     if iota is None or iota.numel() < stop:
         size = min(_IOTA_MAX, max(stop, 2 * (0 if iota is None else iota.numel()), 1024))
-        iota = torch.arange(size, dtype=dtype, device=key[0])
+        # a normal tensor even when first asked for under inference_mode (the infer stage's): an inference tensor
+        # kept here would fail a later training step in the same process that saves a view for backward
+        with torch.inference_mode(False):
+            iota = torch.arange(size, dtype=dtype, device=key[0])
         if iota.is_cuda:
             torch.cuda.current_stream(iota.device).synchronize()
         _IOTA_KEPT.append(iota)

@@ -171,9 +171,13 @@ class Inference:
 
     def _hidden_done(self, layer: int, rows: Tensor, keep: Sequence[int], on_hidden: LayerDone) -> None:
         if layer < self.num_layers - 1 and layer in keep:
-            if (writing := on_hidden(layer, rows)) is not None:
-                self._writing.append(writing)
+            self._hand(on_hidden, layer, rows)
             self.observed_layers.append(layer)
+
+    def _hand(self, on_hidden: LayerDone, layer: int, rows: Tensor) -> None:
+        """``rows`` to ``on_hidden``, keeping the wait of a write it began (``_written``)."""
+        if (writing := on_hidden(layer, rows)) is not None:
+            self._writing.append(writing)
 
     def _written(self) -> None:
         """Wait for on_hidden's writes (raising a write's error): before the rows they read are released."""
@@ -395,8 +399,7 @@ class Inference:
         stats.seconds = round(time.perf_counter() - start, 3)
         self.stats.append(stats)
         for layer in sorted(hidden):
-            if (writing := on_hidden(layer, hidden[layer])) is not None:
-                self._writing.append(writing)   # run waits for it
+            self._hand(on_hidden, layer, hidden[layer])
         self.observed_layers = sorted(hidden)
         assert logits is not None
         return logits

@@ -100,6 +100,14 @@ def test_report_metrics_and_files(sage2: Case):
     assert metrics["scalars"]["infer/acc_test"] == man.summary["accuracy"]["test"]
     assert all(isinstance(v, float) for v in metrics["scalars"].values())
     assert len(metrics["ranks"]) == 2 and all(r["peak_rss_bytes"] > 0 for r in metrics["ranks"])
+    # dictionary pages for the columns of few values only (storage.infer_export.FEW_VALUED), never the floats
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(art.predictions_url, "rb") as f:
+        group = pq.ParquetFile(f).metadata.row_group(0)
+        paged = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(group.num_columns)}
+    assert {name for name, has in paged.items() if has} == {"pred", "label", "split"} and "prob_0" in paged
 
 
 @pytest.mark.slow

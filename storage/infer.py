@@ -50,6 +50,7 @@ import numpy as np
 import zarr
 
 from storage.graph import SPLITS
+from storage.parallel import WRITE_THREADS
 from storage.writer import StageWriter
 from storage.zarr_io import open_group, open_subgroup, write_array
 
@@ -102,13 +103,15 @@ def _emb_group(group: zarr.Group) -> zarr.Group:
 def write_part_embedding(group: zarr.Group, layer: int, rows: np.ndarray) -> None:
     """Hidden layer ``layer``'s rows (by lid) of the part ``group``."""
     emb = _emb_group(group)
-    write_array(emb, layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    write_array(emb, layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS,
+                threads=WRITE_THREADS)
 
 
 def write_part_link_embeddings(group: zarr.Group, *, part: int, start_gid: int, emb: np.ndarray,
                                embedding_layers: Sequence[int]) -> None:
     """A link model's node embeddings (its output layer's rows, by lid) and the part's attrs (written last)."""
-    write_array(_emb_group(group), OUT, emb.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    write_array(_emb_group(group), OUT, emb.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS,
+                threads=WRITE_THREADS)
     group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(emb.shape[0]), "task": "link",
                         "embedding_width": int(emb.shape[1]),
                         "embedding_layers": sorted(int(k) for k in embedding_layers)})
@@ -120,8 +123,8 @@ def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred
     is incomplete)."""
     if "emb" not in group:
         group.create_group("emb")
-    write_array(group, "pred", pred.astype(np.int64, copy=False), chunk_rows=PART_CHUNK_ROWS)
-    write_array(group, "prob", prob.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS)
+    write_array(group, "pred", pred.astype(np.int64, copy=False), chunk_rows=PART_CHUNK_ROWS, threads=WRITE_THREADS)
+    write_array(group, "prob", prob.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS, threads=WRITE_THREADS)
     group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(pred.shape[0]),
                         "num_classes": int(prob.shape[1]), "embedding_layers": sorted(int(k) for k in
                                                                                       embedding_layers)})

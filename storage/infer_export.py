@@ -11,16 +11,13 @@ In three steps, so that the chunks can be written by units elsewhere (``stages.i
 3. :class:`PredictionsTable` (the stage, a node classifier's): one Parquet row group per chunk, in order, from the
    chunk's columns as step 2 returns them or as read back from ``nodes.zarr``: the same arrays, the same bytes.
 
-``export_orig_order`` and ``export_link_embeddings`` run the three in one process, ``EXPORT_THREADS`` chunks at a
-time (``written_in_order``: the Parquet's row groups still in order).
+``export_orig_order`` and ``export_link_embeddings`` run the three in one process, ``WRITE_THREADS`` chunks at a
+time (``storage.parallel.in_order``: the Parquet's row groups still in order; a chunk's rows a thread).
 """
 
 from __future__ import annotations
 
-import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +28,13 @@ import zarr.codecs
 
 from storage.graph import SPLITS
 from storage.infer import NODES, OUT, PART_CHUNK_ROWS, PREDICTIONS, SPLIT_CODES, layer_name, part_name, read_rows
+from storage.parallel import in_order
 from storage.partition import PartitionBook
 from storage.schema import GraphSchema
 from storage.writer import StageWriter
 from storage.zarr_io import open_array, open_group, open_subgroup, write_array
 
 EXPORT_CHUNK_BYTES = 64 << 20
-# chunks written at once by the in-process export: Zarr writes wait on the disk and on crc32c, both outside the GIL.
-# 2 cores, 614 MB in 12 chunks: 1.59-1.82 s on 1 thread, 1.05-1.28 on 2, 1.06-1.22 on 4; each holds a chunk's rows
-EXPORT_THREADS = max(1, min(4, os.cpu_count() or 1))
 FEW_VALUED = ("node_type", "pred", "label", "split")   # predictions.parquet's columns that get dictionary pages
 
 
@@ -127,7 +122,7 @@ def _pieces(bounds: np.ndarray, gid: np.ndarray) -> Pieces:
 def _gather(arrays: Sequence[zarr.Array], pieces: Pieces, out: np.ndarray) -> np.ndarray:
     """``out`` filled with the parts' rows of a chunk (``arrays[p]``: part p's array); a chunk that is one part's
     rows in order (one partition: every chunk) is returned as read, without the copy into ``out``."""
-    if len(pieces) == 1 and _in_order(pieces[0][2], out.shape[0]):
+    if len(pieces) == 1 and _is_identity(pieces[0][2], out.shape[0]):
         p, lid, _pos = pieces[0]
         return np.asarray(read_rows(arrays[p], lid), dtype=out.dtype)
     for p, lid, pos in pieces:
@@ -135,7 +130,7 @@ def _gather(arrays: Sequence[zarr.Array], pieces: Pieces, out: np.ndarray) -> np
     return out
 
 
-def _in_order(pos: np.ndarray, n: int) -> bool:
+def _is_identity(pos: np.ndarray, n: int) -> bool:
     """Whether ``pos`` is ``0, 1, ..., n - 1``."""
     return pos.shape[0] == n and (n == 0 or (int(pos[0]) == 0 and bool((np.diff(pos) == 1).all())))
 
@@ -232,27 +227,6 @@ class PredictionsTable:
         self.close()
 
 
-def written_in_order(write: Callable[[int], Columns], starts: Iterable[int], threads: int = EXPORT_THREADS
-                     ) -> Iterator[tuple[int, Columns]]:
-    """``(start, write(start))`` for each chunk start in turn, ``threads`` chunks written at once (a
-    ``ChunkWriter``'s chunks are disjoint Zarr chunks), at most ``2 * threads`` chunks' columns held. A write's
-    error cancels the chunks not yet begun and comes out here."""
-    pending: deque[tuple[int, Future[Columns]]] = deque()
-    with ThreadPoolExecutor(threads, thread_name_prefix="infer-export") as pool:
-        try:
-            for start in starts:
-                pending.append((start, pool.submit(write, start)))
-                if len(pending) >= 2 * threads:
-                    start, done = pending.popleft()
-                    yield start, done.result()
-            while pending:
-                start, done = pending.popleft()
-                yield start, done.result()
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
-
-
 def _chunk_starts(plan: ExportPlan, progress: bool) -> Iterator[int]:
     from storage.progress import progress as tqdm
 
@@ -274,8 +248,8 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
                       split_of_gid: np.ndarray, num_classes: int, embedding_layers: Sequence[int],
                       schema: GraphSchema, chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Read the ranks' ``part-<p>.zarr`` outputs back and write ``nodes.zarr`` and ``predictions.parquet`` in orig-id
-    order, a chunk of orig ids at a time on each of ``EXPORT_THREADS`` threads (memory: a chunk's rows a thread,
-    ``2 * EXPORT_THREADS`` chunks' columns, plus the book's and the labels' N-long integer
+    order, a chunk of orig ids at a time on each of ``WRITE_THREADS`` threads (memory: a chunk's rows a thread,
+    ``2 * WRITE_THREADS`` chunks' columns, plus the book's and the labels' N-long integer
     arrays); add ``orig_id`` to each part. ``split_of_gid``: int8 ``SPLIT_CODES`` (-1: none). A typed graph's
     exports also name each node's type and its id within the type (``schema.orig_offsets()``). Returns figures."""
     names = [layer_name(layer) for layer in embedding_layers]
@@ -283,7 +257,7 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
                        attrs=node_attrs(book, num_classes, embedding_layers))
     chunks = ChunkWriter(plan, book, schema, label_of_gid, split_of_gid)
     with PredictionsTable(plan, schema) as table:
-        for start, columns in written_in_order(chunks.write, _chunk_starts(plan, progress)):
+        for start, columns in in_order(chunks.write, _chunk_starts(plan, progress)):
             table.write(start, columns)
     return {"export_chunk_rows": plan.rows, "exported_nodes": plan.num_nodes}
 
@@ -296,7 +270,7 @@ def export_link_embeddings(writer: StageWriter, *, book: PartitionBook, embeddin
     plan = plan_link_export(writer, book=book, embedding_layers=embedding_layers, schema=schema,
                             chunk_rows=chunk_rows)
     chunks = ChunkWriter(plan, book, schema)
-    for _ in written_in_order(chunks.write, _chunk_starts(plan, progress)):
+    for _ in in_order(chunks.write, _chunk_starts(plan, progress)):
         pass
     return {"export_chunk_rows": plan.rows, "exported_nodes": plan.num_nodes}
 

@@ -15,6 +15,7 @@ import zarr
 import zarr.codecs
 
 from storage.errors import ArtifactError
+from storage.parallel import in_order
 from storage.progress import progress as tqdm
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # ~64 MiB chunks: large sequential reads, few files
@@ -206,12 +207,14 @@ class ChunkAppender:
 
 def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: int | None = None,
                 compressor: BloscCname | None = None, attrs: Mapping[str, Any] | None = None,
-                progress: bool = False, dtype: np.dtype | type | None = None) -> zarr.Array:
+                progress: bool = False, dtype: np.dtype | type | None = None, threads: int = 1) -> zarr.Array:
     """Write ``data`` as a row-chunked array with a crc32c integrity codec (and optional lz4/zstd), stored as
     ``dtype`` (default: ``data``'s; the caller guarantees the values fit).
 
     Chunk by chunk: ``data`` may be a memory map larger than memory (the download stage's streaming path), and only
-    one chunk of it is made contiguous (and cast) at a time, never the whole array.
+    one chunk of it is made contiguous (and cast) at a time, never the whole array; ``threads`` chunks at once
+    (``storage.parallel.in_order``), each a contiguous copy unless ``data``'s rows already are (an in-memory array
+    of ``dtype``: the infer ranks' outputs).
     """
     data = np.asarray(data)   # a view of a memory map, never a copy
     out_dtype = np.dtype(dtype or data.dtype)
@@ -220,8 +223,12 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray, *, chunk_rows: i
     rows = arr.chunks[0]
     steps = range(0, data.shape[0], rows)
     bar = tqdm(steps, desc=f"write {name}", unit="chunk", disable=not progress or len(steps) < 4, leave=False)
-    for start in bar:
+
+    def write_chunk(start: int) -> None:
         arr[start:start + rows] = np.ascontiguousarray(data[start:start + rows], dtype=out_dtype)
+
+    for _ in in_order(write_chunk, bar, threads):
+        pass
     return arr
 
 

@@ -1,56 +1,16 @@
-"""The in-process export's pieces (``storage.infer_export``): chunks written on threads come out in order with their
-columns, a bounded number at a time, a write's error stops the rest; a chunk's rows gathered from the parts, in
-place of the copy when one part holds the chunk in order. The exports end to end: tests/test_infer.py."""
+"""The in-process export's pieces (``storage.infer_export``): a chunk's rows gathered from the parts, as read when
+one part holds the chunk in order; its benchmark. Its threads: tests/test_parallel.py; the exports end to end:
+tests/test_infer.py."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from storage.infer_export import _gather, _pieces, written_in_order
+from storage.infer_export import _gather, _pieces
 from storage.zarr_io import open_group, write_array
-
-
-def test_chunks_written_on_threads_come_out_in_order_and_few_at_a_time():
-    lock, state = threading.Lock(), {"begun": 0, "yielded": 0, "held": 0}
-    rng = np.random.default_rng(0)
-    delays = rng.uniform(0, 0.004, 40)
-
-    def write(start: int) -> dict[str, np.ndarray]:
-        with lock:
-            state["begun"] += 1
-            state["held"] = max(state["held"], state["begun"] - state["yielded"])
-        time.sleep(float(delays[start // 10]))   # later chunks often finish first
-        return {"pred": np.array([start])}
-
-    out = []
-    for start, columns in written_in_order(write, range(0, 400, 10), threads=3):
-        out.append((start, int(columns["pred"][0])))
-        with lock:
-            state["yielded"] += 1
-    assert out == [(s, s) for s in range(0, 400, 10)]
-    assert state["held"] <= 2 * 3   # begun but not yet handed on: the columns held at once
-
-
-def test_a_chunks_error_comes_out_and_the_chunks_not_begun_are_not_written():
-    begun: list[int] = []
-
-    def write(start: int) -> dict[str, np.ndarray]:
-        begun.append(start)
-        if start == 3:
-            raise OSError("disk full")
-        time.sleep(0.002)
-        return {}
-
-    got = []
-    with pytest.raises(OSError, match="disk full"):
-        for start, _ in written_in_order(write, range(100), threads=2):
-            got.append(start)
-    assert got == [0, 1, 2] and len(begun) < 20
 
 
 @pytest.mark.parametrize("bounds, gid", [

@@ -41,9 +41,11 @@ def test_the_layer_steps_on_the_gpu_infer_what_the_cpu_does(kind: str, budget: i
 
 @needs_tensorboard
 def test_the_stage_on_one_gpu_infers_every_node_as_the_whole_graph_does(tmp_path: Any):
-    case = run_case(str(tmp_path / "art"), 1, {"device": "cuda"})
+    case = run_case(str(tmp_path / "art"), 1, {"device": "cuda", "chunk_edges": 500})
     check_against_reference(case, layers=[0])
     ranks = case.manifest.summary["ranks"]
     assert ranks[0]["device"].startswith("cuda") and ranks[0]["placement"] == "device,device"
+    # the layers in device memory took one chunk each, where the plan of 500 edges has several
+    assert ranks[0]["chunks"] == 1 and case.artifact.metrics()["ranks"][0]["chunk_rounds"] > 1
     assert not case.manifest.reproducible   # atomic adds: a rebuild may differ in the last bits
     assert Params(device="cuda").key_params() == Params().key_params(), "the device is a runtime setting"

@@ -147,7 +147,9 @@ def infer_rank(spec: InferSpec, rank: int, world: int, local_world: int,
             figures = task.write_rank(RankPart(group, rank, lo, engine.observed_layers, partition, part), out)
             write_s += time.perf_counter() - start
     record = {"rank": rank, "device": str(device), "nodes": csr.num_nodes, "edges": int(csr.indices.numel()),
-              "feature_store": setup["feature_store"], "path": engine.path, "chunks": len(engine.chunks),
+              "feature_store": setup["feature_store"], "path": engine.path,
+              # the most any layer ran (a device-placed layer takes larger chunks than the plan's)
+              "chunks": max((s.chunks for s in engine.stats), default=len(engine.chunks)),
               "chunk_rounds": engine.num_chunks, "embedding_layers": engine.observed_layers,
               "layers": [vars(s) for s in engine.stats], "wall_s": cost["wall_s"],
               "open_s": round(open_s, 3), "write_s": round(write_s, 3),

@@ -26,7 +26,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("tests", lambda: _tests(runs)), ("training", lambda: _training(training)),
         ("profiles", lambda: _profiles(training)), ("phases", lambda: _phases(training)),
         ("sampler", lambda: _sampler(runs)), ("gather", lambda: _gather(runs)), ("prefetch", lambda: _prefetch(runs)),
-        ("infer", lambda: _infer(runs))]
+        ("infer", lambda: _infer(runs)), ("spmm", lambda: _spmm(runs))]
     for name, section in sections:
         try:
             text = section()
@@ -173,3 +173,16 @@ def _infer(runs: dict[str, Any]) -> str:
     return "### Inference, every node\n\n" + _table(
         ("mode", "nodes", "device", "placement", "rank wall s", "open s", "layers s", "write s", "job wall s",
          "export s", "test acc"), [row])
+
+
+def _spmm(runs: dict[str, Any]) -> str:
+    f = runs.get("spmm", {}).get("figures")
+    if not f or "cases" not in f:
+        return ""
+    rows = [(case, *((r.get("ms_per_step"), r.get("csr_product_ms", ""), r.get("kernel_ms", ""))
+                     if isinstance(r, dict) else (r, "", "")))
+            for case, r in f["cases"].items()]
+    diffs = ", ".join(f"{k.removesuffix('_max_abs_diff')} {v:.1e}" for k, v in f.items() if k.endswith("_max_abs_diff"))
+    return (f"### The step's CSR products ({f['nodes']:,} nodes; a batch of {f['padded_edges']:,} edges padded; "
+            f"{f.get('precision', '')} GEMMs; logits against the step's: {diffs})\n\n" +
+            _table(("case", "ms a step", "CSR products ms", "kernels ms"), rows))

@@ -28,6 +28,9 @@ exits 0. On a GPU machine (no network needed) it:
    - ``prefetch``: seconds per batch on 1 GPU at prefetch depths 0 and 1, 2 rounds (``bench_prefetch.py --ranks 1``);
    - ``infer``: exact layer-wise inference of every node on 1 GPU after a 1-epoch train stage (``bench_infer.py``;
      issue [4/5] item 4); prefetch and infer read the first dtype's stages, the ones the train step timed;
+   - ``spmm``, only when ``--steps`` names it: the training step's CSR products, eager and replayed from a CUDA
+     graph, padded or not, and a gather + ``index_add_`` in their place (``bench_step_spmm.py``, item 3's
+     diagnosis), on the sampler's graph;
 
    A step still running at ``--step-timeout-s`` is stopped (SIGINT, as Ctrl-C, then SIGTERM and SIGKILL), keeping
    what it wrote: pytest its junit XML, bench_train the figures it had timed;
@@ -70,7 +73,9 @@ from _gpu_tables import markdown  # benchmarks/ is on sys.path when run as a scr
 from _gpu_wheels import download_wheels, install_wheels, lacking_status, missing
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer")
+STEPS = ("env", "tests", "gather", "sampler", "train", "baseline", "prefetch", "infer", "spmm")
+# run unless --steps names them: spmm is a diagnosis (item 3's CSR products), outside the 8-minute check
+ON_REQUEST = ("spmm",)
 UNTIMED = ("env", "tests")   # the steps that time nothing: the timed ones' inputs are prepared beside them
 GOAL_S = 480                 # the whole check on a fresh GPU machine, upstream builds included ([4/5] item 6)
 STOP_GRACE_S = 30            # a stopped step's time to write what it has (pytest: its summary and junit XML)
@@ -83,7 +88,7 @@ VARIANTS = ("--cuda-graph", "auto,step,off", "--precision", "tf32,float32", "--r
 NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
          "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),
          "prefetch": ("zarr", "pydantic", "pymetis"),
-         "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard")}
+         "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard"), "spmm": ("pydantic",)}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
           "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,
@@ -249,6 +254,10 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                              "--classes", str(s["classes"]), "--parts", "1", "--epochs", "1", "--feature-dtype", first,
                              "--devices", "cuda" if not args.allow_cpu else "cpu",
                              "--root", str(work / f"artifacts-{args.scale}")])],
+        # the graphed step's CSR products against the eager step's, padded or not, and a gather + index_add_ in
+        # their place, on the sampler's graph (session 31: cuSPARSE's kernel 3.56 ms a graphed batch, 0.35 eager)
+        "spmm": [("spmm", [py, f"{bench}/bench_step_spmm.py", *graph, *sampler_graph, "--device", device,
+                           "--aggregate", "cusparse,index_add", "--precision", "tf32"])],
     }
 
 
@@ -290,7 +299,7 @@ def prepare_while_testing(steps: list[str], runs: list[tuple[str, list[str]]], o
     chosen = []
     if {"train", "baseline", "prefetch", "infer"} & set(steps) and not missing(NEEDS["train"], env):
         chosen += [r for r in runs if r[0] != "prepare-sampler"]
-    if "sampler" in steps and not missing(NEEDS["sampler"], env):
+    if {"sampler", "spmm"} & set(steps) and not missing(NEEDS["sampler"], env):
         chosen += [r for r in runs if r[0] == "prepare-sampler"]
     return Preparing(chosen, out, split_cores(env, os.cpu_count() or 2), timeout_s) if chosen else None
 
@@ -315,7 +324,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="where the logs and figures go (created)")
     ap.add_argument("--download-wheels", action="store_true", help="fetch the GPU machines' missing wheels to .whl/")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    ap.add_argument("--steps", default=",".join(s for s in STEPS if s not in ON_REQUEST),
+                    help=f"comma-separated, of {', '.join(STEPS)} (default: all but {', '.join(ON_REQUEST)})")
     ap.add_argument("--scale", choices=sorted(SCALES), default="products")
     # float32 and int8: the widest rows and the narrowest, which auto gathers the other way (copy); float16 and
     # float8_e4m3 on request: each dtype rebuilds features and hotness (~30 s) and runs an epoch, and the whole

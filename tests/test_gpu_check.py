@@ -69,7 +69,7 @@ def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: unknown step 'warp'; choose from env, tests, gather, "
-                                                "sampler, train, baseline, prefetch, infer"]
+                                                "sampler, train, baseline, prefetch, infer, spmm"]
 
 
 def test_uva_needs_cuda_and_pinned_rows():
@@ -180,6 +180,9 @@ def test_the_timed_steps_inputs_are_what_the_preparation_builds(tmp_path: Path):
     sampler = dict(commands["sampler"])["sampler"]
     graph = sampler[sampler.index("--graph") + 1]
     assert graph in prepare["prepare-sampler"] and "--prepare-only" in prepare["prepare-sampler"]
+    spmm = dict(commands["spmm"])["spmm"]   # item 3's diagnosis reads the sampler's graph too
+    assert spmm[spmm.index("--graph") + 1] == graph and spmm[-4:] == ["--aggregate", "cusparse,index_add",
+                                                                     "--precision", "tf32"]
 
 
 @pytest.mark.parametrize("dtypes", ["float32,int8", "int8"])
@@ -278,6 +281,9 @@ def test_the_preparation_runs_beside_the_tests_only(tmp_path: Path, monkeypatch)
     preparing = check.prepare_while_testing(["tests", "sampler"], runs, tmp_path, env, 10)
     assert preparing is not None and preparing.join() == {"prepare-sampler": {"status": "ok"}}
     ran.clear()
+    preparing = check.prepare_while_testing(["tests", "spmm"], runs, tmp_path, env, 10)   # the sampler's graph
+    assert preparing is not None and preparing.join() == {"prepare-sampler": {"status": "ok"}}
+    ran.clear()
     preparing = check.prepare_while_testing(["tests", "infer", "sampler"], runs, tmp_path, env, 10)
     assert list(preparing.join()) == ["prepare-float32", "prepare-sampler"] == ran
     # beside the tests it takes half the cores (the tests the other half: split_cores), unless the user chose
@@ -345,6 +351,36 @@ def test_the_tables_of_the_sampler_prefetch_and_inference_steps():
     # the rank's time split: open, its layers (the slowest rank's sum), write; then the job and its export
     assert "| exact | 2400000 | cuda:0 | device | 8.1 | 0.9 | 6.5 | 2.1 | 21.5 | 12.0 | 0.7123 |" in text
     assert "Status: ok." in text, "no total time before the check ends"
+
+
+def test_the_spmm_step_runs_on_request_only_and_makes_its_table(tmp_path: Path, monkeypatch):
+    """``spmm`` (item 3's diagnosis) is outside the default steps (the 8-minute check); named, it runs, and its
+    one JSON line (bench_step_spmm's, as ``--device cpu`` prints it) becomes a table of its cases."""
+    check = _gpu_check()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_tables
+
+    ran: list[str] = []
+
+    def run_step(name, cmd, out, env, timeout_s, cwd=REPO):
+        ran.append(name)
+        return {"status": "ok"}
+    monkeypatch.setattr(check, "run_step", run_step)
+    for steps, spmm in ((None, False), ("env,spmm", True)):
+        ran.clear()
+        monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--scale", "small",
+                                          "--allow-cpu", "--dtypes", "float32", "--work", str(tmp_path / "work"),
+                                          *(["--steps", steps] if steps else [])])
+        assert check.main() == 0
+        assert ("spmm" in ran) == spmm and ("infer" in ran) != spmm, ran
+    figures = {"device": "cpu", "nodes": 18926, "edges": 109621, "padded_nodes": 58035, "padded_edges": 268960,
+               "cases": {"unpadded/eager": {"ms_per_step": 12.5, "csr_product_ms": 0.35, "kernel_ms": 4.1},
+                         "padded/replayed": "skipped: a CPU cannot capture a CUDA graph"},
+               "precision": "tf32", "cusparse_max_abs_diff": 0.0, "index_add_max_abs_diff": 1.8e-07}
+    text = _gpu_tables.markdown({"status": "ok", "steps": {"spmm": {"status": "ok", "log": "spmm.log",
+                                                                    "figures": figures}}})
+    assert "| unpadded/eager | 12.5 | 0.35 | 4.1 |" in text and "index_add 1.8e-07" in text
+    assert "| padded/replayed | skipped: a CPU cannot capture a CUDA graph |" in text
 
 
 def test_a_step_lacking_a_module_says_what_fetches_it():

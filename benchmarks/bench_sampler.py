@@ -67,6 +67,17 @@ def load_partitioned(partition_dir: str) -> tuple[np.ndarray, np.ndarray, np.nda
     return indptr, indices, partition.bounds()
 
 
+def add_graph_source_args(parser: argparse.ArgumentParser) -> None:
+    """Where ``load_graph`` finds its graph: generated (its size), cached, or a partition artifact's."""
+    parser.add_argument("--nodes", type=int, default=2_400_000)
+    parser.add_argument("--avg-degree", type=float, default=50.0)
+    parser.add_argument("--graph", help=".npz cache of the generated graph (read if it exists, else written)")
+    parser.add_argument("--from-partition", help="a 2-partition artifact directory (artifacts/partition/<key>): "
+                        "sample the pipeline's METIS parts; cached in --graph with their bounds")
+    parser.add_argument("--generator", choices=["pipeline", "numpy"], default="pipeline",
+                        help="stages.download.synthetic (communities, products-like) or the numpy Chung-Lu here")
+
+
 def load_graph(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
     if args.graph and os.path.exists(args.graph):
         with np.load(args.graph) as z:
@@ -276,13 +287,7 @@ def run_dist(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=2_400_000)
-    parser.add_argument("--avg-degree", type=float, default=50.0)
-    parser.add_argument("--graph", help=".npz cache of the generated graph (read if it exists, else written)")
-    parser.add_argument("--from-partition", help="a 2-partition artifact directory (artifacts/partition/<key>): "
-                        "sample the pipeline's METIS parts; cached in --graph with their bounds")
-    parser.add_argument("--generator", choices=["pipeline", "numpy"], default="pipeline",
-                        help="stages.download.synthetic (communities, products-like) or the numpy Chung-Lu here")
+    add_graph_source_args(parser)
     parser.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=20)

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from bench_sampler import load_graph  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from bench_sampler import add_graph_source_args, load_graph  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 CSR_KERNEL = "csrmm"   # cuSPARSE's CSR x dense kernels (csrmm_alg2_kernel on the H200)
 
@@ -147,11 +147,7 @@ def time_cases(aggregate: str, model: Any, cases: Any, device: torch.device, ste
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2_400_000)
-    ap.add_argument("--avg-degree", type=float, default=50.0)
-    ap.add_argument("--graph", help=".npz cache of the graph (bench_sampler's)")
-    ap.add_argument("--from-partition", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--generator", choices=["pipeline", "numpy"], default="pipeline")
+    add_graph_source_args(ap)   # bench_sampler's graph (make gpu-check prepares the products one)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fanouts", type=lambda s: [int(f) for f in s.split(",")], default=[15, 10, 5])
     ap.add_argument("--batch-size", type=int, default=1024)

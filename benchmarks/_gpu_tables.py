@@ -71,8 +71,9 @@ def _tests(runs: dict[str, Any]) -> str:
     if not counts:
         return ""
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    slowest = "; ".join(f"{name.rsplit('.', 1)[-1]} {t} s" for name, t in counts.get("slowest", []))
     return (f"CUDA tests: **{passed} passed**, {counts['failures']} failed, {counts['errors']} errors, "
-            f"{counts['skipped']} skipped (`tests.log`, `tests.xml`).")
+            f"{counts['skipped']} skipped (`tests.log`, `tests.xml`)." + (f" Slowest: {slowest}." if slowest else ""))
 
 
 def _settings(figures: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:

@@ -68,6 +68,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from _gpu_tables import markdown  # benchmarks/ is on sys.path when run as a script
 from _gpu_wheels import download_wheels, install_wheels, lacking_status, missing
@@ -164,14 +165,21 @@ def record(out: Path, summary: dict[str, object]) -> None:
     (out / "gpu_check.md").write_text(markdown(summary))
 
 
-def junit_counts(path: Path) -> dict[str, int]:
-    """Tests, failures, errors and skips of a pytest junit XML."""
+SLOWEST_TESTS = 8   # the slowest CUDA tests named in the figures: what to shorten for the 8-minute check
+
+
+def junit_counts(path: Path) -> dict[str, Any]:
+    """Tests, failures, errors and skips of a pytest junit XML, and its slowest tests (``[name, seconds]``)."""
     import xml.etree.ElementTree as ElementTree
 
     root = ElementTree.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     attrs = suite.attrib if suite is not None else {}
-    return {k: int(attrs.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    counts: dict[str, Any] = {k: int(attrs.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    cases = [(f"{c.get('classname', '')}::{c.get('name', '')}", float(c.get("time", 0) or 0))
+             for c in root.iter("testcase")]
+    counts["slowest"] = [[name, round(t, 1)] for name, t in sorted(cases, key=lambda c: -c[1])[:SLOWEST_TESTS]]
+    return counts
 
 
 def baseline_tree(work: Path) -> Path:
@@ -229,7 +237,8 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                  "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
                  "'cpu', 'memory_GiB': round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if "
                  "torch.cuda.is_available() else None}))"])],
-        "tests": [("tests", [py, "-m", "pytest", "-q", "-rA", "-m", "cuda", "-p", "no:cacheprovider",
+        # --durations: the slowest tests in the log (the step took 184 s of the 8-minute check on an H200)
+        "tests": [("tests", [py, "-m", "pytest", "-q", "-rA", "-m", "cuda", "-p", "no:cacheprovider", "--durations=15",
                              f"--junitxml={out / 'tests.xml'}", *cuda_test_files()])],
         "gather": [("gather", [py, f"{bench}/bench_gpu_gather.py", "--rows", str(s["gather_rows"]), "--batch-rows",
                                str(s["batch_rows"]), *(["--allow-cpu"] if args.allow_cpu else [])])],

@@ -19,7 +19,8 @@ the format modules' ``write_*`` functions.
   phases a training pass's time is split into, and their epoch means), ``infer`` (the ranks' outputs),
   ``infer_artifact`` (reading them), ``infer_export`` (the exports in orig-id order), ``summaries`` (the other
   stages' summaries as typed records), ``tracking`` (a build's TensorBoard event file).
-- Helpers: ``zarr_io`` (Zarr v3 with crc32c on every array), ``spill`` (memory-mapped ``.npy`` copies in scratch).
+- Helpers: ``zarr_io`` (Zarr v3 with crc32c on every array), ``spill`` (memory-mapped ``.npy`` copies in scratch),
+  ``parallel`` (writes on a few threads, their results in order).
 """
 
 from storage.errors import ArtifactError, GnnpipeError, InputError

@@ -182,9 +182,12 @@ def read_columns(plan: ExportPlan) -> Iterator[tuple[int, Columns]]:
     """A node classifier's chunks' columns read back from ``nodes.zarr`` (step 3 after units wrote them)."""
     out = open_group(f"{plan.url}/{NODES}")
     arrays = {name: open_array(out, name) for name in ("pred", "prob", "label", "split")}
-    for start in plan.starts:
+
+    def read(start: int) -> Columns:
         lo, hi = plan.chunk(start)
-        yield start, {name: np.asarray(a[lo:hi]) for name, a in arrays.items()}
+        return {name: np.asarray(a[lo:hi]) for name, a in arrays.items()}
+
+    yield from in_order(read, plan.starts)   # a few chunks read at once, handed on in order
 
 
 class PredictionsTable:

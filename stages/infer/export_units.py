@@ -37,6 +37,7 @@ from storage.infer_export import (
     plan_link_export,
     read_columns,
 )
+from storage.parallel import in_order
 from storage.partition import PartitionArtifact
 
 
@@ -67,8 +68,8 @@ def write_chunks(job: ExportJob) -> dict[str, Any]:
         labels = (None, None) if job.features is None else labels_and_splits(FeaturesArtifact(store, job.features),
                                                                               book.num_partitions)
         writer = ChunkWriter(job.plan, book, parts.schema, *labels)
-        for c in job.chunks:
-            writer.write(job.plan.starts[c])
+        for _ in in_order(writer.write, [job.plan.starts[c] for c in job.chunks]):   # a few chunks at once
+            pass
     return {"chunks": list(job.chunks), "wall_s": cost["wall_s"], "peak_rss_bytes": cost["peak_rss_bytes"]}
 
 

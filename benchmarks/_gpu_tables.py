@@ -71,9 +71,15 @@ def _tests(runs: dict[str, Any]) -> str:
     if not counts:
         return ""
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    slowest = "; ".join(f"{name.rsplit('.', 1)[-1]} {t} s" for name, t in counts.get("slowest", []))
+    slowest = "; ".join(f"{_short(name)} {t} s" for name, t in counts.get("slowest", []))
     return (f"CUDA tests: **{passed} passed**, {counts['failures']} failed, {counts['errors']} errors, "
             f"{counts['skipped']} skipped (`tests.log`, `tests.xml`)." + (f" Slowest: {slowest}." if slowest else ""))
+
+
+def _short(test: str) -> str:
+    """``tests.test_a::test_b[x-0.2]`` as ``test_a::test_b[x-0.2]``: the module's last part (ids may hold dots)."""
+    module, _, name = test.partition("::")
+    return f"{module.rsplit('.', 1)[-1]}::{name}"
 
 
 def _settings(figures: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:

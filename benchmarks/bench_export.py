@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--tree", default=None, help="import storage from this source tree (default: this repository)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.tree).resolve() if args.tree else REPO))
+    import storage.infer_export
     from storage.infer_export import export_orig_order
     from storage.schema import GraphSchema
 
@@ -103,7 +104,8 @@ def main() -> None:
                                     num_classes=args.classes, embedding_layers=[1], schema=schema)
         seconds = time.perf_counter() - start
         written = export_bytes(folder)
-        print(json.dumps({"tree": args.tree or "this", "round": r, "nodes": args.nodes, "parts": args.parts,
+        print(json.dumps({"tree": args.tree or "this", "storage": str(Path(storage.infer_export.__file__).resolve()),
+                          "round": r, "nodes": args.nodes, "parts": args.parts,
                           "classes": args.classes, "hidden": args.hidden, "export_s": round(seconds, 3),
                           "written_MB": round(written / 1e6, 1), "MB_per_s": round(written / 1e6 / seconds, 1),
                           "chunk_rows": figures["export_chunk_rows"], "cpus": os.cpu_count(),

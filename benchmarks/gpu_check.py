@@ -86,10 +86,10 @@ VARIANTS = ("--cuda-graph", "auto,step,off", "--precision", "tf32,float32", "--r
 # modules each step imports beyond the GPU machine's own python (torch, torch_geometric, numpy, scipy, yaml, ...);
 # tensorboard: the train stage refuses to start without it (require_trackers), and the infer step trains through
 # that stage (bench_train starts the ranks itself); the CUDA tests that do skip alone (tests/_gpu_marks.py).
-NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("pydantic",),
+NEEDS = {"env": (), "tests": ("zarr", "pydantic", "pytest"), "gather": (), "sampler": ("zarr", "pydantic"),
          "train": ("zarr", "pydantic", "pymetis"), "baseline": ("zarr", "pydantic", "pymetis"),
          "prefetch": ("zarr", "pydantic", "pymetis"),
-         "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard"), "spmm": ("pydantic",)}
+         "infer": ("zarr", "pydantic", "pymetis", "pyarrow", "tensorboard"), "spmm": ("zarr", "pydantic")}
 SCALES = {"products": {"nodes": 2_400_000, "avg_degree": 50, "features": 100, "classes": 47, "max_batches": 30,
                        "gather_rows": 2_400_000, "batch_rows": 650_000},
           "small": {"nodes": 100_000, "avg_degree": 20, "features": 100, "classes": 47, "max_batches": 5,

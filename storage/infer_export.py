@@ -1,5 +1,5 @@
 """The infer artifact's exports in orig-id order (``storage.infer`` describes the format): ``nodes.zarr`` and
-``predictions.parquet`` from the ranks' ``part-<p>.zarr``, one chunk of orig ids at a time.
+``predictions.parquet`` from the ranks' ``part-<p>.zarr``, a chunk of orig ids at a time on each of a few threads.
 
 In three steps, so that the chunks can be written by units elsewhere (``stages.infer.export_units``):
 
@@ -252,7 +252,7 @@ def export_orig_order(writer: StageWriter, *, book: PartitionBook, label_of_gid:
                       schema: GraphSchema, chunk_rows: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Read the ranks' ``part-<p>.zarr`` outputs back and write ``nodes.zarr`` and ``predictions.parquet`` in orig-id
     order, a chunk of orig ids at a time on each of ``WRITE_THREADS`` threads (memory: a chunk's rows a thread,
-    ``2 * WRITE_THREADS`` chunks' columns, plus the book's and the labels' N-long integer
+    ``2 * WRITE_THREADS + 1`` chunks' columns, plus the book's and the labels' N-long integer
     arrays); add ``orig_id`` to each part. ``split_of_gid``: int8 ``SPLIT_CODES`` (-1: none). A typed graph's
     exports also name each node's type and its id within the type (``schema.orig_offsets()``). Returns figures."""
     names = [layer_name(layer) for layer in embedding_layers]

@@ -3,11 +3,11 @@ chunks of ``nodes.zarr`` (``storage.infer_export``).
 
 ``local`` writes the exports in this process as before executors (``export_orig_order`` /
 ``export_link_embeddings``: a chunk's rows gathered from the ranks' parts, written to ``nodes.zarr``, and its
-Parquet row group, chunk after chunk). On Dask the stage writes what precedes the chunks (each part's
-``orig_id``, ``nodes.zarr``'s arrays and attrs: ``plan_export``), the units write the chunks, one contiguous range
-of chunk indices per worker slot (every array is chunked by the export's rows, so two units never write one Zarr
-chunk), and the stage then writes ``predictions.parquet`` from ``nodes.zarr`` read back in the same chunks: the
-same arrays, hence the same bytes.
+Parquet row group, a few chunks at once on threads, in order). On Dask the stage writes what precedes the
+chunks (each part's ``orig_id``, ``nodes.zarr``'s arrays and attrs: ``plan_export``), the units write the chunks,
+one at a time, one contiguous range of chunk indices per worker slot (every array is chunked by the export's
+rows, so two units never write one Zarr chunk), and the stage then writes ``predictions.parquet`` from
+``nodes.zarr`` read back in the same chunks (a few at once): the same arrays, hence the same bytes.
 
 A unit (:func:`write_chunks` of an :class:`ExportJob`) is handed URLs and manifests only: it reads the partition
 book, and a node classifier's labels and splits from the features' stores (O(N) integers, as the stage holds),
@@ -37,7 +37,6 @@ from storage.infer_export import (
     plan_link_export,
     read_columns,
 )
-from storage.parallel import in_order
 from storage.partition import PartitionArtifact
 
 
@@ -68,8 +67,8 @@ def write_chunks(job: ExportJob) -> dict[str, Any]:
         labels = (None, None) if job.features is None else labels_and_splits(FeaturesArtifact(store, job.features),
                                                                               book.num_partitions)
         writer = ChunkWriter(job.plan, book, parts.schema, *labels)
-        for _ in in_order(writer.write, [job.plan.starts[c] for c in job.chunks]):   # a few chunks at once
-            pass
+        for c in job.chunks:   # one at a time: the units themselves are the parallel writers (a process a slot)
+            writer.write(job.plan.starts[c])
     return {"chunks": list(job.chunks), "wall_s": cost["wall_s"], "peak_rss_bytes": cost["peak_rss_bytes"]}
 
 

@@ -8,8 +8,8 @@ One torchrun rank per partition, launched as the train stage launches its ranks 
 session, streamed logs, group teardown), on the CPU with gloo. Each rank computes every layer of the model for all
 of its nodes in bounded chunks, fetching its remote in-neighbours' rows of the previous layer from their owners
 with the feature exchange (``stages.infer.layerwise``: the algorithm and its memory bound), and writes its rows
-into the artifact being built; the stage then exports them in orig-id order, one chunk of ids at a time (on the
-``executor``, chunks written by units: ``stages.infer.export_units``).
+into the artifact being built; the stage then exports them in orig-id order, a chunk of ids at a time on each of
+a few threads (on the ``executor``, chunks written by units: ``stages.infer.export_units``).
 
 Exact by default (every in-edge: what the model computes on the whole graph); ``fanouts`` samples each layer's
 neighbours instead. A model without the block protocol (a plain PyG ``forward(x, edge_index)`` plug-in) is run
@@ -61,7 +61,8 @@ from storage.train_summary import TrainSummary
 NAME = "infer"
 # 2: typed graphs (every node type through the typed input; exports name node types); 3: a link model's build has
 # its official link metrics (``stages.infer.link_eval``: valid/test from the exact embeddings); 4: the uniform link
-# protocol ranks at most eval_edges positives a split; node outputs unchanged
+# protocol ranks at most eval_edges positives a split; node outputs unchanged. Not bumped when predictions.parquet
+# kept dictionary pages to its few-valued columns (292179f): the same values, other bytes, and no stage downstream
 VERSION = 4
 UPSTREAM = ("partition", "features", "train")
 __all__ = ["NAME", "VERSION", "UPSTREAM", "Params", "run", "report"]

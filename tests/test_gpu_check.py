@@ -69,7 +69,8 @@ def test_the_slowest_cuda_tests_are_named_in_the_figures_and_the_table(tmp_path:
     xml = tmp_path / "tests.xml"
     xml.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="0">'
                    '<testcase classname="tests.test_a" name="test_fast" time="0.2"/>'
-                   '<testcase classname="tests.test_b" name="test_slow[hotness-0.2-uva]" time="41.26"><failure/></testcase>'
+                   '<testcase classname="tests.test_b" name="test_slow[hotness-0.2-uva]" time="41.26">'
+                   '<failure/></testcase>'
                    '<testcase classname="tests.test_a" name="test_mid" time="7"/></testsuite></testsuites>')
     counts = check.junit_counts(xml)
     assert counts == {"tests": 3, "failures": 1, "errors": 0, "skipped": 0,
@@ -80,7 +81,8 @@ def test_the_slowest_cuda_tests_are_named_in_the_figures_and_the_table(tmp_path:
 
     text = _gpu_tables.markdown({"steps": {"tests": {"status": "ok", "log": "tests.log", "figures": counts}}})
     assert "CUDA tests: **2 passed**, 1 failed" in text
-    assert "Slowest: test_b::test_slow[hotness-0.2-uva] 41.3 s; test_a::test_mid 7.0 s; test_a::test_fast 0.2 s." in text
+    assert ("Slowest: test_b::test_slow[hotness-0.2-uva] 41.3 s; test_a::test_mid 7.0 s; test_a::test_fast 0.2 s."
+            in text)
 
 
 def test_gpu_check_refuses_an_unknown_step(tmp_path: Path):

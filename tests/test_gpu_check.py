@@ -67,13 +67,15 @@ def test_a_step_stopped_at_its_limit_keeps_what_pytest_ran(tmp_path: Path, monke
 def test_the_slowest_cuda_tests_are_named_in_the_figures_and_the_table(tmp_path: Path):
     check = _gpu_check()
     xml = tmp_path / "tests.xml"
-    xml.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="0">'
+    xml.write_text('<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1">'
                    '<testcase classname="tests.test_a" name="test_fast" time="0.2"/>'
                    '<testcase classname="tests.test_b" name="test_slow[hotness-0.2-uva]" time="41.26">'
                    '<failure/></testcase>'
-                   '<testcase classname="tests.test_a" name="test_mid" time="7"/></testsuite></testsuites>')
+                   '<testcase classname="tests.test_a" name="test_mid" time="7"/>'
+                   '<testcase classname="tests.test_c" name="test_skipped" time="9"><skipped/></testcase>'
+                   '</testsuite></testsuites>')
     counts = check.junit_counts(xml)
-    assert counts == {"tests": 3, "failures": 1, "errors": 0, "skipped": 0,
+    assert counts == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1,
                       "slowest": [["tests.test_b::test_slow[hotness-0.2-uva]", 41.3], ["tests.test_a::test_mid", 7.0],
                                   ["tests.test_a::test_fast", 0.2]]}
     sys.path.insert(0, str(REPO / "benchmarks"))

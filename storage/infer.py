@@ -100,18 +100,21 @@ def _emb_group(group: zarr.Group) -> zarr.Group:
     return open_subgroup(group, "emb") if "emb" in group else group.create_group("emb")
 
 
+def _write_part_rows(group: zarr.Group, name: str, rows: np.ndarray, dtype: type) -> None:
+    """A part's array of rows by lid, as ``dtype``: ``PART_CHUNK_ROWS`` a chunk, a few chunks at once (the ranks'
+    outputs are in memory, so each chunk is a view)."""
+    write_array(group, name, rows.astype(dtype, copy=False), chunk_rows=PART_CHUNK_ROWS, threads=WRITE_THREADS)
+
+
 def write_part_embedding(group: zarr.Group, layer: int, rows: np.ndarray) -> None:
     """Hidden layer ``layer``'s rows (by lid) of the part ``group``."""
-    emb = _emb_group(group)
-    write_array(emb, layer_name(layer), rows.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS,
-                threads=WRITE_THREADS)
+    _write_part_rows(_emb_group(group), layer_name(layer), rows, np.float32)
 
 
 def write_part_link_embeddings(group: zarr.Group, *, part: int, start_gid: int, emb: np.ndarray,
                                embedding_layers: Sequence[int]) -> None:
     """A link model's node embeddings (its output layer's rows, by lid) and the part's attrs (written last)."""
-    write_array(_emb_group(group), OUT, emb.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS,
-                threads=WRITE_THREADS)
+    _write_part_rows(_emb_group(group), OUT, emb, np.float32)
     group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(emb.shape[0]), "task": "link",
                         "embedding_width": int(emb.shape[1]),
                         "embedding_layers": sorted(int(k) for k in embedding_layers)})
@@ -123,8 +126,8 @@ def write_part_predictions(group: zarr.Group, *, part: int, start_gid: int, pred
     is incomplete)."""
     if "emb" not in group:
         group.create_group("emb")
-    write_array(group, "pred", pred.astype(np.int64, copy=False), chunk_rows=PART_CHUNK_ROWS, threads=WRITE_THREADS)
-    write_array(group, "prob", prob.astype(np.float32, copy=False), chunk_rows=PART_CHUNK_ROWS, threads=WRITE_THREADS)
+    _write_part_rows(group, "pred", pred, np.int64)
+    _write_part_rows(group, "prob", prob, np.float32)
     group.attrs.update({"part": part, "start_gid": int(start_gid), "num_nodes": int(pred.shape[0]),
                         "num_classes": int(prob.shape[1]), "embedding_layers": sorted(int(k) for k in
                                                                                       embedding_layers)})

@@ -237,8 +237,8 @@ def step_commands(args: argparse.Namespace, out: Path) -> dict[str, list[tuple[s
                  "torch.version.cuda, 'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
                  "'cpu', 'memory_GiB': round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if "
                  "torch.cuda.is_available() else None}))"])],
-        # --durations: the slowest tests in the log (the step took 184 s of the 8-minute check on an H200)
-        "tests": [("tests", [py, "-m", "pytest", "-q", "-rA", "-m", "cuda", "-p", "no:cacheprovider", "--durations=15",
+        # the junit XML's times name the slowest tests in the figures (junit_counts)
+        "tests": [("tests", [py, "-m", "pytest", "-q", "-rA", "-m", "cuda", "-p", "no:cacheprovider",
                              f"--junitxml={out / 'tests.xml'}", *cuda_test_files()])],
         "gather": [("gather", [py, f"{bench}/bench_gpu_gather.py", "--rows", str(s["gather_rows"]), "--batch-rows",
                                str(s["batch_rows"]), *(["--allow-cpu"] if args.allow_cpu else [])])],

@@ -11,6 +11,11 @@ versions can be timed in turn against the same parts on the same load. Prints on
 the output bytes written (nodes.zarr's arrays, predictions.parquet) and the export's chunks::
 
     python benchmarks/bench_export.py --nodes 600000 --classes 47 --hidden 256 --parts 1 --rounds 2
+
+``--rank-writes`` times what precedes the export instead: one rank's writes of its outputs (its hidden layer, then
+``pred`` and ``prob``), ``hidden_write_s`` and ``pred_prob_write_s``::
+
+    python benchmarks/bench_export.py --rank-writes --nodes 2400000 --rounds 2
 """
 
 from __future__ import annotations
@@ -72,6 +77,33 @@ def export_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in files if f.is_file())
 
 
+def time_rank_writes(args: argparse.Namespace) -> None:
+    """One rank's writes of its outputs (``storage.infer``), as an inference rank makes them: its hidden layer's
+    rows, then ``pred`` and ``prob``, of ``--nodes`` rows, into a fresh part each round."""
+    import storage.infer
+    from storage.infer import open_part_outputs, write_part_embedding, write_part_predictions
+
+    rng = np.random.default_rng(args.seed)
+    hidden = rng.standard_normal((args.nodes, args.hidden), dtype=np.float32)
+    prob = rng.random((args.nodes, args.classes), dtype=np.float32)
+    pred = prob.argmax(1)
+    folder = Path(args.root) / "rank-writes"
+    for r in range(args.rounds):
+        shutil.rmtree(folder, ignore_errors=True)
+        group = open_part_outputs(str(folder), 0)
+        start = time.perf_counter()
+        write_part_embedding(group, 1, hidden)
+        hidden_s = time.perf_counter() - start
+        start = time.perf_counter()
+        write_part_predictions(group, part=0, start_gid=0, pred=pred, prob=prob, embedding_layers=[1])
+        print(json.dumps({"tree": args.tree or "this", "storage": str(Path(storage.infer.__file__).resolve()),
+                          "round": r, "nodes": args.nodes, "classes": args.classes, "hidden": args.hidden,
+                          "hidden_write_s": round(hidden_s, 3),
+                          "pred_prob_write_s": round(time.perf_counter() - start, 3), "cpus": os.cpu_count(),
+                          "load1": round(os.getloadavg()[0], 2)}), flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=600_000)
@@ -82,8 +114,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--root", default=str(REPO / "benchmarks" / "work" / "export"))
     ap.add_argument("--tree", default=None, help="import storage from this source tree (default: this repository)")
+    ap.add_argument("--rank-writes", action="store_true",
+                    help="time a rank's own writes instead (its hidden layer, then pred and prob, one part)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.tree).resolve() if args.tree else REPO))
+    if args.rank_writes:
+        time_rank_writes(args)
+        return
     import storage.infer_export
     from storage.infer_export import export_orig_order
     from storage.schema import GraphSchema

@@ -50,3 +50,19 @@ def test_the_export_benchmark_times_a_tree_against_the_same_parts(tmp_path: Path
     assert [Path(r["storage"]).parent for r in runs] == [repo / "storage", other / "storage"]
     assert all(r["export_s"] > 0 and r["written_MB"] > 0 and r["nodes"] == 5000 for r in runs)
     assert len([p for p in tmp_path.iterdir() if p != other]) == 1   # one set of parts, made by the first run
+
+
+def test_the_export_benchmark_times_a_ranks_writes(tmp_path: Path):
+    """``bench_export.py --rank-writes``: a rank's hidden layer, then pred and prob, timed and cleaned away."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_export.py"), "--rank-writes", "--nodes",
+                           "3000", "--classes", "4", "--hidden", "8", "--rounds", "2", "--root", str(tmp_path)],
+                          check=True, capture_output=True, text=True)
+    runs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["round"] for r in runs] == [0, 1] and all(r["hidden_write_s"] > 0 < r["pred_prob_write_s"]
+                                                        for r in runs)
+    assert Path(runs[0]["storage"]) == repo / "storage" / "infer.py" and not (tmp_path / "rank-writes").exists()
